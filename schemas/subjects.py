@@ -1,0 +1,109 @@
+"""Every NATS subject, JetStream stream/consumer name and Redis key prefix, in one place.
+
+Session and task ids are validated to be NATS-token safe (no dots, spaces or wildcards),
+so they can be embedded in subjects directly.
+"""
+
+from __future__ import annotations
+
+# -- subjects -----------------------------------------------------------------------
+TASKS_SUBMIT = "polar.tasks.submit"
+TASKS_CANCEL = "polar.tasks.cancel"  # payload: CancelTask
+TASKS_REJECTED = "polar.tasks.rejected"
+TASKS_ACCEPTED = "polar.tasks.accepted"
+
+
+def task_result(task_id: str) -> str:
+    return f"polar.tasks.{task_id}.result"
+
+
+SESSIONS_INIT = "polar.sessions.init"  # one InitWork per session, consumed by runtime pools
+
+
+def sessions_ready(node: str) -> str:
+    """READY sessions handed to one node's executor."""
+    return f"polar.sessions.ready.{node}"
+
+
+SESSIONS_FINISHED = "polar.sessions.finished"  # SessionFinished, consumed by builders
+SESSIONS_BUILT = "polar.sessions.built"  # TrajectoryBuilt, consumed by evaluators
+SESSIONS_SCORED = "polar.sessions.scored"  # SessionScored, consumed by the scheduler
+
+
+def session_event(state: str) -> str:
+    return f"polar.events.session.{state.lower()}"
+
+
+def session_cancel(session_id: str) -> str:
+    """Core-NATS broadcast: whoever holds the session stops it."""
+    return f"polar.control.cancel.{session_id}"
+
+
+def completions(session_id: str) -> str:
+    return f"polar.completions.{session_id}"
+
+
+def trajectories(task_id: str) -> str:
+    return f"polar.trajectories.{task_id}"
+
+
+def dead_letter(stream: str) -> str:
+    return f"polar.dlq.{stream.lower()}"
+
+
+NODE_HEARTBEAT = "polar.nodes.heartbeat"
+
+# -- JetStream streams --------------------------------------------------------------
+STREAM_TASKS = "POLAR_TASKS"  # polar.tasks.>
+STREAM_SESSIONS = "POLAR_SESSIONS"  # polar.sessions.> (work queues)
+STREAM_EVENTS = "POLAR_EVENTS"  # polar.events.> (lifecycle log)
+STREAM_COMPLETIONS = "POLAR_COMPLETIONS"  # polar.completions.>
+STREAM_TRAJECTORIES = "POLAR_TRAJECTORIES"  # polar.trajectories.>
+STREAM_DLQ = "POLAR_DLQ"  # polar.dlq.>
+OBJECT_STORE = "polar-blobs"  # claim-check for payloads over the NATS limit
+
+# -- durable consumers --------------------------------------------------------------
+CONSUMER_SCHEDULER_SUBMIT = "scheduler-submit"
+CONSUMER_SCHEDULER_CANCEL = "scheduler-cancel"
+CONSUMER_SCHEDULER_SCORED = "scheduler-scored"
+CONSUMER_POOL_INIT = "pool-init"
+CONSUMER_BUILDER = "builder"
+CONSUMER_EVALUATOR = "evaluator"
+
+
+def consumer_executor(node: str) -> str:
+    return f"executor-{node}"
+
+
+# -- Redis keys ---------------------------------------------------------------------
+REDIS_PREFIX = "polar:"
+
+
+def key_session(session_id: str) -> str:
+    return f"polar:session:{session_id}"
+
+
+def key_task(task_id: str) -> str:
+    return f"polar:task:{task_id}"
+
+
+def key_task_sessions(task_id: str) -> str:
+    return f"polar:task:{task_id}:sessions"
+
+
+def key_task_counts(task_id: str) -> str:
+    """Hash state -> number of the task's sessions in that state (kept by the CAS script)."""
+    return f"polar:task:{task_id}:counts"
+
+
+def key_token(token: str) -> str:
+    return f"polar:token:{token}"
+
+
+KEY_STATE_COUNTS = "polar:counts"  # global hash state -> count
+KEY_TASKS_ACTIVE = "polar:tasks:active"  # set of task ids not yet finished
+KEY_NODES = "polar:nodes"  # hash node -> last heartbeat json
+
+
+def key_lease(session_id: str) -> str:
+    return f"polar:lease:{session_id}"

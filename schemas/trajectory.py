@@ -1,0 +1,58 @@
+"""Trajectories: what a trainer receives on ``polar.trajectories.<task_id>``."""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+from schemas.session import Outcome
+
+
+class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One trainable sequence: prompt_ids + response_ids, mask and logprobs over the response.
+
+    ``loss_mask`` is 1 exactly on tokens the model sampled; interstitial tokens (tool
+    results, template glue) are 0 and their logprob is ``None``.
+    """
+
+    trace_id: str
+    chain_id: int = 0
+    lineage_id: str | None = None  # the chain this one branched from (sub-agent, compaction)
+    break_reason: str | None = None  # why this is not part of the previous chain
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    response_logprobs: list[float | None]
+    reward: float | None = None
+    messages: list[dict[str, object]] = []
+    weight_versions: list[str] = []
+    completion_seqs: list[int] = []  # the CompletionRecords this trace was built from
+    side_call: str | None = None
+    trainable: bool = True
+
+
+class BuildStats(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    completions: int = 0
+    chains: int = 0
+    tokens: int = 0  # tokens a trainer processes (sum of trace lengths)
+    sampled_tokens: int = 0
+    merge_ratio: float = 1.0  # per_request tokens / built tokens
+    breaks: dict[str, int] = {}  # break reason -> count
+
+
+class Trajectory(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    v: int = 1
+    session_id: str
+    task_id: str
+    attempt: int = 0
+    outcome: Outcome
+    builder: str
+    traces: list[Trace]
+    reward: float | None = None
+    eval_status: str = "pending"  # pending | ok | error
+    eval_reason: str | None = None
+    intact: bool = True  # false when a capture is missing or a session was cut mid-call
+    stats: BuildStats = BuildStats()
+    harness: str | None = None
+    harness_version: str | None = None
+    protocol: str | None = None
+    metadata: dict[str, object] = {}

@@ -1,0 +1,194 @@
+"""NATS JetStream: connection, streams and consumers declared in code, the claim-check.
+
+Streams and durable consumers are applied idempotently at every start with
+``add_stream``/``update_stream`` and ``add_consumer`` (which creates or updates), never
+through ``pull_subscribe(config=...)``, which ignores config for an existing durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
+
+from schemas import subjects as S
+
+log = logging.getLogger(__name__)
+
+DAY = 24 * 3600.0
+CLAIM_HEADER = "Polar-Claim"  # the payload is in the object store under this name
+CLAIM_THRESHOLD = 768 * 1024  # leave headroom under the default 1 MiB max_payload
+
+STREAMS: tuple[StreamConfig, ...] = (
+    StreamConfig(
+        name=S.STREAM_TASKS,
+        subjects=["polar.tasks.>"],
+        storage=StorageType.FILE,
+        max_age=7 * DAY,
+        duplicate_window=3600.0,
+    ),
+    StreamConfig(
+        name=S.STREAM_SESSIONS,
+        subjects=["polar.sessions.>"],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.WORK_QUEUE,
+        duplicate_window=3600.0,
+    ),
+    StreamConfig(
+        name=S.STREAM_EVENTS,
+        subjects=["polar.events.>"],
+        storage=StorageType.FILE,
+        max_age=3 * DAY,
+        duplicate_window=600.0,
+    ),
+    StreamConfig(
+        name=S.STREAM_COMPLETIONS,
+        subjects=["polar.completions.>"],
+        storage=StorageType.FILE,
+        max_age=7 * DAY,
+        duplicate_window=600.0,
+    ),
+    StreamConfig(
+        name=S.STREAM_TRAJECTORIES,
+        subjects=["polar.trajectories.>"],
+        storage=StorageType.FILE,
+        max_age=14 * DAY,
+        duplicate_window=3 * 3600.0,
+    ),
+    StreamConfig(
+        name=S.STREAM_DLQ,
+        subjects=["polar.dlq.>"],
+        storage=StorageType.FILE,
+        max_age=14 * DAY,
+    ),
+)
+
+
+async def connect(url: str, name: str, *, connect_timeout: float = 60.0) -> NATS:
+    """Connect, retrying the first connection too, then reconnect forever."""
+    deadline = asyncio.get_running_loop().time() + connect_timeout
+    delay = 0.1
+    while True:
+        try:
+            return await nats.connect(
+                url,
+                name=name,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=2,
+                ping_interval=10,
+                error_cb=_log_error,
+                disconnected_cb=_log_disconnect,
+            )
+        except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ConnectionError(f"cannot reach NATS at {url}: {exc}") from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("nats: %s", exc)
+
+
+async def _log_disconnect() -> None:
+    log.warning("nats: disconnected, reconnecting")
+
+
+async def ensure_streams(js: JetStreamContext, streams: tuple[StreamConfig, ...] = STREAMS) -> None:
+    for cfg in streams:
+        try:
+            await js.add_stream(cfg)
+        except BadRequestError:  # exists with another config: bring it up to date
+            await js.update_stream(cfg)
+    try:
+        await js.object_store(S.OBJECT_STORE)
+    except (NotFoundError, BadRequestError):
+        await js.create_object_store(S.OBJECT_STORE)
+
+
+def work_consumer(
+    durable: str,
+    subject: str,
+    *,
+    ack_wait: float = 30.0,
+    max_deliver: int = 5,
+    max_ack_pending: int = 1000,
+) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=durable,
+        filter_subject=subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        max_ack_pending=max_ack_pending,
+    )
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, cfg: ConsumerConfig) -> None:
+    await js.add_consumer(stream, cfg)
+
+
+@dataclass(frozen=True)
+class Bus:
+    nc: NATS
+    js: JetStreamContext
+
+    @classmethod
+    async def open(cls, url: str, name: str, *, declare: bool = True) -> Bus:
+        nc = await connect(url, name)
+        js = nc.jetstream(timeout=10)
+        if declare:
+            await ensure_streams(js)
+        return cls(nc, js)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        """JetStream publish with an optional dedupe id; large payloads go by claim-check."""
+        hdrs = dict(headers or {})
+        if msg_id:
+            hdrs["Nats-Msg-Id"] = msg_id
+        if len(payload) > CLAIM_THRESHOLD:
+            name = f"{subject}/{msg_id or uuid.uuid4().hex}"
+            store = await self.js.object_store(S.OBJECT_STORE)
+            await store.put(name, payload)
+            hdrs[CLAIM_HEADER] = name
+            payload = b""
+        return await self.js.publish(subject, payload, headers=hdrs or None)
+
+    async def payload(self, msg) -> bytes:
+        """The message's payload, fetched from the object store when it was claim-checked."""
+        name = (msg.headers or {}).get(CLAIM_HEADER)
+        if not name:
+            return msg.data
+        store = await self.js.object_store(S.OBJECT_STORE)
+        try:
+            return (await store.get(name)).data
+        except ObjectNotFoundError as exc:
+            raise LookupError(f"claim-checked payload {name!r} is gone") from exc

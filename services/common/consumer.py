@@ -1,0 +1,148 @@
+"""A durable pull consumer loop shared by every service.
+
+- Concurrency is bounded; each handler's message is kept alive with ``in_progress``
+  while it runs (long jobs outlive ``ack_wait``).
+- A handler returns normally → ack; raises ``Retry`` → nak with delay; raises
+  ``Poison`` (or keeps failing until ``max_deliver``) → the message goes to
+  ``polar.dlq.<stream>`` with the reason and is terminated.
+- ``drain=True`` processes what is queued and returns: deterministic tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import ConsumerConfig
+
+from schemas import subjects as S
+from services.common.bus import Bus, ensure_consumer
+from services.common.metrics import HANDLER_SECONDS, INFLIGHT, MESSAGES
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Not now: redeliver after ``delay`` seconds (does not count as poison)."""
+
+    def __init__(self, delay: float = 1.0, reason: str = "") -> None:
+        super().__init__(reason or f"retry in {delay}s")
+        self.delay = delay
+
+
+class Poison(Exception):  # noqa: N818
+    """This message can never be handled: dead-letter it with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def dead_letter(bus: Bus, stream: str, msg: Msg, reason: str) -> None:
+    headers = {
+        "Polar-Reason": reason[:2000],
+        "Polar-Subject": msg.subject,
+        "Polar-Stream": stream,
+    }
+    with contextlib.suppress(Exception):
+        headers["Polar-Seq"] = str(msg.metadata.sequence.stream)
+    await bus.js.publish(S.dead_letter(stream), msg.data, headers=headers)
+
+
+class Consumer:
+    def __init__(
+        self,
+        bus: Bus,
+        stream: str,
+        config: ConsumerConfig,
+        handler: Handler,
+        *,
+        concurrency: int = 16,
+    ) -> None:
+        self.bus, self.stream, self.config, self.handler = bus, stream, config, handler
+        self.name = config.durable_name or "ephemeral"
+        self.concurrency = concurrency
+        self._inflight: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+
+    async def run(self, *, drain: bool = False) -> None:
+        await ensure_consumer(self.bus.js, self.stream, self.config)
+        sub = await self.bus.js.pull_subscribe_bind(self.config.durable_name, self.stream)
+        idle_timeout = 0.3 if drain else 2.0
+        try:
+            while not self._stopping.is_set():
+                room = self.concurrency - len(self._inflight)
+                if room <= 0:
+                    await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    msgs = await sub.fetch(room, timeout=idle_timeout)
+                except (TimeoutError, NatsTimeout):
+                    if drain and not self._inflight:
+                        return
+                    if drain:
+                        await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                for msg in msgs:
+                    task = asyncio.create_task(self._handle(msg))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._inflight.discard)
+        finally:
+            if self._inflight:
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _keepalive(self, msg: Msg) -> None:
+        period = max((self.config.ack_wait or 30.0) / 3, 0.5)
+        while True:
+            await asyncio.sleep(period)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    async def _handle(self, msg: Msg) -> None:
+        keepalive = asyncio.create_task(self._keepalive(msg))
+        start = time.perf_counter()
+        INFLIGHT.labels(self.name).inc()
+        result = "ack"
+        try:
+            await self.handler(msg)
+            if not msg._ackd:
+                await msg.ack()
+        except Retry as r:
+            result = "retry"
+            await msg.nak(delay=r.delay)
+        except Poison as p:
+            result = "dead_letter"
+            await self._dead(msg, p.reason)
+        except Exception as exc:  # noqa: BLE001 - a bad message must not kill the service
+            result = await self._failed(msg, exc)
+        finally:
+            keepalive.cancel()
+            INFLIGHT.labels(self.name).dec()
+            HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - start)
+            MESSAGES.labels(self.name, result).inc()
+
+    async def _failed(self, msg: Msg, exc: Exception) -> str:
+        delivered = msg.metadata.num_delivered or 1
+        max_deliver = self.config.max_deliver or 5
+        log.exception("%s: handler failed (delivery %d/%d)", self.name, delivered, max_deliver)
+        if max_deliver > 0 and delivered >= max_deliver:
+            await self._dead(msg, f"failed {delivered} times; last error: {exc!r}")
+            return "dead_letter"
+        await msg.nak(delay=min(0.5 * 2**delivered, 30.0))
+        return "nak"
+
+    async def _dead(self, msg: Msg, reason: str) -> None:
+        await dead_letter(self.bus, self.stream, msg, reason)
+        await msg.term()

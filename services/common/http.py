@@ -1,0 +1,45 @@
+"""The ops surface every service process serves: ``/healthz`` and Prometheus ``/metrics``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from litestar import Response, get
+from litestar.handlers import HTTPRouteHandler
+
+from services.common.metrics import render
+
+HealthCheck = Callable[[], Awaitable[dict[str, object]]]
+
+
+def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
+    @get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        checks = await health()
+        ok = all(v is True or (isinstance(v, dict) and v.get("ok", True)) for v in checks.values())
+        body = {"service": service, "ok": ok, "checks": checks}
+        return Response(body, status_code=200 if ok else 503)
+
+    @get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        body, content_type = render()
+        return Response(body, media_type=content_type)
+
+    return [healthz, metrics]
+
+
+def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
+    """Run an ASGI app (``module:callable``) under granian, one worker."""
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+
+    Granian(
+        target,
+        address=host,
+        port=port,
+        interface=Interfaces.ASGI,
+        workers=1,
+        factory=factory,
+        loop=Loops.asyncio,
+        log_access=False,
+    ).serve()

@@ -1,0 +1,235 @@
+"""The Redis session registry.
+
+Every state change goes through one compare-and-set Lua script (``transition.lua``);
+each successful change is then published as a ``SessionStateChanged`` event on
+``polar.events.session.<state>`` with the dedupe id ``<session>:<version>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from importlib import resources
+
+import msgspec
+import redis.asyncio as aioredis
+
+from schemas import (
+    ALLOWED_FROM,
+    Session,
+    SessionState,
+    SessionStateChanged,
+    TaskRequest,
+    encode,
+    session_id_for,
+)
+from schemas import subjects as S
+from services.common.metrics import TRANSITIONS
+
+Publisher = Callable[[str, bytes, str], Awaitable[object]]  # (subject, payload, msg_id)
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text()
+
+
+def new_token() -> str:
+    """An unguessable session token (256 bits), safe in URLs and HTTP headers."""
+    return "ps_" + secrets.token_urlsafe(32)
+
+
+def spec_digest(spec: bytes) -> str:
+    return hashlib.sha256(spec).hexdigest()
+
+
+@dataclass(frozen=True)
+class Transition:
+    ok: bool
+    session_id: str
+    from_state: SessionState | None  # the state before (or the current one, on failure)
+    version: int
+    exists: bool = True
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    task_id: str
+    spec: TaskRequest
+    status: str
+    submitted_at: float
+    result: bytes | None
+
+
+class Registry:
+    def __init__(self, redis: aioredis.Redis, publish: Publisher | None = None) -> None:
+        self.redis = redis
+        self.publish = publish
+        self._transition = redis.register_script(_script("transition.lua"))
+        self._create = redis.register_script(_script("create_task.lua"))
+
+    @classmethod
+    def from_url(cls, url: str, publish: Publisher | None = None) -> Registry:
+        return cls(aioredis.from_url(url, decode_responses=False), publish)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # -- tasks ----------------------------------------------------------------------
+    async def create_task(
+        self, task: TaskRequest, now: float | None = None
+    ) -> tuple[int, list[Session]]:
+        """Register ``task`` and its sessions. Returns (1 created | 0 duplicate | -1 conflict, sessions)."""
+        assert task.task_id, "the scheduler assigns task ids before registering"
+        now = time.time() if now is None else now
+        spec = encode(task)
+        sessions = [
+            Session(
+                session_id=session_id_for(task.task_id, i),
+                task_id=task.task_id,
+                index=i,
+                token=new_token(),
+                priority=task.priority,
+                created_at=now,
+                deadline=now + task.timeout_seconds,
+            )
+            for i in range(task.num_samples)
+        ]
+        args: list[object] = [task.task_id, spec, spec_digest(spec), now, len(sessions)]
+        for s in sessions:
+            args += [s.session_id, s.token, s.index, s.priority, s.deadline]
+        keys = [
+            S.key_task(task.task_id),
+            S.key_task_sessions(task.task_id),
+            S.key_task_counts(task.task_id),
+            S.KEY_STATE_COUNTS,
+            S.KEY_TASKS_ACTIVE,
+        ]
+        created = int(await self._create(keys=keys, args=args))
+        if created != 1:  # the registered sessions are the truth (their tokens differ)
+            sessions = await self.task_sessions(task.task_id)
+        return created, sessions
+
+    async def get_task(self, task_id: str) -> TaskRecord | None:
+        raw = await self.redis.hgetall(S.key_task(task_id))
+        if not raw:
+            return None
+        return TaskRecord(
+            task_id=task_id,
+            spec=msgspec.json.decode(raw[b"spec"], type=TaskRequest),
+            status=raw.get(b"status", b"active").decode(),
+            submitted_at=float(raw.get(b"submitted_at", 0)),
+            result=raw.get(b"result"),
+        )
+
+    async def finish_task(self, task_id: str, status: str, result: bytes) -> bytes:
+        """Store the task's result once; returns the stored one (the first writer wins)."""
+        key = S.key_task(task_id)
+        if await self.redis.hsetnx(key, "result", result):
+            await self.redis.hset(key, "status", status)
+            return result
+        return await self.redis.hget(key, "result")
+
+    async def retire_task(self, task_id: str) -> None:
+        """Nothing more to do for the task: stop reconciling it."""
+        await self.redis.srem(S.KEY_TASKS_ACTIVE, task_id)
+
+    async def claim(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        """A short exclusive claim on a one-off job (expires if its owner dies)."""
+        return bool(
+            await self.redis.set(f"polar:claim:{name}", owner, nx=True, px=int(ttl_seconds * 1000))
+        )
+
+    async def active_tasks(self) -> list[str]:
+        return sorted(t.decode() for t in await self.redis.smembers(S.KEY_TASKS_ACTIVE))
+
+    async def task_session_ids(self, task_id: str) -> list[str]:
+        return [s.decode() for s in await self.redis.lrange(S.key_task_sessions(task_id), 0, -1)]
+
+    async def task_sessions(self, task_id: str) -> list[Session]:
+        ids = await self.task_session_ids(task_id)
+        return [s for s in await self.get_sessions(ids) if s is not None]
+
+    async def task_counts(self, task_id: str) -> dict[str, int]:
+        raw = await self.redis.hgetall(S.key_task_counts(task_id))
+        return {k.decode(): int(v) for k, v in raw.items() if int(v)}
+
+    async def state_counts(self) -> dict[str, int]:
+        raw = await self.redis.hgetall(S.KEY_STATE_COUNTS)
+        return {k.decode(): int(v) for k, v in raw.items() if int(v)}
+
+    # -- sessions -------------------------------------------------------------------
+    async def get_session(self, session_id: str) -> Session | None:
+        return (await self.get_sessions([session_id]))[0]
+
+    async def get_sessions(self, session_ids: Iterable[str]) -> list[Session | None]:
+        ids = list(session_ids)
+        async with self.redis.pipeline(transaction=False) as p:
+            for sid in ids:
+                p.hgetall(S.key_session(sid))
+            rows = await p.execute()
+        return [_session(row) if row else None for row in rows]
+
+    async def session_by_token(self, token: str) -> Session | None:
+        sid = await self.redis.get(S.key_token(token))
+        return await self.get_session(sid.decode()) if sid else None
+
+    async def transition(
+        self,
+        session_id: str,
+        to: SessionState,
+        *,
+        from_: Iterable[SessionState] | None = None,
+        expect_version: int | None = None,
+        reason: str | None = None,
+        **fields: object,
+    ) -> Transition:
+        """Move ``session_id`` to ``to`` if its state is one of ``from_`` (default: any
+        state the state machine allows) and, if given, its version is ``expect_version``."""
+        allowed = ALLOWED_FROM[to] if from_ is None else frozenset(from_) & ALLOWED_FROM[to]
+        now = time.time()
+        if reason is not None:
+            fields["reason"] = reason
+        args: list[object] = [
+            to.value,
+            "," + ",".join(sorted(allowed)) + ",",
+            "" if expect_version is None else str(expect_version),
+            now,
+        ]
+        for k, v in fields.items():
+            args += [k, "" if v is None else str(v)]
+        code, prev, version = await self._transition(
+            keys=[S.key_session(session_id), S.KEY_STATE_COUNTS], args=args
+        )
+        prev_state = SessionState(prev.decode()) if prev else None
+        result = Transition(code == 1, session_id, prev_state, int(version), exists=code != -1)
+        TRANSITIONS.labels(to.value, "ok" if result.ok else "conflict").inc()
+        if result.ok and self.publish is not None:
+            await self._emit(session_id, prev_state, to, int(version), fields, now)
+        return result
+
+    async def _emit(self, session_id, prev, to, version, fields, now) -> None:
+        task_id = session_id.rsplit("-", 1)[0]
+        event = SessionStateChanged(
+            ts=now,
+            session_id=session_id,
+            task_id=task_id,
+            from_state=prev,
+            to_state=to,
+            version=version,
+            node=_opt_str(fields.get("node")),
+            reason=_opt_str(fields.get("reason")),
+        )
+        await self.publish(S.session_event(to.value), encode(event), f"{session_id}:{version}")
+
+
+def _opt_str(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+def _session(row: dict[bytes, bytes]) -> Session:
+    data = {k.decode(): v.decode() for k, v in row.items()}
+    data.pop("updated_at", None)
+    return msgspec.convert(data, Session, strict=False)

@@ -1,0 +1,46 @@
+"""Service settings: a frozen msgspec Struct per service, loaded from the environment.
+
+``polar up`` / ``polar serve`` pass a service its settings as JSON in ``POLAR_CONFIG``;
+``POLAR_NATS_URL`` and ``POLAR_REDIS_URL`` override the connection URLs. Unknown keys
+are an error (a typo in topology.yaml must not be silently ignored).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    nats_url: str = DEFAULT_NATS_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    host: str = "127.0.0.1"
+    port: int = 0
+    node: str = "node0"
+
+
+def load(cls: type[T], env: dict[str, str] | None = None) -> T:
+    env = os.environ if env is None else env
+    raw = env.get("POLAR_CONFIG") or "{}"
+    try:
+        data = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"POLAR_CONFIG is not JSON: {exc}") from None
+    for key, var in (("nats_url", "POLAR_NATS_URL"), ("redis_url", "POLAR_REDIS_URL")):
+        if env.get(var):
+            data[key] = env[var]
+    try:
+        return msgspec.convert(data, cls)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{cls.__name__}: {exc}") from None

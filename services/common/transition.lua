@@ -1,0 +1,28 @@
+-- Compare-and-set a session's state: the ONLY way a session changes state.
+-- KEYS[1] session hash, KEYS[2] global state counts
+-- ARGV[1] to-state, ARGV[2] allowed from-states as ",A,B,", ARGV[3] expected version or "",
+-- ARGV[4] now, ARGV[5..] field/value pairs to set ("" deletes the field)
+-- Returns {1, from, version} on success, {0, current, version} when the CAS fails,
+-- {-1, "", 0} when the session does not exist.
+local cur = redis.call('HMGET', KEYS[1], 'state', 'version', 'task_id')
+if not cur[1] then return {-1, '', 0} end
+if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then return {0, cur[1], tonumber(cur[2])} end
+if not string.find(ARGV[2], ',' .. cur[1] .. ',', 1, true) then
+  return {0, cur[1], tonumber(cur[2])}
+end
+local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[4])
+for i = 5, #ARGV, 2 do
+  if ARGV[i + 1] == '' then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  else
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+-- per-task counts live beside the task (derived key: single-node Redis only)
+local tc = 'polar:task:' .. cur[3] .. ':counts'
+redis.call('HINCRBY', tc, cur[1], -1)
+redis.call('HINCRBY', tc, ARGV[1], 1)
+redis.call('HINCRBY', KEYS[2], cur[1], -1)
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+return {1, cur[1], v}

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from schemas.task import MAX_TASK_BYTES
+from services.common.settings import ServiceSettings
+
+
+class SchedulerConfig(ServiceSettings, frozen=True, kw_only=True):
+    port: int = 8100
+    max_task_bytes: int = MAX_TASK_BYTES
+    callback_attempts: int = 5
+    callback_timeout_seconds: float = 10.0
+    callback_backoff_seconds: float = 0.5
+    reconcile_interval_seconds: float = 5.0

@@ -1,0 +1,210 @@
+"""The scheduler's I/O shell: bus messages and HTTP calls -> logic -> registry / bus."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+import httpx
+from nats.aio.msg import Msg
+
+from schemas import (
+    LIVE_STATES,
+    CancelTask,
+    InitWork,
+    Session,
+    SessionState,
+    SessionStateChanged,
+    TaskAccepted,
+    TaskRejected,
+    TaskRequest,
+    decode,
+    encode,
+)
+from schemas import subjects as S
+from services.common.bus import Bus
+from services.common.consumer import Poison
+from services.common.registry import Registry
+from services.scheduler import logic
+from services.scheduler.config import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, bus: Bus, registry: Registry, config: SchedulerConfig) -> None:
+        self.bus, self.registry, self.config = bus, registry, config
+        self.id = uuid.uuid4().hex  # this replica, for claims
+
+    # -- submission -----------------------------------------------------------------
+    async def on_submit(self, msg: Msg) -> None:
+        raw = await self.bus.payload(msg)
+        msg_id = (msg.headers or {}).get("Nats-Msg-Id")
+        parsed = logic.parse_submission(raw, max_bytes=self.config.max_task_bytes)
+        if isinstance(parsed, logic.Rejection):
+            await self.reject(raw, parsed)
+            return
+        result = await self.accept(logic.with_task_id(parsed, msg_id))
+        if isinstance(result, logic.Rejection):
+            await self.reject(raw, result)
+
+    async def accept(self, task: TaskRequest) -> list[Session] | logic.Rejection:
+        created, sessions = await self.registry.create_task(task)
+        if created == -1:
+            return logic.Rejection(
+                f"task_id {task.task_id!r} already exists with a different spec",
+                "$.task_id",
+                task.task_id,
+            )
+        # Also on a duplicate: the first attempt may have died before publishing.
+        await self._publish_init(s for s in sessions if s.state == SessionState.REGISTERED)
+        accepted = TaskAccepted(
+            ts=time.time(), task_id=task.task_id, session_ids=[s.session_id for s in sessions]
+        )
+        await self.bus.publish(
+            S.TASKS_ACCEPTED, encode(accepted), msg_id=f"accepted:{task.task_id}"
+        )
+        return sessions
+
+    async def _publish_init(self, sessions) -> None:
+        pubs = [
+            self.bus.publish(
+                S.SESSIONS_INIT,
+                encode(
+                    InitWork(
+                        ts=time.time(),
+                        session_id=s.session_id,
+                        task_id=s.task_id,
+                        priority=s.priority,
+                        attempt=s.attempt,
+                    )
+                ),
+                msg_id=logic.init_msg_id(s),
+            )
+            for s in sessions
+        ]
+        for i in range(0, len(pubs), 256):  # bounded fan-out of pending acks
+            await asyncio.gather(*pubs[i : i + 256])
+
+    async def reject(self, raw: bytes, rejection: logic.Rejection) -> None:
+        log.info("rejected task: %s", rejection.reason)
+        event = TaskRejected(
+            ts=time.time(),
+            reason=rejection.reason,
+            field=rejection.field,
+            task_id=rejection.task_id,
+            payload=raw.decode("utf-8", "replace"),
+        )
+        await self.bus.publish(S.TASKS_REJECTED, encode(event))
+
+    # -- cancellation ---------------------------------------------------------------
+    async def on_cancel(self, msg: Msg) -> None:
+        try:
+            cancel = decode(msg.data, CancelTask)
+        except ValueError as exc:
+            raise Poison(f"bad cancel message: {exc}") from None
+        await self.cancel_task(cancel.task_id, cancel.reason)
+
+    async def cancel_task(self, task_id: str, reason: str) -> int | None:
+        """Cancel every live session of the task; None if there is no such task."""
+        if await self.registry.get_task(task_id) is None:
+            return None
+        cancelled = 0
+        for s in await self.registry.task_sessions(task_id):
+            if s.state in LIVE_STATES and await self.cancel_session(s.session_id, reason):
+                cancelled += 1
+        await self.maybe_finish(task_id)
+        return cancelled
+
+    async def cancel_session(self, session_id: str, reason: str) -> bool:
+        t = await self.registry.transition(session_id, SessionState.CANCELLED, reason=reason)
+        if t.ok:  # whoever holds the runtime stops it
+            await self.bus.nc.publish(S.session_cancel(session_id), reason.encode())
+        return t.ok
+
+    # -- tracking to the end ----------------------------------------------------------
+    async def on_session_event(self, msg: Msg) -> None:
+        event = decode(msg.data, SessionStateChanged)
+        task = await self.registry.get_task(event.task_id)
+        if task is None:
+            return
+        if event.to_state == SessionState.COMPLETED and task.status == "active":
+            counts = await self.registry.task_counts(event.task_id)
+            if logic.should_early_stop(counts, task.spec.early_stop):
+                await self._early_stop(event.task_id)
+        await self.maybe_finish(event.task_id)
+
+    async def _early_stop(self, task_id: str) -> None:
+        for s in await self.registry.task_sessions(task_id):
+            if s.state in LIVE_STATES:
+                await self.cancel_session(s.session_id, "early stop: enough usable sessions")
+
+    async def maybe_finish(self, task_id: str) -> bool:
+        task = await self.registry.get_task(task_id)
+        if task is None:
+            return False
+        counts = await self.registry.task_counts(task_id)
+        if not logic.is_finished(counts, task.spec.num_samples):
+            return False
+        sessions = await self.registry.task_sessions(task_id)
+        result = logic.build_result(
+            task.spec, sessions, submitted_at=task.submitted_at, now=time.time()
+        )
+        stored = await self.registry.finish_task(task_id, result.status, encode(result))
+        await self.bus.publish(S.task_result(task_id), stored, msg_id=f"result:{task_id}")
+        if task.spec.callback_url:
+            done = await self.deliver_callback(task_id, task.spec.callback_url, stored)
+            if not done:
+                return True  # another delivery is under way; reconcile retries if it dies
+        await self.registry.retire_task(task_id)
+        return True
+
+    async def deliver_callback(self, task_id: str, url: str, payload: bytes) -> bool:
+        """POST the result with bounded retries, once per task; False if someone else
+        is delivering it right now."""
+        key = S.key_task(task_id)
+        if await self.registry.redis.hget(key, "callback") in (b"done", b"failed"):
+            return True
+        budget = self.config.callback_attempts * (self.config.callback_timeout_seconds + 1) * 2
+        if not await self.registry.claim(f"callback:{task_id}", self.id, budget):
+            return False
+        outcome = await self._post_with_retries(url, payload)
+        await self.registry.redis.hset(key, "callback", "done" if outcome else "failed")
+        if not outcome:
+            log.warning("callback for task %s to %s failed", task_id, url)
+        return True
+
+    async def _post_with_retries(self, url: str, payload: bytes) -> bool:
+        delay = self.config.callback_backoff_seconds
+        async with httpx.AsyncClient(timeout=self.config.callback_timeout_seconds) as client:
+            for attempt in range(1, self.config.callback_attempts + 1):
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await client.post(
+                        url, content=payload, headers={"content-type": "application/json"}
+                    )
+                    if r.status_code < 300:
+                        return True
+                    if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+                        return False  # the receiver refuses it: retrying will not help
+                if attempt < self.config.callback_attempts:
+                    await asyncio.sleep(delay)
+                    delay *= 2
+        return False
+
+    async def reconcile(self) -> None:
+        """Finish tasks whose last event was missed; end sessions whose deadline passed
+        before they ever ran (nobody else holds them)."""
+        now = time.time()
+        for task_id in await self.registry.active_tasks():
+            for s in await self.registry.task_sessions(task_id):
+                if s.state in (SessionState.REGISTERED, SessionState.READY) and s.deadline < now:
+                    await self.registry.transition(
+                        s.session_id,
+                        SessionState.ERROR,
+                        from_=[s.state],
+                        reason="deadline passed before the session ran",
+                    )
+            await self.maybe_finish(task_id)

@@ -1,0 +1,151 @@
+"""The scheduler's decisions, as plain functions (no network, no clock)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import orjson
+
+from schemas import (
+    TERMINAL_STATES,
+    ContractError,
+    Session,
+    SessionResult,
+    SessionState,
+    TaskRequest,
+    TaskResult,
+    decode,
+    decode_strict,
+)
+from schemas import subjects as S
+from schemas.task import BUILTIN_BUILDERS, BUILTIN_EVALUATORS, BUILTIN_HARNESSES
+
+_CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str
+    field: str | None = None
+    task_id: str | None = None
+
+
+def parse_submission(
+    raw: bytes, *, max_bytes: int, strict: bool = False
+) -> TaskRequest | Rejection:
+    """A submitted task, or why it is refused. ``strict`` rejects unknown fields (HTTP)."""
+    if len(raw) > max_bytes:
+        return Rejection(f"task message is {len(raw)} bytes; the limit is {max_bytes}")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return Rejection(f"not valid JSON: {exc}")
+    if not isinstance(obj, dict):
+        return Rejection(f"a task must be a JSON object, got {type(obj).__name__}")
+    task_id = obj.get("task_id") if isinstance(obj.get("task_id"), str) else None
+    try:
+        task = (decode_strict if strict else decode)(raw, TaskRequest)
+    except ContractError as exc:
+        return Rejection(exc.reason, exc.field, task_id)
+    problem = check_plugins(task)
+    if problem:
+        return Rejection(problem[1], problem[0], task_id)
+    return task
+
+
+def _plugin_problem(kind: str, name: str, builtin: frozenset[str]) -> str | None:
+    if name in builtin:
+        return None
+    if not _CUSTOM.match(name):
+        known = ", ".join(sorted(builtin))
+        return f"unknown {kind} {name!r}: use one of {known}, or 'module:Class'"
+    module = name.split(":", 1)[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return f"custom {kind} {name!r}: module {module!r} is not importable"
+    return None
+
+
+def check_plugins(task: TaskRequest) -> tuple[str, str] | None:
+    """(field, reason) when the task names a harness, builder or evaluator nobody has."""
+    for path, kind, name, builtin in (
+        ("$.agent.harness", "harness", task.agent.harness, BUILTIN_HARNESSES),
+        ("$.builder.name", "builder", task.builder.name, BUILTIN_BUILDERS),
+        ("$.evaluator.name", "evaluator", task.evaluator.name, BUILTIN_EVALUATORS),
+    ):
+        reason = _plugin_problem(kind, name, builtin)
+        if reason:
+            return path, reason
+    return None
+
+
+def with_task_id(task: TaskRequest, msg_id: str | None = None) -> TaskRequest:
+    """Give an anonymous task an id: its Nats-Msg-Id when usable (so a republished
+    message dedupes), otherwise a fresh one."""
+    if task.task_id:
+        return task
+    import msgspec
+
+    if msg_id and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", msg_id):
+        return msgspec.structs.replace(task, task_id=msg_id)
+    return msgspec.structs.replace(task, task_id="t-" + uuid.uuid4().hex[:16])
+
+
+def is_finished(counts: dict[str, int], num_samples: int) -> bool:
+    return sum(counts.get(s, 0) for s in TERMINAL_STATES) >= num_samples
+
+
+def should_early_stop(counts: dict[str, int], early_stop: int | None) -> bool:
+    return early_stop is not None and counts.get(SessionState.COMPLETED, 0) >= early_stop
+
+
+def build_result(
+    task: TaskRequest,
+    sessions: Iterable[Session],
+    *,
+    submitted_at: float,
+    now: float,
+) -> TaskResult:
+    rows = [
+        SessionResult(
+            session_id=s.session_id,
+            state=s.state,
+            reward=s.reward,
+            reason=s.reason,
+            early_stopped=s.state == SessionState.CANCELLED
+            and (s.reason or "").startswith("early stop"),
+        )
+        for s in sorted(sessions, key=lambda s: s.index)
+    ]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    rewards = [r.reward for r in rows if r.reward is not None]
+    if any(r.early_stopped for r in rows):
+        status = "early_stopped"
+    elif counts.get(SessionState.CANCELLED, 0) == len(rows):
+        status = "cancelled"
+    else:
+        status = "completed"
+    return TaskResult(
+        task_id=task.task_id or "",
+        status=status,
+        num_samples=task.num_samples,
+        sessions=rows,
+        counts=counts,
+        mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        submitted_at=submitted_at,
+        finished_at=now,
+        trajectories_subject=S.trajectories(task.task_id or ""),
+    )
+
+
+def init_msg_id(session: Session) -> str:
+    return f"init:{session.session_id}:{session.attempt}"

@@ -1,0 +1,144 @@
+"""Scheduler service: ``polar serve scheduler``.
+
+Consumes ``polar.tasks.submit`` and ``polar.tasks.cancel``, tracks sessions to their end
+through terminal state events, publishes TaskResults; HTTP API with OpenAPI at /schema.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from litestar import Litestar, Request, Response, delete, get, post
+from litestar.openapi import OpenAPIConfig
+
+from schemas import TERMINAL_STATES, encode
+from schemas import subjects as S
+from services.common.bus import work_consumer
+from services.common.consumer import Consumer
+from services.common.host import ServiceHost
+from services.common.http import ops_routes
+from services.common.settings import load
+from services.scheduler import logic
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.handlers import Scheduler
+
+
+def consumers(sched: Scheduler) -> list[Consumer]:
+    bus = sched.bus
+    events = work_consumer("scheduler-events", "polar.events.session.>", max_deliver=10)
+    events.filter_subject = None
+    events.filter_subjects = [S.session_event(s) for s in sorted(TERMINAL_STATES)]
+    return [
+        Consumer(
+            bus,
+            S.STREAM_TASKS,
+            work_consumer(S.CONSUMER_SCHEDULER_SUBMIT, S.TASKS_SUBMIT),
+            sched.on_submit,
+            concurrency=8,
+        ),
+        Consumer(
+            bus,
+            S.STREAM_TASKS,
+            work_consumer(S.CONSUMER_SCHEDULER_CANCEL, S.TASKS_CANCEL),
+            sched.on_cancel,
+            concurrency=4,
+        ),
+        Consumer(bus, S.STREAM_EVENTS, events, sched.on_session_event, concurrency=8),
+    ]
+
+
+def _error(status: int, message: str, field: str | None = None) -> Response:
+    return Response({"error": {"message": message, "field": field}}, status_code=status)
+
+
+def _sched(request: Request) -> Scheduler:
+    return request.app.state.scheduler
+
+
+@post("/tasks", status_code=201, summary="Submit a task (TaskRequest JSON)")
+async def submit_task(request: Request) -> Response:
+    sched = _sched(request)
+    raw = await request.body()
+    parsed = logic.parse_submission(raw, max_bytes=sched.config.max_task_bytes, strict=True)
+    if isinstance(parsed, logic.Rejection):
+        return _error(400, parsed.reason, parsed.field)
+    result = await sched.accept(logic.with_task_id(parsed))
+    if isinstance(result, logic.Rejection):
+        return _error(409, result.reason, result.field)
+    return Response(
+        {"task_id": result[0].task_id, "session_ids": [s.session_id for s in result]},
+        status_code=201,
+    )
+
+
+@get("/tasks/{task_id:str}", summary="A task: spec, counts by state, sessions, result")
+async def get_task(request: Request, task_id: str) -> Response:
+    reg = _sched(request).registry
+    task = await reg.get_task(task_id)
+    if task is None:
+        return _error(404, f"no task {task_id!r}")
+    sessions = await reg.task_sessions(task_id)
+    body = {
+        "task_id": task_id,
+        "status": task.status,
+        "submitted_at": task.submitted_at,
+        "spec": task.spec,
+        "counts": await reg.task_counts(task_id),
+        "sessions": [
+            {"session_id": s.session_id, "state": s.state, "reward": s.reward, "reason": s.reason}
+            for s in sessions
+        ],
+        "result": None,
+    }
+    raw = encode(body)
+    if task.result:  # splice the stored TaskResult JSON in verbatim
+        raw = raw[: -len(b"null}")] + task.result + b"}"
+    return Response(raw, media_type="application/json")
+
+
+@delete("/tasks/{task_id:str}", status_code=200, summary="Cancel a task's live sessions")
+async def cancel_task(request: Request, task_id: str) -> Response:
+    cancelled = await _sched(request).cancel_task(task_id, "cancelled over HTTP")
+    if cancelled is None:
+        return _error(404, f"no task {task_id!r}")
+    return Response({"task_id": task_id, "cancelled_sessions": cancelled})
+
+
+@get("/sessions/{session_id:str}", summary="One session's registry record")
+async def get_session(request: Request, session_id: str) -> Response:
+    session = await _sched(request).registry.get_session(session_id)
+    if session is None:
+        return _error(404, f"no session {session_id!r}")
+    data = {f: getattr(session, f) for f in session.__struct_fields__ if f != "token"}
+    return Response(data)  # the token is a credential: never served
+
+
+def create_app(config: SchedulerConfig | None = None) -> Litestar:
+    cfg = config or load(SchedulerConfig)
+    host = ServiceHost("scheduler", cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar):
+        await host.start()
+        sched = Scheduler(host.bus, host.registry, cfg)
+        app.state.scheduler = sched
+        for c in consumers(sched):
+            host.consume(c)
+        host.every(cfg.reconcile_interval_seconds, sched.reconcile, "reconcile")
+        try:
+            yield
+        finally:
+            await host.stop()
+
+    return Litestar(
+        route_handlers=[
+            submit_task,
+            get_task,
+            cancel_task,
+            get_session,
+            *ops_routes("scheduler", host.health),
+        ],
+        lifespan=[lifespan],
+        openapi_config=OpenAPIConfig(title="Polar scheduler", version="1"),
+        request_max_body_size=cfg.max_task_bytes + 1024,
+    )

@@ -1,0 +1,70 @@
+"""Shared fixtures: real nats-server (JetStream) and Valkey on free ports, per test run.
+
+Tests never mock NATS or Redis. Each test run starts its own servers so parallel runs
+and the machine's own services are never disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from infra import localservers
+
+
+@pytest.fixture(scope="session")
+def state_dir():
+    path = Path(tempfile.mkdtemp(prefix="polar-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def nats_url(state_dir):
+    port = localservers.free_port()
+    proc = localservers.start_nats(port, state_dir / "nats")
+    yield f"nats://127.0.0.1:{port}"
+    localservers.stop_process(proc.pid)
+
+
+@pytest.fixture(scope="session")
+def redis_url(state_dir):
+    port = localservers.free_port()
+    proc = localservers.start_valkey(port, state_dir / "valkey")
+    yield f"redis://127.0.0.1:{port}/0"
+    localservers.stop_process(proc.pid)
+
+
+@pytest.fixture
+async def bus(nats_url):
+    from services.common.bus import Bus
+
+    b = await Bus.open(nats_url, "test")
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+async def redis_client(redis_url):
+    import redis.asyncio as aioredis
+
+    r = aioredis.from_url(redis_url)
+    yield r
+    await r.aclose()
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch):
+    # Test traffic stays on loopback: make sure no HTTP proxy setting redirects it.
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    yield
+
+
+def pytest_configure(config):
+    os.environ.setdefault("POLAR_TEST", "1")

@@ -1,0 +1,65 @@
+"""Start real service processes for tests and stop them (kill -9 included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from infra import localservers
+
+
+class ServiceProcess:
+    def __init__(self, target: str, config: dict, log_dir: Path) -> None:
+        self.target, self.config = target, dict(config)
+        self.port = self.config.setdefault("port", localservers.free_port())
+        self.log = log_dir / f"{target.split(':')[0].replace('.', '_')}-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> ServiceProcess:
+        env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
+        code = (
+            "from services.common.http import serve; "
+            f"serve({self.target!r}, '127.0.0.1', {self.port})"
+        )
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.target} exited: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"{self.target} not healthy: {self.log.read_text()[-2000:]}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        """kill -9 the whole process group: no graceful shutdown."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            localservers.stop_process(self.proc.pid)
+            self.proc.wait(10)

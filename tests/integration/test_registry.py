@@ -1,0 +1,98 @@
+import asyncio
+
+import pytest
+
+from schemas import SessionState, TaskRequest, decode_event
+from schemas import subjects as S
+from services.common.registry import Registry
+
+pytestmark = pytest.mark.asyncio
+
+
+def task(task_id: str, n: int = 3, **kw) -> TaskRequest:
+    return TaskRequest(task_id=task_id, instruction="do it", num_samples=n, **kw)
+
+
+async def test_create_task_is_idempotent(redis_client):
+    reg = Registry(redis_client)
+    created, sessions = await reg.create_task(task("reg-idem", 4))
+    assert created == 1 and len(sessions) == 4
+    again, same = await reg.create_task(task("reg-idem", 4))
+    assert again == 0
+    assert [s.token for s in same] == [s.token for s in sessions]
+    assert await reg.task_counts("reg-idem") == {"REGISTERED": 4}
+    conflict, _ = await reg.create_task(task("reg-idem", 5))
+    assert conflict == -1
+    assert len(await reg.task_session_ids("reg-idem")) == 4
+
+
+async def test_tokens_resolve_and_are_unguessable(redis_client):
+    reg = Registry(redis_client)
+    _, sessions = await reg.create_task(task("reg-tok", 3))
+    tokens = {s.token for s in sessions}
+    assert len(tokens) == 3 and all(len(t) > 40 for t in tokens)
+    found = await reg.session_by_token(sessions[1].token)
+    assert found.session_id == sessions[1].session_id
+    assert await reg.session_by_token("ps_nope") is None
+
+
+async def test_illegal_transition_is_refused(redis_client):
+    reg = Registry(redis_client)
+    _, sessions = await reg.create_task(task("reg-illegal", 1))
+    sid = sessions[0].session_id
+    t = await reg.transition(sid, SessionState.RUNNING)  # REGISTERED -> RUNNING is not allowed
+    assert not t.ok and t.from_state == SessionState.REGISTERED
+    assert (await reg.get_session(sid)).state == SessionState.REGISTERED
+    missing = await reg.transition("nope-0000", SessionState.INITIALIZING)
+    assert not missing.ok and not missing.exists
+
+
+async def test_50_concurrent_writers_exactly_one_wins(redis_url):
+    import redis.asyncio as aioredis
+
+    clients = [aioredis.from_url(redis_url) for _ in range(10)]
+    regs = [Registry(c) for c in clients]
+    _, sessions = await regs[0].create_task(task("reg-race", 20))
+    try:
+        for s in sessions:  # 20 rounds, each a fresh race of 50 writers
+            results = await asyncio.gather(
+                *(
+                    regs[i % 10].transition(s.session_id, SessionState.INITIALIZING, node=f"n{i}")
+                    for i in range(50)
+                )
+            )
+            winners = [r for r in results if r.ok]
+            assert len(winners) == 1
+            assert winners[0].version == 1
+            after = await regs[0].get_session(s.session_id)
+            assert after.state == SessionState.INITIALIZING and after.version == 1
+        # versioned CAS: 50 writers expecting version 1, one wins
+        sid = sessions[0].session_id
+        results = await asyncio.gather(
+            *(
+                regs[i % 10].transition(sid, SessionState.ERROR, expect_version=1, reason=f"w{i}")
+                for i in range(50)
+            )
+        )
+        assert sum(r.ok for r in results) == 1
+        counts = await regs[0].task_counts("reg-race")
+        assert counts == {"INITIALIZING": 19, "ERROR": 1}
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_transition_emits_event(redis_client, bus):
+    async def publish(subject, payload, msg_id):
+        await bus.publish(subject, payload, msg_id=msg_id)
+
+    reg = Registry(redis_client, publish)
+    _, sessions = await reg.create_task(task("reg-ev", 1))
+    sid = sessions[0].session_id
+    sub = await bus.js.subscribe(S.session_event("INITIALIZING"), ordered_consumer=True)
+    assert (await reg.transition(sid, SessionState.INITIALIZING, node="n1")).ok
+    msg = await sub.next_msg(timeout=5)
+    ev = decode_event(msg.data)
+    assert ev.session_id == sid and ev.to_state == SessionState.INITIALIZING
+    assert ev.from_state == SessionState.REGISTERED and ev.node == "n1" and ev.version == 1
+    await sub.unsubscribe()

@@ -1,0 +1,190 @@
+"""The scheduler against real NATS JetStream and Redis/Valkey."""
+
+import asyncio
+import contextlib
+
+import orjson
+import pytest
+from litestar.testing import AsyncTestClient
+
+from schemas import InitWork, SessionState, TaskRejected, TaskResult, decode
+from schemas import subjects as S
+from services.common.registry import Registry
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.handlers import Scheduler
+from services.scheduler.main import consumers, create_app
+from tests.helpers.http_sink import HttpSink
+from tests.unit.scheduler.test_logic import BAD
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def scheduler(bus, redis_client):
+    reg = Registry(redis_client, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+    cfg = SchedulerConfig(callback_backoff_seconds=0.05, callback_attempts=3)
+    yield Scheduler(bus, reg, cfg)
+
+
+async def drain(sched: Scheduler) -> None:
+    for c in consumers(sched):
+        await c.run(drain=True)
+
+
+async def init_items(bus, task_id: str) -> list[InitWork]:
+    """Init work items of one task, read without consuming them (the pool's queue)."""
+    info = await bus.js.stream_info(S.STREAM_SESSIONS)
+    items = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        with contextlib.suppress(Exception):
+            msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq)
+            if msg.subject == S.SESSIONS_INIT:
+                item = decode(msg.data, InitWork)
+                if item.task_id == task_id:
+                    items.append(item)
+    return items
+
+
+def task_json(task_id: str, n: int = 3, **kw) -> bytes:
+    return orjson.dumps(
+        {
+            "task_id": task_id,
+            "instruction": "solve",
+            "num_samples": n,
+            "agent": {"command": "true"},
+            **kw,
+        }
+    )
+
+
+async def test_submit_creates_sessions_and_init_work_once(bus, scheduler):
+    raw = task_json("sch-once", 5)
+    await bus.nc.publish(S.TASKS_SUBMIT, raw)  # core publish, as `nats pub` does
+    await bus.js.publish(S.TASKS_SUBMIT, raw)  # and again through JetStream
+    await drain(scheduler)
+    sessions = await scheduler.registry.task_sessions("sch-once")
+    assert len(sessions) == 5
+    assert {s.state for s in sessions} == {SessionState.REGISTERED}
+    items = await init_items(bus, "sch-once")
+    assert sorted(i.session_id for i in items) == sorted(s.session_id for s in sessions)
+
+
+async def test_bad_messages_are_rejected_and_service_keeps_serving(bus, scheduler):
+    sub = await bus.nc.subscribe(S.TASKS_REJECTED)
+    for raw, _ in BAD:
+        await bus.js.publish(S.TASKS_SUBMIT, raw)
+    await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-after-bad", 2))
+    await drain(scheduler)
+    rejections = []
+    for _ in BAD:
+        msg = await sub.next_msg(timeout=5)
+        rejections.append(decode(await bus.payload(msg), TaskRejected))
+    await sub.unsubscribe()
+    assert len(rejections) == len(BAD) >= 20
+    by_payload = {r.payload: r.reason for r in rejections}
+    for raw, expected in BAD:
+        assert expected in by_payload[raw.decode("utf-8", "replace")]
+    assert len(await scheduler.registry.task_sessions("sch-after-bad")) == 2
+    dlq = await bus.js.stream_info(S.STREAM_DLQ)
+    assert dlq.state.messages == 0  # bad tasks are rejections, not poison
+
+
+async def finish_all(reg: Registry, task_id: str, reward: float = 1.0) -> None:
+    """Drive sessions through the pipeline as pool/executor/builder/evaluator would."""
+    for s in await reg.task_sessions(task_id):
+        for state in ("INITIALIZING", "READY", "RUNNING", "POSTRUN", "BUILDING", "EVALUATING"):
+            assert (await reg.transition(s.session_id, SessionState(state))).ok
+        assert (await reg.transition(s.session_id, SessionState.COMPLETED, reward=reward)).ok
+
+
+async def test_task_result_and_callback_with_retry(bus, scheduler):
+    async with HttpSink(fail_first=1) as sink:
+        await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-result", 3, callback_url=sink.url))
+        await drain(scheduler)
+        sub = await bus.nc.subscribe(S.task_result("sch-result"))
+        await finish_all(scheduler.registry, "sch-result", reward=0.5)
+        await drain(scheduler)
+        result = decode(await bus.payload(await sub.next_msg(timeout=5)), TaskResult)
+        await sub.unsubscribe()
+        assert result.status == "completed" and result.counts == {"COMPLETED": 3}
+        assert result.mean_reward == 0.5 and len(result.sessions) == 3
+        assert sink.requests == 2 and len(sink.bodies) == 1  # one failure, one retry
+        assert decode(sink.bodies[0], TaskResult) == result
+    task = await scheduler.registry.get_task("sch-result")
+    assert task.status == "completed"
+
+
+async def test_cancel_by_subject_and_early_stop(bus, scheduler):
+    await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-cancel", 3))
+    await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-early", 4, early_stop=2))
+    await drain(scheduler)
+    reg = scheduler.registry
+    cancels = await bus.nc.subscribe("polar.control.cancel.*")
+    await bus.js.publish(S.TASKS_CANCEL, b'{"type":"task.cancel","task_id":"sch-cancel"}')
+    sessions = await reg.task_sessions("sch-early")
+    await finish_all_one(reg, sessions[0].session_id)
+    await finish_all_one(reg, sessions[1].session_id)
+    await drain(scheduler)
+    assert {s.state for s in await reg.task_sessions("sch-cancel")} == {SessionState.CANCELLED}
+    got = {(await cancels.next_msg(timeout=2)).subject for _ in range(5)}
+    assert {s for s in got if "sch-cancel" in s} == {
+        S.session_cancel(f"sch-cancel-000{i}") for i in range(3)
+    }
+    early = await reg.task_sessions("sch-early")
+    assert [s.state for s in early] == ["COMPLETED", "COMPLETED", "CANCELLED", "CANCELLED"]
+    assert (await reg.get_task("sch-early")).status == "early_stopped"
+    assert (await reg.get_task("sch-cancel")).status == "cancelled"
+
+
+async def finish_all_one(reg: Registry, sid: str) -> None:
+    for state in (
+        "INITIALIZING",
+        "READY",
+        "RUNNING",
+        "POSTRUN",
+        "BUILDING",
+        "EVALUATING",
+        "COMPLETED",
+    ):
+        assert (await reg.transition(sid, SessionState(state), reward=1.0)).ok
+
+
+async def test_poison_cancel_goes_to_dead_letter(bus, scheduler):
+    sub = await bus.nc.subscribe(S.dead_letter(S.STREAM_TASKS))
+    await bus.js.publish(S.TASKS_CANCEL, b"not a cancel")
+    await drain(scheduler)
+    msg = await sub.next_msg(timeout=5)
+    assert msg.data == b"not a cancel" and "bad cancel message" in msg.headers["Polar-Reason"]
+    await sub.unsubscribe()
+
+
+async def test_http_api(nats_url, redis_url, monkeypatch):
+    cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url)
+    async with AsyncTestClient(create_app(cfg)) as client:
+        r = await client.post("/tasks", content=task_json("sch-http", 2))
+        assert r.status_code == 201, r.text
+        assert r.json()["session_ids"] == ["sch-http-0000", "sch-http-0001"]
+        bad = await client.post("/tasks", content=task_json("sch-http2", 2, surprise=1))
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "$.surprise"
+        conflict = await client.post("/tasks", content=task_json("sch-http", 3))
+        assert conflict.status_code == 409
+        got = await client.get("/tasks/sch-http")
+        assert got.json()["counts"] == {"REGISTERED": 2} and got.json()["result"] is None
+        s = await client.get("/sessions/sch-http-0001")
+        assert s.json()["state"] == "REGISTERED" and "token" not in s.json()
+        assert (await client.get("/sessions/nope")).status_code == 404
+        d = await client.delete("/tasks/sch-http")
+        assert d.json()["cancelled_sessions"] == 2
+        for _ in range(50):
+            got = (await client.get("/tasks/sch-http")).json()
+            if got["result"]:
+                break
+            await asyncio.sleep(0.1)
+        assert got["status"] == "cancelled" and got["result"]["status"] == "cancelled"
+        assert (await client.delete("/tasks/nope")).status_code == 404
+        assert (await client.get("/healthz")).json()["ok"] is True
+        assert b"polar_messages_total" in (await client.get("/metrics")).content
+        schema = (await client.get("/schema/openapi.json")).json()
+        assert {"/tasks", "/tasks/{task_id}", "/sessions/{session_id}"} <= set(schema["paths"])
+        huge = await client.post("/tasks", content=b"{" + b" " * 600_000 + b"}")
+        assert huge.status_code in (400, 413)
