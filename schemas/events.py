@@ -39,6 +39,7 @@ class SessionStateChanged(_Event, tag="session.state"):
     from_state: SessionState | None
     to_state: SessionState
     version: int
+    seq: int = 0  # global order of transitions as Redis applied them
     node: str | None = None
     reason: str | None = None
 

@@ -105,5 +105,14 @@ KEY_TASKS_ACTIVE = "polar:tasks:active"  # set of task ids not yet finished
 KEY_NODES = "polar:nodes"  # hash node -> last heartbeat json
 
 
+def key_node_state(node: str, state: str) -> str:
+    """Set of the sessions placed on ``node`` that are in ``state`` (kept by the CAS script)."""
+    return f"polar:node:{node}:{state}"
+
+
+KEY_LEASES = "polar:leases"  # sorted set: session id -> lease expiry (epoch seconds)
+KEY_BACKPRESSURE = "polar:backpressure"  # set (with a TTL) while the inference engine struggles
+
+
 def key_lease(session_id: str) -> str:
     return f"polar:lease:{session_id}"

@@ -161,6 +161,18 @@ class Registry:
         return {k.decode(): int(v) for k, v in raw.items() if int(v)}
 
     # -- sessions -------------------------------------------------------------------
+    async def node_stage_counts(self, node: str, states: Iterable[SessionState]) -> dict[str, int]:
+        """How many sessions placed on ``node`` are in each of ``states`` right now."""
+        states = list(states)
+        async with self.redis.pipeline(transaction=True) as p:
+            for st in states:
+                p.scard(S.key_node_state(node, st.value))
+            counts = await p.execute()
+        return {st.value: int(c) for st, c in zip(states, counts, strict=True)}
+
+    async def node_sessions(self, node: str, state: SessionState) -> list[str]:
+        return sorted(m.decode() for m in await self.redis.smembers(S.key_node_state(node, state.value)))
+
     async def get_session(self, session_id: str) -> Session | None:
         return (await self.get_sessions([session_id]))[0]
 
@@ -200,17 +212,17 @@ class Registry:
         ]
         for k, v in fields.items():
             args += [k, "" if v is None else str(v)]
-        code, prev, version = await self._transition(
+        code, prev, version, seq = await self._transition(
             keys=[S.key_session(session_id), S.KEY_STATE_COUNTS], args=args
         )
         prev_state = SessionState(prev.decode()) if prev else None
         result = Transition(code == 1, session_id, prev_state, int(version), exists=code != -1)
         TRANSITIONS.labels(to.value, "ok" if result.ok else "conflict").inc()
         if result.ok and self.publish is not None:
-            await self._emit(session_id, prev_state, to, int(version), fields, now)
+            await self._emit(session_id, prev_state, to, int(version), int(seq), fields, now)
         return result
 
-    async def _emit(self, session_id, prev, to, version, fields, now) -> None:
+    async def _emit(self, session_id, prev, to, version, seq, fields, now) -> None:
         task_id = session_id.rsplit("-", 1)[0]
         event = SessionStateChanged(
             ts=now,
@@ -219,6 +231,7 @@ class Registry:
             from_state=prev,
             to_state=to,
             version=version,
+            seq=seq,
             node=_opt_str(fields.get("node")),
             reason=_opt_str(fields.get("reason")),
         )

@@ -2,14 +2,18 @@
 -- KEYS[1] session hash, KEYS[2] global state counts
 -- ARGV[1] to-state, ARGV[2] allowed from-states as ",A,B,", ARGV[3] expected version or "",
 -- ARGV[4] now, ARGV[5..] field/value pairs to set ("" deletes the field)
--- Returns {1, from, version} on success, {0, current, version} when the CAS fails,
--- {-1, "", 0} when the session does not exist.
-local cur = redis.call('HMGET', KEYS[1], 'state', 'version', 'task_id')
-if not cur[1] then return {-1, '', 0} end
-if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then return {0, cur[1], tonumber(cur[2])} end
+-- Returns {1, from, version, seq} on success, {0, current, version, 0} when the CAS
+-- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
+-- transitions, so an event log can be replayed in exactly the order Redis applied it.
+-- Sessions placed on a node are also kept in per-node sets polar:node:<node>:<STATE>.
+local cur = redis.call('HMGET', KEYS[1], 'state', 'version', 'task_id', 'node')
+if not cur[1] then return {-1, '', 0, 0} end
+if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then return {0, cur[1], tonumber(cur[2]), 0} end
 if not string.find(ARGV[2], ',' .. cur[1] .. ',', 1, true) then
-  return {0, cur[1], tonumber(cur[2])}
+  return {0, cur[1], tonumber(cur[2]), 0}
 end
+local sid = string.sub(KEYS[1], string.len('polar:session:') + 1)
+if cur[4] then redis.call('SREM', 'polar:node:' .. cur[4] .. ':' .. cur[1], sid) end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[4])
 for i = 5, #ARGV, 2 do
@@ -25,4 +29,7 @@ redis.call('HINCRBY', tc, cur[1], -1)
 redis.call('HINCRBY', tc, ARGV[1], 1)
 redis.call('HINCRBY', KEYS[2], cur[1], -1)
 redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-return {1, cur[1], v}
+local node = redis.call('HGET', KEYS[1], 'node')
+if node then redis.call('SADD', 'polar:node:' .. node .. ':' .. ARGV[1], sid) end
+local seq = redis.call('INCR', 'polar:transition_seq')
+return {1, cur[1], v, seq}

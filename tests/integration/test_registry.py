@@ -96,3 +96,19 @@ async def test_transition_emits_event(redis_client, bus):
     assert ev.session_id == sid and ev.to_state == SessionState.INITIALIZING
     assert ev.from_state == SessionState.REGISTERED and ev.node == "n1" and ev.version == 1
     await sub.unsubscribe()
+
+
+async def test_node_stage_sets_and_global_order(redis_client):
+    reg = Registry(redis_client)
+    _, sessions = await reg.create_task(task("reg-node", 3))
+    a, b, c = (s.session_id for s in sessions)
+    t1 = await reg.transition(a, SessionState.INITIALIZING, node="nX")
+    t2 = await reg.transition(b, SessionState.INITIALIZING, node="nX")
+    await reg.transition(a, SessionState.READY)
+    await reg.transition(c, SessionState.INITIALIZING, node="nY")
+    counts = await reg.node_stage_counts("nX", [SessionState.INITIALIZING, SessionState.READY])
+    assert counts == {"INITIALIZING": 1, "READY": 1}
+    assert await reg.node_sessions("nY", SessionState.INITIALIZING) == [c]
+    await reg.transition(a, SessionState.CANCELLED)
+    assert await reg.node_sessions("nX", SessionState.READY) == []
+    assert t1.ok and t2.ok

@@ -1,0 +1,36 @@
+# Polar task runner. `just --list` shows every recipe.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+py := env_var_or_default("PYTHON", "python")
+
+# Run the whole system end to end on embedded defaults, then stop it.
+demo:
+    {{py}} -m services.cli.main demo
+
+# Start the local dev stack (own NATS/Valkey when none is reachable).
+up *ARGS:
+    {{py}} -m services.cli.main up {{ARGS}}
+
+# Stop exactly what `just up` started.
+down:
+    {{py}} -m services.cli.main down
+
+# Unit + integration tests against real NATS JetStream and Valkey.
+test *ARGS:
+    {{py}} -m pytest -q {{ARGS}}
+
+# Fast tests only (no servers).
+unit:
+    {{py}} -m pytest -q tests/unit
+
+lint:
+    ruff check .
+    ruff format --check .
+
+fmt:
+    ruff check --fix .
+    ruff format .
+
+# Benchmarks (not part of `just test`); results go to docs/benchmarks.md by hand.
+bench *ARGS:
+    for f in tests/bench/bench_*.py; do echo "== $f"; {{py}} "$f" {{ARGS}}; done
