@@ -1,0 +1,110 @@
+"""Response parsing edge cases the recorded fixtures do not all cover (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.backends import sglang_wire, vllm_wire
+from proxy.backends.base import BackendError, ChatRequest, SamplingParams, TokenRequest
+from proxy.backends.control import agreed_version
+from proxy.backends.wire import normalize_finish, parse_tool_calls, token_id_from_text
+
+REQ = TokenRequest(session_id="s", input_ids=[5, 6])
+
+
+def test_sglang_output_logprobs_in_all_three_shapes():
+    tuples = {"output_token_logprobs": [[-0.5, 11, None], [-0.25, 12, "x"]]}
+    dicts = {
+        "output_token_logprobs": [{"logprob": -0.5, "token_id": 11}, {"logprob": -0.25, "id": 12}]
+    }
+    split = {"output_token_logprobs_val": [-0.5, -0.25], "output_token_logprobs_idx": [11, 12]}
+    for meta in (tuples, dicts, split):
+        assert sglang_wire.output_pairs(meta) == ([11, 12], [-0.5, -0.25])
+    assert sglang_wire.output_pairs({}) is None
+
+
+def test_sglang_null_output_logprob_is_refused():
+    with pytest.raises(BackendError, match="logprob 1 is null"):
+        sglang_wire.output_pairs({"output_token_logprobs": [[-0.5, 11, None], [None, 12, None]]})
+
+
+def test_sglang_output_ids_must_agree_with_logprob_ids():
+    body = {
+        "output_ids": [11, 99],
+        "meta_info": {"output_token_logprobs": [[-0.5, 11, None], [-0.2, 12, None]]},
+    }
+    with pytest.raises(BackendError, match="output_ids disagrees"):
+        sglang_wire.parse_generate(body, REQ)
+
+
+def test_sglang_generate_body_omits_unset_sampling():
+    body = sglang_wire.build_generate_body(REQ)
+    assert body["sampling_params"] == {} and body["return_logprob"] is True
+
+
+def test_chat_bodies_carry_tools_and_extras():
+    req = ChatRequest(
+        session_id="s",
+        messages=[{"role": "user", "content": "x"}],
+        tools=[{"type": "function", "function": {"name": "f"}}],
+        tool_choice="auto",
+        sampling=SamplingParams(top_k=20, extra={"repetition_penalty": 1.1}),
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    s = sglang_wire.build_chat_body(req, "m")
+    v = vllm_wire.build_chat_body(req, "m")
+    for body in (s, v):
+        assert body["tools"] == req.tools and body["tool_choice"] == "auto" and body["top_k"] == 20
+        assert body["repetition_penalty"] == 1.1 and body["chat_template_kwargs"] == {
+            "enable_thinking": False
+        }
+    assert s["return_meta_info"] and "return_meta_info" not in v and v["return_token_ids"]
+
+
+def test_vllm_chat_ids_from_token_id_strings_when_token_ids_absent():
+    body = {
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "message": {"content": "a"},
+                "logprobs": {"content": [{"token": "token_id:7", "logprob": -0.1}]},
+                "finish_reason": "length",
+            }
+        ],
+    }
+    gen = vllm_wire.parse_chat(body)
+    assert (gen.output_ids, gen.finish_reason) == ([7], "length")
+
+
+def test_vllm_completions_echoed_prompt_must_match():
+    body = {
+        "choices": [
+            {
+                "text": "a",
+                "token_ids": [7],
+                "prompt_token_ids": [5, 9],
+                "logprobs": {"token_logprobs": [-0.1], "tokens": ["token_id:7"]},
+            }
+        ]
+    }
+    with pytest.raises(BackendError, match="differ from the ids sent"):
+        vllm_wire.parse_completions(body, REQ)
+
+
+def test_finish_reasons_and_tool_call_arguments():
+    assert normalize_finish({"type": "length", "length": 4}) == "length"
+    assert normalize_finish("function_call") == "tool_calls"
+    assert normalize_finish(None) == "abort"
+    assert normalize_finish("content_filter") == "stop"
+    [call] = parse_tool_calls({"tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]})
+    assert (call.id, call.arguments) == ("call_0", '{"a":1}')
+    assert token_id_from_text("token_id:12") == 12 and token_id_from_text("hello") is None
+
+
+def test_weight_versions_must_agree():
+    assert agreed_version(["3", "3"]) == "3"
+    assert agreed_version([None, None]) is None
+    with pytest.raises(BackendError, match="disagree"):
+        agreed_version(["3", "4"])
+    with pytest.raises(BackendError, match="disagree"):
+        agreed_version(["3", None])
