@@ -1,0 +1,227 @@
+"""A plain-torch forward pass for Llama/Qwen2/Qwen3-family causal LMs, with a KV cache.
+
+Reads Hugging Face weight names (``model.layers.N.self_attn.q_proj.weight`` ...) so any small
+model directory of these families runs on CPU in float32. One call processes a *ragged
+batch*: several sequences, each contributing a chunk of new tokens (a whole prompt, a
+prompt tail after a cached prefix, or one decode token). Linear layers run over all tokens
+at once; attention runs per sequence against that sequence's own cache, so a sequence's
+numbers do not depend on what else is in the batch and no padding or mask is ever shared.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from proxy.backends.embedded.modelconfig import ModelConfig, ModelLoadError
+
+
+class KVCache:
+    """Keys and values of one sequence, per layer, growing by doubling."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 64):
+        self.length = 0
+        self._k = [torch.empty(kv_heads, capacity, head_dim) for _ in range(layers)]
+        self._v = [torch.empty(kv_heads, capacity, head_dim) for _ in range(layers)]
+
+    @property
+    def capacity(self) -> int:
+        return self._k[0].shape[1]
+
+    def reserve(self, total: int) -> None:
+        if total <= self.capacity:
+            return
+        new_cap = max(total, 2 * self.capacity)
+        for store in (self._k, self._v):
+            for i, old in enumerate(store):
+                grown = torch.empty(old.shape[0], new_cap, old.shape[2])
+                grown[:, : self.length] = old[:, : self.length]
+                store[i] = grown
+
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k``/``v`` ([kv_heads, t, head_dim]) after the committed length and return
+        the views [kv_heads, length + t, head_dim] attention reads."""
+        end = self.length + k.shape[1]
+        self._k[layer][:, self.length : end] = k
+        self._v[layer][:, self.length : end] = v
+        return self._k[layer][:, :end], self._v[layer][:, :end]
+
+    def commit(self, tokens: int) -> None:
+        self.length += tokens
+
+    def truncated_copy(self, length: int) -> KVCache:
+        """A new cache holding the first ``length`` positions (prefix-cache reuse)."""
+        layers, (heads, _, dim) = len(self._k), self._k[0].shape
+        copy = KVCache(layers, heads, dim, capacity=max(64, length + 64))
+        for src, dst in ((self._k, copy._k), (self._v, copy._v)):
+            for i in range(layers):
+                dst[i][:, :length] = src[i][:, :length]
+        copy.length = length
+        return copy
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _causal_mask(prefix: int, t: int) -> torch.Tensor:
+    # Row i (absolute position prefix + i) may attend to keys 0 .. prefix + i.
+    keys = torch.arange(prefix + t)
+    return keys[None, :] <= (prefix + torch.arange(t))[:, None]
+
+
+class _Layer:
+    """One decoder layer's weights, fused for few large ops: q|k|v and gate|up are single
+    matrices, all stored transposed for ``addmm``."""
+
+    def __init__(self, get, p: str, config: ModelConfig):
+        names = ("q", "k", "v")
+        weights = [get(f"{p}self_attn.{n}_proj.weight") for n in names]
+        biases = [get(f"{p}self_attn.{n}_proj.bias", optional=True) for n in names]
+        self.qkv = torch.cat(weights, dim=0).t().contiguous()
+        self.qkv_bias = None if biases[0] is None else torch.cat(biases)
+        self.o = get(f"{p}self_attn.o_proj.weight").t().contiguous()
+        self.o_bias = get(f"{p}self_attn.o_proj.bias", optional=True)
+        self.q_norm = get(f"{p}self_attn.q_norm.weight", optional=True)
+        self.k_norm = get(f"{p}self_attn.k_norm.weight", optional=True)
+        gate, up = get(f"{p}mlp.gate_proj.weight"), get(f"{p}mlp.up_proj.weight")
+        self.gate_up = torch.cat([gate, up], dim=0).t().contiguous()
+        self.down = get(f"{p}mlp.down_proj.weight").t().contiguous()
+        self.ln1 = get(f"{p}input_layernorm.weight")
+        self.ln2 = get(f"{p}post_attention_layernorm.weight")
+        self.inter = gate.shape[0]
+
+
+def _project(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+class CausalLM:
+    """Weights + forward. ``tensors`` maps HF names to tensors (converted to float32)."""
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]):
+        self.config = config
+
+        def get(name: str, optional: bool = False) -> torch.Tensor | None:
+            if name not in tensors:
+                if optional:
+                    return None
+                raise ModelLoadError(f"weights are missing {name}")
+            return tensors[name].float()
+
+        self.embed = get("model.embed_tokens.weight")
+        self.norm = get("model.norm.weight")
+        head = None if config.tie_word_embeddings else get("lm_head.weight", optional=True)
+        self.lm_head_t = (self.embed if head is None else head).t().contiguous()
+        self.layers = [
+            _Layer(get, f"model.layers.{i}.", config) for i in range(config.num_hidden_layers)
+        ]
+        half = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
+        self.inv_freq = 1.0 / (config.rope_theta**half)
+        self.scale = config.head_dim**-0.5
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+    def _attention(self, i: int, h: torch.Tensor, rope, chunks, caches) -> torch.Tensor:
+        c, layer = self.config, self.layers[i]
+        n, heads, kv_heads, dim = (
+            h.shape[0],
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
+        qkv = _project(h, layer.qkv, layer.qkv_bias).view(n, heads + 2 * kv_heads, dim)
+        q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+        if layer.q_norm is not None:
+            q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
+            k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        cos, sin = rope
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        outs = []
+        for (start, end), cache in zip(chunks, caches, strict=True):
+            keys, values = cache.write(
+                i, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+            )
+            outs.append(self._attend(q[start:end], keys, values, cache.length))
+        attn = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
+        return _project(attn, layer.o, layer.o_bias)
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int
+    ) -> torch.Tensor:
+        """q [t, heads, dim] against one sequence's keys/values [kv_heads, n, dim]."""
+        t, heads, dim = q.shape
+        kv_heads = keys.shape[0]
+        if t == 1:  # decode: a few small matmuls beat SDPA's dispatch cost on CPU
+            grouped = (q[0] * self.scale).view(kv_heads, heads // kv_heads, dim)
+            probs = torch.softmax(torch.bmm(grouped, keys.transpose(1, 2)), dim=-1)
+            return torch.bmm(probs, values).view(1, heads * dim)
+        q = q.transpose(0, 1)
+        if prefix == 0:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+        else:
+            mask = _causal_mask(prefix, t)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return out.transpose(0, 1).reshape(t, heads * dim)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_chunks: list[list[int]],
+        caches: list[KVCache],
+        all_logits: bool = False,
+    ) -> list[torch.Tensor]:
+        """Run each sequence's new tokens through the model, extending its cache.
+
+        Returns, per sequence, the logits of its last new token ([vocab]), or of every new
+        token ([t, vocab]) when ``all_logits``. Caches are committed on return.
+        """
+        eps = self.config.rms_norm_eps
+        lengths = [len(t) for t in token_chunks]
+        bounds, start = [], 0
+        for t in lengths:
+            bounds.append((start, start + t))
+            start += t
+        pairs = list(zip(caches, lengths, strict=True))
+        positions = torch.cat([torch.arange(cache.length, cache.length + t) for cache, t in pairs])
+        for cache, t in pairs:
+            cache.reserve(cache.length + t)
+        ids = torch.tensor([tok for chunk in token_chunks for tok in chunk], dtype=torch.long)
+        x = F.embedding(ids, self.embed)
+        rope = self._rope(positions)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, _rms_norm(x, layer.ln1, eps), rope, bounds, caches)
+            gate_up = torch.mm(_rms_norm(x, layer.ln2, eps), layer.gate_up)
+            x = x + torch.mm(
+                F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :], layer.down
+            )
+        for cache, t in pairs:
+            cache.commit(t)
+        if not all_logits:
+            x = x[[end - 1 for _, end in bounds]]
+        logits = torch.mm(_rms_norm(x, self.norm, eps), self.lm_head_t)
+        if all_logits:
+            return [logits[s:e] for s, e in bounds]
+        return list(logits.unbind(0))
+
+    def new_cache(self) -> KVCache:
+        c = self.config
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+
+    def teacher_forced_logprobs(self, ids: list[int], start: int) -> list[float]:
+        """log p(ids[j] | ids[:j]) for j >= start, from one uncached full-sequence pass."""
+        logits = self.forward([ids], [self.new_cache()], all_logits=True)[0]
+        logprobs = torch.log_softmax(logits, dim=-1)
+        targets = torch.tensor(ids[start:])
+        return logprobs[start - 1 : len(ids) - 1].gather(1, targets[:, None])[:, 0].tolist()

@@ -1,0 +1,202 @@
+"""``polar model init DIR``: write a tiny, real Hugging Face model directory.
+
+The directory holds a Qwen2-architecture causal LM with random weights (fixed seed), a
+byte-level BPE tokenizer trained here on a generated corpus, and Polar's ChatML chat
+template with Qwen/Hermes tool calls. It loads with ``transformers`` (AutoTokenizer,
+Qwen2ForCausalLM) and with the embedded engine. No network, and the same bytes every time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from proxy.backends.embedded.corpus import generate_corpus
+from proxy.backends.embedded.weights import save_tensors
+from proxy.tokenization.template import default_template
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+ADDED_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+VOCAB_SIZE = 4096
+DEFAULT_DIMS = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def train_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+    """Byte-level BPE (Qwen2-style pre-tokenization); ids 0-2 are the special tokens and the
+    tool/think tags are the last six ids."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(ADDED_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(generate_corpus(seed), trainer)
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in ADDED_TOKENS])
+    return tok
+
+
+def _tokenizer_config(tok: Tokenizer) -> dict:
+    decoder = {}
+    for text in SPECIAL_TOKENS + ADDED_TOKENS:
+        decoder[str(tok.token_to_id(text))] = {
+            "content": text,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": text in SPECIAL_TOKENS,
+        }
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "added_tokens_decoder": decoder,
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 32768,
+        "split_special_tokens": False,
+        "chat_template": default_template(),
+    }
+
+
+def model_config(
+    vocab_size: int, eos_ids: list[int], pad_id: int, dims: dict | None = None
+) -> dict:
+    d = {**DEFAULT_DIMS, **(dims or {})}
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": vocab_size,
+        **d,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": d["num_hidden_layers"],
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": None,
+        "eos_token_id": eos_ids[0],
+        "pad_token_id": pad_id,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+
+
+def init_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Random Qwen2 weights, drawn wider than HF's default so the untrained model's
+    next-token distributions are peaked (sampling knobs visibly matter); the output head is
+    untied so the model does not just echo its input token."""
+    g = torch.Generator().manual_seed(seed)
+    h, inter, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    head_dim = h // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+
+    tensors = {
+        "model.embed_tokens.weight": normal(v, h, std=0.35),
+        "model.norm.weight": torch.ones(h),
+        "lm_head.weight": normal(v, h, std=0.4),
+    }
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors.update(
+            {
+                p + "input_layernorm.weight": torch.ones(h),
+                p + "post_attention_layernorm.weight": torch.ones(h),
+                p + "self_attn.q_proj.weight": normal(h, h, std=0.08),
+                p + "self_attn.q_proj.bias": normal(h, std=0.02),
+                p + "self_attn.k_proj.weight": normal(kv, h, std=0.08),
+                p + "self_attn.k_proj.bias": normal(kv, std=0.02),
+                p + "self_attn.v_proj.weight": normal(kv, h, std=0.08),
+                p + "self_attn.v_proj.bias": normal(kv, std=0.02),
+                p + "self_attn.o_proj.weight": normal(h, h, std=0.08),
+                p + "mlp.gate_proj.weight": normal(inter, h, std=0.08),
+                p + "mlp.up_proj.weight": normal(inter, h, std=0.08),
+                p + "mlp.down_proj.weight": normal(h, inter, std=0.08),
+            }
+        )
+    return tensors
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", "utf-8")
+
+
+def init_model_dir(model_dir: str | Path, seed: int = 0, dims: dict | None = None) -> Path:
+    """Write the tiny model directory (tokenizer seeded by 0, weights by ``seed``)."""
+    out = Path(model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer()
+    eos_ids = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
+    pad_id = tok.token_to_id("<|endoftext|>")
+    config = model_config(tok.get_vocab_size(with_added_tokens=True), eos_ids, pad_id, dims)
+    tok.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(tok))
+    _write_json(
+        out / "special_tokens_map.json",
+        {
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        },
+    )
+    _write_json(out / "config.json", config)
+    _write_json(
+        out / "generation_config.json",
+        {
+            "eos_token_id": eos_ids,
+            "pad_token_id": pad_id,
+            "do_sample": True,
+            "temperature": 1.0,
+            "top_p": 1.0,
+        },
+    )
+    save_tensors(init_weights(config, seed), out)
+    return out
+
+
+def reseed_weights(model_dir: str | Path, target_dir: str | Path, seed: int) -> Path:
+    """Copy ``model_dir`` to ``target_dir`` with freshly seeded weights (a 'new checkpoint'
+    for weight-update tests and demos)."""
+    src, dst = Path(model_dir), Path(target_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "config.json",
+        "generation_config.json",
+    ):
+        (dst / name).write_bytes((src / name).read_bytes())
+    config = json.loads((src / "config.json").read_text("utf-8"))
+    save_tensors(init_weights(config, seed), dst)
+    return dst

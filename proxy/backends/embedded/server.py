@@ -1,0 +1,107 @@
+"""Server state and configuration: the loaded model, tokenizer, policy and running engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch
+from msgspec import Struct
+
+from proxy.backends.embedded.engine import Engine, EngineConfig
+from proxy.backends.embedded.modelconfig import ModelLoadError
+from proxy.backends.embedded.policy import Policy, load_policy, messages_from_prompt, scripted_ids
+from proxy.backends.embedded.sequence import GenerationRequest, GenerationResult
+from proxy.backends.embedded.weights import load_model
+from proxy.tokenization import ChatTokenizer
+
+CONFIG_ENV = "POLAR_EMBEDDED_CONFIG"
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "polar" / "models" / "tiny"
+
+
+class ServeConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    model_dir: str = str(DEFAULT_MODEL_DIR)
+    host: str = "127.0.0.1"
+    port: int = 30000
+    policy: str | None = None  # scripted policy YAML
+    served_model_name: str = ""  # default: the directory name
+    weight_version: str = "1"
+    threads: int = 1  # torch intra-op threads for the engine
+    default_max_tokens: int = 256
+    engine: EngineConfig = EngineConfig()
+
+
+def config_from_env() -> ServeConfig:
+    import msgspec
+
+    return msgspec.json.decode(os.environ.get(CONFIG_ENV, "{}").encode(), type=ServeConfig)
+
+
+def config_to_env(config: ServeConfig) -> str:
+    import msgspec
+
+    return msgspec.json.encode(config).decode()
+
+
+def ensure_model_dir(model_dir: str | Path) -> Path:
+    """The default tiny model is created on first use; any other directory must exist."""
+    path = Path(model_dir).expanduser()
+    if (path / "config.json").exists():
+        return path
+    if path == DEFAULT_MODEL_DIR:
+        from proxy.backends.embedded.modelinit import init_model_dir
+
+        return init_model_dir(path)
+    raise ModelLoadError(
+        f"{path} is not a model directory (no config.json); run `polar model init {path}`"
+    )
+
+
+class ServerState:
+    """Everything a handler needs. Built once at startup, then shared read-mostly."""
+
+    def __init__(self, config: ServeConfig):
+        torch.set_num_threads(max(1, config.threads))
+        self.config = config
+        self.model_path = str(ensure_model_dir(config.model_dir))
+        self.tokenizer = ChatTokenizer.load(self.model_path)
+        self.policy: Policy | None = load_policy(config.policy) if config.policy else None
+        model = load_model(self.model_path)
+        self.model_info = json.loads((Path(self.model_path) / "config.json").read_text("utf-8"))
+        self.engine = Engine(
+            model,
+            self.tokenizer.decode,
+            self.tokenizer.eos_token_ids,
+            config.engine,
+            weight_version=config.weight_version,
+        ).start()
+        self.served_model_name = config.served_model_name or Path(self.model_path).name
+
+    def close(self) -> None:
+        self.engine.stop()
+
+    def forced_for(self, messages: list[dict] | None, prompt_ids: list[int]) -> list[int] | None:
+        """Scripted reply ids for this prompt, or None without a policy."""
+        if self.policy is None:
+            return None
+        if messages is None:
+            messages = messages_from_prompt(
+                self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+            )
+        return scripted_ids(self.policy, self.tokenizer, messages)
+
+    async def run(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Submit and await; a cancelled caller (client gone) aborts its requests."""
+        futures: list[Future] = []
+        try:
+            for request in requests:
+                futures.append(self.engine.submit(request))
+            return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        except BaseException:
+            for request, future in zip(requests, futures, strict=False):
+                if not future.done():
+                    self.engine.abort(request.rid)
+            raise

@@ -1,0 +1,35 @@
+"""Chat templates, tokenization and tool-call parsing for token-in/token-out callers.
+
+Pure and server-free. Typical use::
+
+    tok = ChatTokenizer.load(model_dir)
+    prompt_ids = tok.render_ids(messages, tools)          # OpenAI-shaped messages
+    reply = tok.parse_reply(output_ids, tools)            # reasoning, content, tool calls
+
+Messages are OpenAI chat dicts: ``role``, ``content`` (string or text parts),
+``tool_calls`` (``[{id, type, function: {name, arguments}}]``), ``tool_call_id``,
+``reasoning_content``.
+"""
+
+from proxy.tokenization.template import TemplateRenderError, default_template, render_template
+from proxy.tokenization.tokenizer import ChatTokenizer, TokenizerLoadError
+from proxy.tokenization.toolcalls import (
+    ParsedReply,
+    ParsedToolCall,
+    parse_reply,
+    parse_tool_call,
+    split_reasoning,
+)
+
+__all__ = [
+    "ChatTokenizer",
+    "ParsedReply",
+    "ParsedToolCall",
+    "TemplateRenderError",
+    "TokenizerLoadError",
+    "default_template",
+    "parse_reply",
+    "parse_tool_call",
+    "render_template",
+    "split_reasoning",
+]

@@ -1,0 +1,175 @@
+"""A model directory's tokenizer and chat template, loaded without ``transformers``.
+
+``ChatTokenizer.load(model_dir)`` reads ``tokenizer.json`` (``tokenizers`` library),
+``tokenizer_config.json`` (chat template, special tokens) and, when present,
+``generation_config.json`` / ``config.json`` (end-of-sequence ids). It renders
+conversations, encodes and decodes text, and knows which ids end an assistant turn.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from proxy.tokenization.template import TemplateRenderError, default_template, render_template
+from proxy.tokenization.toolcalls import ParsedReply, parse_reply
+
+
+class TokenizerLoadError(ValueError):
+    """The directory has no usable tokenizer (missing or malformed files)."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TokenizerLoadError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json spells special tokens as strings or AddedToken dicts.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _chat_template_of(config: dict[str, Any], model_dir: Path) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    jinja_file = model_dir / "chat_template.jinja"
+    if template is None and jinja_file.exists():
+        template = jinja_file.read_text("utf-8")
+    return template
+
+
+class ChatTokenizer:
+    """Tokenizer + chat template of one model. Immutable after load; thread-safe to share."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: str,
+        special_tokens: dict[str, str | None],
+        eos_token_ids: list[int],
+    ):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.special_tokens = special_tokens
+        self.eos_token_ids = eos_token_ids
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> ChatTokenizer:
+        """Load from a Hugging Face model directory. Raises TokenizerLoadError."""
+        model_dir = Path(model_dir)
+        tok_file = model_dir / "tokenizer.json"
+        if not tok_file.exists():
+            raise TokenizerLoadError(f"{model_dir} has no tokenizer.json")
+        try:
+            tokenizer = Tokenizer.from_file(str(tok_file))
+        except Exception as exc:  # the Rust side raises plain Exception
+            raise TokenizerLoadError(f"cannot load {tok_file}: {exc}") from exc
+        config = _read_json(model_dir / "tokenizer_config.json")
+        special = {
+            key: _token_text(config.get(key))
+            for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+        }
+        template = _chat_template_of(config, model_dir) or default_template()
+        eos_ids = cls._eos_ids(tokenizer, special, model_dir)
+        return cls(tokenizer, template, special, eos_ids)
+
+    @staticmethod
+    def _eos_ids(
+        tokenizer: Tokenizer, special: dict[str, str | None], model_dir: Path
+    ) -> list[int]:
+        ids = _as_id_list(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        ids += _as_id_list(_read_json(model_dir / "config.json").get("eos_token_id"))
+        for text in (special.get("eos_token"), "<|im_end|>"):
+            token_id = tokenizer.token_to_id(text) if text else None
+            if token_id is not None:
+                ids.append(token_id)
+        return sorted(set(ids))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """The prompt text for an OpenAI-shaped conversation. Raises TemplateRenderError."""
+        return render_template(
+            self.chat_template,
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.special_tokens,
+            **template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token text (e.g. ``<|im_start|>``) maps to its id."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token as it would decode on its own (may be a partial character)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def render_ids(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        return self.encode(self.render(messages, tools, add_generation_prompt, **template_kwargs))
+
+    def assistant_reply_text(self, message: dict[str, Any]) -> str:
+        """The text an assistant turn contributes after the generation prompt, up to and
+        including its end-of-turn token: what a model must generate to produce ``message``.
+
+        Derived from the template itself (render with and without the turn), so it holds
+        for any append-only template. Raises TemplateRenderError otherwise.
+        """
+        probe = [{"role": "user", "content": "?"}]
+        prefix = self.render(probe, add_generation_prompt=True)
+        full = self.render([*probe, {"role": "assistant", **message}], add_generation_prompt=False)
+        if not full.startswith(prefix):
+            raise TemplateRenderError("chat template is not append-only for assistant turns")
+        body = full[len(prefix) :]
+        for end_id in self.eos_token_ids:
+            end_text = self.tokenizer.id_to_token(end_id)
+            if end_text and end_text in body:
+                return body[: body.rindex(end_text) + len(end_text)]
+        return body
+
+    def is_end_of_turn(self, token_id: int) -> bool:
+        return token_id in self.eos_token_ids
+
+    def parse_reply(
+        self, output_ids: list[int], tools: list[dict[str, Any]] | None = None
+    ) -> ParsedReply:
+        """Reasoning, content and tool calls of generated ids (end-of-turn ids ignored)."""
+        ids = list(output_ids)
+        while ids and self.is_end_of_turn(ids[-1]):
+            ids.pop()
+        return parse_reply(self.decode(ids, skip_special_tokens=True), tools)
