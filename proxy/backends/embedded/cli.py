@@ -38,7 +38,7 @@ def run_server(config: ServeConfig) -> None:
     from proxy.backends.embedded.policy import load_policy
     from proxy.backends.embedded.server import ensure_model_dir
 
-    model_dir = ensure_model_dir(config.model_dir)  # fail fast, and create the default model
+    ensure_model_dir(config.model_dir)  # fail fast, and create the default model
     if config.policy:
         load_policy(config.policy)
     os.environ[CONFIG_ENV] = config_to_env(config)
