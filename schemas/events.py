@@ -87,9 +87,12 @@ class SessionFinished(_Event, tag="session.finished"):
 
 
 class TrajectoryBuilt(_Event, tag="session.built"):
+    """The unscored Trajectory is in the object store as ``trajectories/<session>/<attempt>``."""
+
     session_id: str
     task_id: str
     outcome: Outcome
+    attempt: int = 0
 
 
 class SessionScored(_Event, tag="session.scored"):
