@@ -80,11 +80,13 @@ class SGLangBackend:
         model_info = self._doc(await self._get_first(_MODEL_INFO))
         server_info = await self._server_info()
         version = server_info.get("version")
+        if self.model == "default" and server_info.get("served_model_name"):
+            self.model = server_info["served_model_name"]
         caps = Capabilities(
             server=self.server,
             base_url=self.base_url,
             version=None if version is None else str(version),
-            model=server_info.get("served_model_name") or self.model,
+            model=self.model,
             model_path=model_info.get("model_path"),
             context_length=int_or_none(server_info.get("context_length")),
             weight_version=_str_or_none(model_info.get("weight_version")),
