@@ -4,8 +4,10 @@
   (``placement``), so its KV prefix cache is reused; only a dead worker's sessions move.
 * Health: ``GET /health`` every ``health_interval_s``; ``failure_threshold`` misses in a
   row mark a worker down. A connection failure during a request marks it down at once.
-* Fail-over: a request whose worker is unreachable (kind ``unavailable``) is retried once
-  on the session's next worker. Other errors are the engine's answer and are returned.
+* Fail-over: a request whose worker is unreachable or answers 502/503 (kind
+  ``unavailable``) is retried once on the session's next worker; only a worker that gave
+  no answer at all is marked down (a 503 is left to the health check). Other errors are
+  the engine's answer and are returned.
 * Recovery: a worker that answers health again is re-admitted after it is brought to the
   pool's state: the last weights (if its version differs) and the pause state.
 """
@@ -92,20 +94,24 @@ class BackendPool:
         return await self._routed(req.session_id, lambda b: b.generate(req))
 
     async def _routed(self, session_id: str, call: Callable[[Backend], Awaitable[T]]) -> T:
-        for attempt in range(2):
-            name = self.worker_for(session_id)
+        tried: list[str] = []
+        last: BackendError | None = None
+        while len(tried) < 2:  # the session's worker, then once its next choice
+            name = placement.place(session_id, [w for w in self.healthy() if w not in tried])
             if name is None:
-                raise BackendError(ErrorKind.UNAVAILABLE, f"no healthy worker in {self.base_url}")
+                break
+            if tried:
+                self.failovers += 1
             try:
                 return await call(self.workers[name].backend)
             except BackendError as exc:
                 if exc.kind is not ErrorKind.UNAVAILABLE:
                     raise
-                self.mark_down(name, exc.message)
-                if attempt == 1 or not self.healthy():
-                    raise
-                self.failovers += 1
-        raise AssertionError("unreachable")
+                if exc.status is None:  # no answer at all: the worker is gone
+                    self.mark_down(name, exc.message)
+                tried.append(name)
+                last = exc
+        raise last or BackendError(ErrorKind.UNAVAILABLE, f"no healthy worker in {self.base_url}")
 
     # -- start-up and health ----------------------------------------------------------
 

@@ -105,6 +105,17 @@ async def test_dead_worker_moves_only_its_sessions(workers):
     assert pool.healthy() == urls[1:]
 
 
+async def test_a_503_fails_over_without_taking_the_worker_out(workers):
+    servers, urls, make = workers
+    pool = make()
+    await pool.probe()
+    session = next(s for s in SESSIONS if pool.worker_for(s) == urls[0])
+    servers[0].add("POST", "/generate", fixture_reply("sglang/0.5.3rc2/generate_unavailable.json"))
+    gen = await pool.generate(TokenRequest(session_id=session, input_ids=[1, 2, 3]))
+    assert gen.worker != urls[0] and pool.failovers == 1
+    assert pool.healthy() == urls and pool.worker_for(session) == urls[0]
+
+
 async def test_health_checks_take_a_worker_out_and_bring_it_back(workers):
     servers, urls, make = workers
     pool = make(failure_threshold=2)
