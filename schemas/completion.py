@@ -38,6 +38,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     v: int = 1
     session_id: str
     seq: int  # 0, 1, 2, ... per session, in the order calls were answered
+    attempt: int = 0  # the session attempt that made the call (a retried session appends)
     protocol: Protocol
     mode: UpstreamMode
     model: str  # what the harness asked for (and is echoed back)

@@ -107,6 +107,7 @@ class AgentSpec(_Spec):
     args: list[str] = []
     env: dict[str, str] = {}
     settings: dict[str, object] = {}
+    output_files: list[str] = []  # workdir files collected as artifacts after the run
 
     def __post_init__(self) -> None:
         if self.harness == "shell" and not self.command:

@@ -32,6 +32,14 @@ from services.common.metrics import TRANSITIONS
 Publisher = Callable[[str, bytes, str], Awaitable[object]]  # (subject, payload, msg_id)
 
 
+# Remove a lease only if it is still expired (a holder may have just renewed it).
+_TAKE_EXPIRED = """
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+"""
+
+
 def _script(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text()
 
@@ -69,6 +77,7 @@ class Registry:
         self.publish = publish
         self._transition = redis.register_script(_script("transition.lua"))
         self._create = redis.register_script(_script("create_task.lua"))
+        self._take_expired = redis.register_script(_TAKE_EXPIRED)
 
     @classmethod
     def from_url(cls, url: str, publish: Publisher | None = None) -> Registry:
@@ -159,6 +168,31 @@ class Registry:
     async def state_counts(self) -> dict[str, int]:
         raw = await self.redis.hgetall(S.KEY_STATE_COUNTS)
         return {k.decode(): int(v) for k, v in raw.items() if int(v)}
+
+    # -- leases: who holds a session's runtime, until when ------------------------------
+    async def hold(self, session_ids: Iterable[str], owner: str, ttl_seconds: float) -> None:
+        """Take or renew the lease on sessions (a holder renews well before expiry)."""
+        ids = list(session_ids)
+        if not ids:
+            return
+        expiry = time.time() + ttl_seconds
+        async with self.redis.pipeline(transaction=False) as p:
+            p.zadd(S.KEY_LEASES, {sid: expiry for sid in ids})
+            for sid in ids:
+                p.hset(S.key_session(sid), "lease_owner", owner)
+            await p.execute()
+
+    async def release(self, session_id: str) -> None:
+        await self.redis.zrem(S.KEY_LEASES, session_id)
+
+    async def expired_leases(self, now: float | None = None) -> list[str]:
+        now = time.time() if now is None else now
+        return [m.decode() for m in await self.redis.zrangebyscore(S.KEY_LEASES, "-inf", now)]
+
+    async def take_expired(self, session_id: str, now: float | None = None) -> bool:
+        """Claim an expired lease for cleanup: exactly one reaper gets True."""
+        now = time.time() if now is None else now
+        return bool(await self._take_expired(keys=[S.KEY_LEASES], args=[session_id, now]))
 
     # -- sessions -------------------------------------------------------------------
     async def node_stage_counts(self, node: str, states: Iterable[SessionState]) -> dict[str, int]:
