@@ -1,0 +1,45 @@
+"""The services the dev stack can run: one row each.
+
+Adding a service to ``polar up`` / ``polar serve`` is one line in ``SERVICES``. A row
+names the ASGI app factory (``module:callable``, called with no arguments; it reads its
+settings from ``POLAR_CONFIG``), its default port, and, optionally:
+
+- ``per_node``: one process per topology node (ports: base port + node index), with the
+  node's name in ``node``;
+- ``takes``: extra topology fields the service's config accepts, merged into its
+  ``POLAR_CONFIG`` — node pool sizes (``max_init``, ``ready_buffer``, ``max_run``) and/or
+  ``backends``. Only listed fields are passed: service configs reject unknown keys.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+NODE_FIELDS = ("max_init", "ready_buffer", "max_run")
+TOPOLOGY_FIELDS = ("backends",)
+
+
+class ServiceKind(NamedTuple):
+    target: str  # "module:create_app"
+    port: int  # default port (per-node services: the first node's)
+    per_node: bool = False
+    takes: tuple[str, ...] = ()
+
+
+SERVICES: dict[str, ServiceKind] = {
+    # the task front door: HTTP API + polar.tasks.* consumers
+    "scheduler": ServiceKind("services.scheduler.main:create_app", 8100),
+}
+
+
+def check_catalog(services: dict[str, ServiceKind]) -> None:
+    """Fail fast on a row that names a field no topology has (a typo in ``takes``)."""
+    known = set(NODE_FIELDS) | set(TOPOLOGY_FIELDS)
+    for name, kind in services.items():
+        bad = [f for f in kind.takes if f not in known]
+        if bad:
+            raise ValueError(
+                f"service {name!r}: unknown `takes` field(s) {bad}; known: {sorted(known)}"
+            )
+        if ":" not in kind.target:
+            raise ValueError(f"service {name!r}: target {kind.target!r} is not 'module:callable'")

@@ -1,0 +1,283 @@
+"""The dev stack: ``polar up`` / ``polar down``.
+
+``up`` uses the NATS and Redis at the topology's URLs when something listens there,
+otherwise starts its own nats-server (JetStream, files under the state dir) and Valkey
+on those ports; then starts each enabled service as its own process
+(``python -m services.cli.main serve <service>``), waits for every ``/healthz``, and
+records all of it in ``<state_dir>/stack.json``. ``down`` stops exactly what ``up``
+started — nothing it found already running — and checks no port of it still listens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from infra import localservers
+from infra.stackstate import (
+    Proc,
+    StackState,
+    proc_alive,
+    read_state,
+    remove_state,
+    split_alive,
+    start_ticks,
+    stop_group,
+    write_state,
+)
+from infra.topology import ServicePlan, Topology, plan_services
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", ""})
+Log = Callable[[str], None]
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class DownReport:
+    stopped: list[str] = field(default_factory=list)
+    already_gone: list[str] = field(default_factory=list)
+    left_running: list[str] = field(default_factory=list)  # reused, not ours
+    still_listening: list[int] = field(default_factory=list)
+
+
+def state_dir_of(topo: Topology) -> Path:
+    return Path(topo.state_dir).resolve()
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# -- up -------------------------------------------------------------------------------
+def up(topo: Topology, *, log: Log = _quiet) -> StackState:
+    """Start the stack, or return the running one. Raises StackError, having stopped
+    whatever it started, when something does not come up."""
+    state_dir = state_dir_of(topo)
+    running = _existing(state_dir, log)
+    if running is not None:
+        return running
+    plans = _assign_ports(plan_services(topo))
+    _check_ports_free(plans, topo.host)
+    state = StackState(state_dir=str(state_dir), created_at=time.time())
+    try:
+        _ensure_server(state, "nats", topo.nats_url, 4222, localservers.start_nats, log)
+        _ensure_server(state, "redis", topo.redis_url, 6379, localservers.start_valkey, log)
+        spawned = [_start_service(state, plan, topo, log) for plan in plans]
+        deadline = time.monotonic() + topo.startup_timeout_seconds
+        for plan, proc in zip(plans, spawned, strict=True):
+            _wait_healthy(plan, proc, _check_host(topo.host), deadline, state_dir)
+            log(f"{plan.name} is healthy on port {plan.port}")
+    except BaseException:
+        log("start failed: stopping what was started")
+        down(state_dir)
+        raise
+    return state
+
+
+def _existing(state_dir: Path, log: Log) -> StackState | None:
+    """The running stack; None when there is none (a stale record is cleaned)."""
+    state = read_state(state_dir)
+    if state is None:
+        return None
+    alive, dead = split_alive(state)
+    if not dead:
+        log(f"the stack in {state_dir} is already up")
+        return state
+    if alive:
+        raise StackError(
+            f"the stack in {state_dir} is partly down ({', '.join(p.name for p in dead)} "
+            f"exited; {', '.join(p.name for p in alive)} still running): run `polar down` first"
+        )
+    log(f"removing a stale stack record in {state_dir} (none of its processes run)")
+    down(state_dir)
+    return None
+
+
+def _assign_ports(plans: list[ServicePlan]) -> list[ServicePlan]:
+    import msgspec
+
+    out = []
+    for p in plans:
+        if p.port == 0:
+            port = localservers.free_port()
+            p = msgspec.structs.replace(p, port=port, config={**p.config, "port": port})
+        out.append(p)
+    return out
+
+
+def _check_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def _check_ports_free(plans: list[ServicePlan], host: str) -> None:
+    busy = [
+        f"{p.name}:{p.port}" for p in plans if localservers.reachable(_check_host(host), p.port)
+    ]
+    if busy:
+        raise StackError(f"port(s) already in use: {', '.join(busy)}; change them in topology.yaml")
+
+
+def _ensure_server(
+    state: StackState, name: str, url: str, default_port: int, start, log: Log
+) -> None:
+    host, port = localservers.host_port(url, default_port)
+    if localservers.reachable(host, port):
+        log(f"{name}: using the server at {url}")
+        state.procs.append(
+            Proc(name=name, pid=None, start_ticks=None, url=url, port=port, started=False)
+        )
+        write_state(state)
+        return
+    if host not in LOCAL_HOSTS:
+        raise StackError(
+            f"{name} at {url} is unreachable, and it is not local: cannot start one there"
+        )
+    where = Path(state.state_dir) / name
+    log(f"{name}: nothing at {url}; starting our own on port {port}")
+    try:
+        proc = start(port, where, host="127.0.0.1")
+    except localservers.ServerStartError as exc:
+        raise StackError(f"{name}: {exc}; log: {where}") from None
+    log_name = "nats.log" if name == "nats" else "valkey.log"
+    state.procs.append(_record(name, proc.pid, url, port, str(where / log_name)))
+    write_state(state)
+
+
+def _record(name: str, pid: int, url: str, port: int, log_path: str) -> Proc:
+    return Proc(
+        name=name,
+        pid=pid,
+        start_ticks=start_ticks(pid),
+        url=url,
+        port=port,
+        started=True,
+        log=log_path,
+    )
+
+
+def _start_service(
+    state: StackState, plan: ServicePlan, topo: Topology, log: Log
+) -> subprocess.Popen:
+    log_path = Path(state.state_dir) / "logs" / f"{plan.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "POLAR_CONFIG": json.dumps(plan.config),
+        "POLAR_NATS_URL": topo.nats_url,
+        "POLAR_REDIS_URL": topo.redis_url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "services.cli.main",
+        "serve",
+        plan.service,
+        "--host",
+        topo.host,
+        "--port",
+        str(plan.port),
+    ]
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # outlives `polar up`; `polar down` stops its group
+        )
+    url = f"http://{_check_host(topo.host)}:{plan.port}"
+    state.procs.append(_record(plan.name, proc.pid, url, plan.port, str(log_path)))
+    write_state(state)
+    log(f"{plan.name}: started (pid {proc.pid}), log {log_path}")
+    return proc
+
+
+def log_tail(path: str | Path, lines: int = 30) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def healthz(url: str, timeout: float = 1.0) -> tuple[int | None, dict | str]:
+    """(status, body) of ``url``/healthz; (None, why) when it does not answer."""
+    try:
+        r = httpx.get(f"{url}/healthz", timeout=timeout, trust_env=False)
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, r.text[:200]
+
+
+def _wait_healthy(
+    plan: ServicePlan, proc: subprocess.Popen, host: str, deadline: float, state_dir: Path
+) -> None:
+    url = f"http://{host}:{plan.port}"
+    log_path = state_dir / "logs" / f"{plan.name}.log"
+    last: object = "no answer yet"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(
+                f"{plan.name} exited with code {proc.returncode} before it was healthy; "
+                f"last lines of {log_path}:\n{log_tail(log_path)}"
+            )
+        status, body = healthz(url, timeout=1.0)
+        if status == 200:
+            return
+        last = body if status is None else f"HTTP {status}: {body}"
+        time.sleep(0.1)
+    raise StackError(
+        f"{plan.name} was not healthy at {url}/healthz in time (last: {last}); "
+        f"last lines of {log_path}:\n{log_tail(log_path)}"
+    )
+
+
+# -- down -----------------------------------------------------------------------------
+def down(state_dir: Path) -> DownReport:
+    """Stop what the stack in ``state_dir`` started (services first, then Redis, then
+    NATS), remove its record, and report any port of it that still listens."""
+    report = DownReport()
+    state = read_state(state_dir)
+    if state is None:
+        return report
+    for p in reversed(state.procs):
+        if not p.started:
+            report.left_running.append(p.name)
+        elif stop_group(p):
+            report.stopped.append(p.name)
+        else:
+            report.already_gone.append(p.name)
+    report.still_listening = _listening([p.port for p in state.started()])
+    remove_state(state_dir)
+    return report
+
+
+def _listening(ports: list[int], grace: float = 3.0) -> list[int]:
+    """Ports still accepting connections after a short grace (sockets close async)."""
+    deadline = time.monotonic() + grace
+    while True:
+        busy = [port for port in ports if localservers.reachable("127.0.0.1", port, 0.2)]
+        if not busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.1)
+
+
+def alive_names(state: StackState) -> dict[str, bool]:
+    """Each recorded process: running? (reused servers are not ours to judge: True)."""
+    return {p.name: proc_alive(p) if p.started else True for p in state.procs}
