@@ -1,0 +1,43 @@
+"""The CLI's connections: they fail fast with one message (the CLI is interactive, so no
+minute-long retries as in the services)."""
+
+from __future__ import annotations
+
+import nats
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from services.cli.context import Unreachable
+from services.common.bus import Bus
+from services.common.registry import Registry
+
+__all__ = ["Unreachable", "open_bus", "open_registry"]
+
+
+async def _quiet_error(_: Exception) -> None:
+    pass  # the caller reports the failure once, as Unreachable
+
+
+async def open_bus(url: str, name: str = "polar-cli") -> Bus:
+    try:
+        nc = await nats.connect(
+            url,
+            name=name,
+            connect_timeout=2,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            error_cb=_quiet_error,
+        )
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        raise Unreachable(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+    return Bus(nc, nc.jetstream(timeout=5))
+
+
+async def open_registry(url: str) -> Registry:
+    client = aioredis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    try:
+        await client.ping()
+    except (redis.exceptions.RedisError, OSError) as exc:
+        await client.aclose()
+        raise Unreachable(f"cannot reach Redis at {url}: {exc}") from None
+    return Registry(client)

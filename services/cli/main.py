@@ -1,0 +1,302 @@
+"""The ``polar`` command: ``up | down | status | submit | cancel | serve <service> | model``.
+
+Every command reads the same topology (``--topology``, ``$POLAR_TOPOLOGY`` or
+``./topology.yaml``; all keys optional) and, when the stack runs, its record in the
+state dir, which is the truth for URLs and ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+import typer
+from rich.console import Console
+
+from infra import devstack
+from infra.catalog import SERVICES
+from infra.topology import TopologyError, load_topology, plan_services
+from services.cli import render, taskfile
+from services.cli.context import Stack, Unreachable
+
+EMBEDDED_CLI = "proxy.backends.embedded.cli"  # the embedded model server's own typer app
+
+app = typer.Typer(
+    help="Polar: token-exact RL rollouts from unmodified agent harnesses.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+TopologyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--topology",
+        "-t",
+        envvar="POLAR_TOPOLOGY",
+        help="topology.yaml (default: ./topology.yaml if present)",
+    ),
+]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="where the stack keeps its record, logs and data (default: the topology's)",
+    ),
+]
+Via = Literal["bus", "http"]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    return typer.Exit(code)
+
+
+def _stack(topology: Path | None, state_dir: Path | None) -> Stack:
+    try:
+        return Stack.load(topology, state_dir)
+    except (TopologyError, RuntimeError) as exc:
+        raise _fail(str(exc)) from None
+
+
+def _log(message: str) -> None:
+    err.print(f"[dim]{message}[/dim]", highlight=False)
+
+
+# -- the stack ------------------------------------------------------------------------
+@app.command()
+def up(topology: TopologyOpt = None, state_dir: StateDirOpt = None) -> None:
+    """Start NATS and Redis (unless reachable) and every enabled service; wait for health."""
+    try:
+        topo = load_topology(topology)
+        if state_dir is not None:
+            topo = msgspec.structs.replace(topo, state_dir=str(state_dir))
+        state = devstack.up(topo, log=_log)
+    except (devstack.StackError, TopologyError, RuntimeError) as exc:
+        raise _fail(str(exc)) from None
+    out.print(render.stack_table(state, devstack.alive_names(state)))
+
+
+@app.command()
+def down(topology: TopologyOpt = None, state_dir: StateDirOpt = None) -> None:
+    """Stop exactly what `polar up` started; leave reused servers running."""
+    stack = _stack(topology, state_dir)
+    report = devstack.down(stack.state_dir)
+    for line in render.down_lines(report):
+        out.print(line)
+    if report.still_listening:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Services and their health, nodes, stream backlogs, sessions by state."""
+    from services.cli.status import gather
+
+    report = asyncio.run(gather(_stack(topology, state_dir)))
+    if as_json:
+        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+    else:
+        render.print_status(out, report)
+
+
+# -- tasks ----------------------------------------------------------------------------
+@app.command("submit")
+def submit_cmd(
+    file: Annotated[Path, typer.Argument(help="a TaskRequest as .json or .yaml")],
+    wait: Annotated[bool, typer.Option("--wait", help="follow the sessions to the result")] = False,
+    via: Annotated[Via, typer.Option(help="publish on NATS, or POST to the scheduler")] = "bus",
+    timeout: Annotated[float | None, typer.Option(help="give up waiting after SECONDS")] = None,
+    check: Annotated[bool, typer.Option(help="strict local check first (bus only)")] = True,
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Submit a task; with --wait, show its sessions by state live, then the results."""
+    stack = _stack(topology, state_dir)
+    try:
+        tf = taskfile.read_task_file(file)
+    except taskfile.TaskFileError as exc:
+        raise _fail(str(exc)) from None
+    if via == "bus" and check and (problem := taskfile.check_task(tf.payload)) is not None:
+        _print_refused(taskfile.Refused(problem.reason, problem.field, "local check"))
+        raise typer.Exit(1)
+    try:
+        code = asyncio.run(_submit(stack, via, tf, wait, timeout))
+    except Unreachable as exc:
+        raise _fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+async def _client(stack: Stack, via: Via, timeout: float | None = None):
+    from services.cli import submit as tasks  # NATS and Redis clients load only when needed
+
+    if via == "http":
+        return tasks.HttpTasks(stack.service_url("scheduler"))
+    ack_timeout = min(timeout, 15.0) if timeout else 15.0
+    return await tasks.BusTasks.open(stack.nats_url, stack.redis_url, ack_timeout)
+
+
+async def _submit(
+    stack: Stack, via: Via, tf: taskfile.TaskFile, wait: bool, timeout: float | None
+) -> int:
+    client = await _client(stack, via, timeout)
+    try:
+        answer = await client.submit(tf, follow=wait)
+        if not isinstance(answer, taskfile.Submitted):
+            return _print_not_submitted(answer)
+        again = " (submitted before)" if answer.duplicate else ""
+        out.print(
+            f"accepted: task {answer.task_id}, {len(answer.session_ids)} session(s){again}",
+            highlight=False,
+        )
+        if not wait:
+            return 0
+        with render.SessionProgress(out, len(answer.session_ids), answer.task_id) as progress:
+            result = await client.wait(answer.task_id, timeout, progress.update)
+    finally:
+        await client.close()
+    if result is None:
+        out.print("timed out waiting for the result; the task goes on (`polar status`)")
+        return 2
+    out.print(render.results_table(result))
+    return 0
+
+
+def _print_refused(r: taskfile.Refused) -> None:
+    where = f" at {r.field}" if r.field else ""
+    out.print(f"[red]rejected[/red] ({r.source}){where}: {r.reason}", highlight=False)
+
+
+def _print_not_submitted(answer: taskfile.Refused | None) -> int:
+    if answer is None:
+        out.print("no answer: is the scheduler running? (`polar status`)")
+        return 2
+    _print_refused(answer)
+    return 1
+
+
+@app.command()
+def cancel(
+    task_id: Annotated[str, typer.Argument(help="the task to cancel")],
+    via: Annotated[Via, typer.Option(help="publish on NATS, or DELETE on the scheduler")] = "bus",
+    reason: Annotated[
+        str, typer.Option(help="recorded on each cancelled session")
+    ] = "cancelled by user",
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Cancel a task's live sessions."""
+
+    async def run() -> str:
+        client = await _client(_stack(topology, state_dir), via)
+        try:
+            return await client.cancel(task_id, reason)
+        finally:
+            await client.close()
+
+    from services.cli.submit import CancelRefused
+
+    try:
+        message = asyncio.run(run())
+    except (Unreachable, CancelRefused) as exc:
+        raise _fail(str(exc)) from None
+    out.print(message, highlight=False)
+
+
+# -- one service ----------------------------------------------------------------------
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(
+    ctx: typer.Context,
+    service: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVICES)}, model")],
+    host: Annotated[str | None, typer.Option(help="listen address")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (0: any free one)")] = None,
+    topology: TopologyOpt = None,
+) -> None:
+    """Run one service in the foreground (what `polar up` starts, one process each)."""
+    if service == "model" and service not in SERVICES:
+        extra = [
+            *(["--host", host] if host else []),
+            *(["--port", str(port)] if port is not None else []),
+        ]
+        _run_embedded(["serve", *extra, *ctx.args])
+        return
+    if ctx.args:
+        raise _fail(f"unexpected arguments: {' '.join(ctx.args)}")
+    kind = SERVICES.get(service)
+    if kind is None:
+        raise _fail(f"unknown service {service!r}; known: {', '.join(SERVICES)}, model")
+    config = _serve_config(service, topology, host, port)
+    os.environ["POLAR_CONFIG"] = json.dumps(config)  # the factory reads its settings here
+    from services.common.http import serve as serve_asgi
+
+    serve_asgi(kind.target, config["host"], config["port"])
+
+
+def _serve_config(service: str, topology: Path | None, host: str | None, port: int | None) -> dict:
+    """POLAR_CONFIG as given (by `polar up`), else this service's entry in the topology;
+    --host / --port override either."""
+    raw = os.environ.get("POLAR_CONFIG")
+    if raw:
+        config = json.loads(raw)
+    else:
+        try:
+            plans = [p for p in plan_services(load_topology(topology)) if p.service == service]
+        except TopologyError as exc:
+            raise _fail(str(exc)) from None
+        config = dict(plans[0].config) if plans else {}
+    config["host"] = host or config.get("host") or "127.0.0.1"
+    if port is not None:
+        config["port"] = port
+    config["port"] = config.get("port") or SERVICES[service].port
+    if port == 0:
+        from infra.localservers import free_port
+
+        config["port"] = free_port()
+    return config
+
+
+# -- the embedded model server (its own typer app, when installed) --------------------
+def _embedded_app():
+    try:
+        module = importlib.import_module(EMBEDDED_CLI)
+    except ModuleNotFoundError as exc:
+        if exc.name and EMBEDDED_CLI.startswith(exc.name):
+            return None
+        raise
+    return module.app
+
+
+def _run_embedded(args: list[str]) -> None:
+    embedded = _embedded_app()
+    if embedded is None:
+        raise _fail(f"the embedded model server is not installed ({EMBEDDED_CLI} is missing)")
+    embedded(args=args, prog_name="polar model")
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def model(ctx: typer.Context) -> None:
+    """The embedded CPU model server: `polar model init DIR`, `polar model serve ...`."""
+    _run_embedded(list(ctx.args) or ["--help"])
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

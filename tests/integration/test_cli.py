@@ -1,0 +1,167 @@
+"""The real ``polar`` CLI in subprocesses, against a stack it starts itself on free ports."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.localservers import free_port
+
+pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Polar:
+    def __init__(self, topology: Path, ports: dict[str, int]) -> None:
+        self.topology, self.ports = topology, ports
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+        self.env.update(COLUMNS="200", NO_PROXY="127.0.0.1,localhost")
+
+    def __call__(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli.main", *args, "--topology", str(self.topology)],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    @property
+    def scheduler(self) -> str:
+        return f"http://127.0.0.1:{self.ports['scheduler']}"
+
+
+@pytest.fixture(scope="module")
+def polar(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    ports = {"nats": free_port(), "redis": free_port(), "scheduler": free_port()}
+    topo = root / "topology.yaml"
+    topo.write_text(f"""
+nats_url: nats://127.0.0.1:{ports["nats"]}
+redis_url: redis://127.0.0.1:{ports["redis"]}/0
+state_dir: {root / "state"}
+services:
+  scheduler: {{port: {ports["scheduler"]}, config: {{reconcile_interval_seconds: 0.3}}}}
+""")
+    cli = Polar(topo, ports)
+    up = cli("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    for name, port in ports.items():
+        assert f"127.0.0.1:{port}" in up.stdout, (name, up.stdout)
+    yield cli
+    down = cli("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped: scheduler, redis, nats" in down.stdout
+    for port in ports.values():
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_a_bad_task_shows_why_it_was_rejected(polar, tmp_path):
+    bad = write(
+        tmp_path / "bad.json", '{"instruction": "x", "evaluator": {"name": "nosuchmod:Eval"}}'
+    )
+    over_bus = polar("submit", str(bad))
+    assert over_bus.returncode == 1, over_bus.stdout + over_bus.stderr
+    assert "rejected (scheduler) at $.evaluator.name" in over_bus.stdout
+    assert "module 'nosuchmod' is not importable" in over_bus.stdout
+
+    over_http = polar("submit", str(bad), "--via", "http")
+    assert over_http.returncode == 1
+    assert "rejected (HTTP 400) at $.evaluator.name" in over_http.stdout
+
+    typo = write(tmp_path / "typo.yaml", "instruction: x\nnum_sampels: 2\n")
+    checked = polar("submit", str(typo))
+    assert checked.returncode == 1
+    assert "rejected (local check) at $.num_sampels: Unknown field" in checked.stdout
+
+
+def test_submit_over_http_and_wait_for_the_results_table(polar, tmp_path):
+    task = write(
+        tmp_path / "t.json",
+        '{"task_id": "cli-http", "instruction": "hi", "num_samples": 2, "timeout_seconds": 0.5}',
+    )
+    r = polar("submit", str(task), "--via", "http", "--wait", "--timeout", "30")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "accepted: task cli-http, 2 session(s)" in r.stdout
+    assert "task cli-http: completed" in r.stdout
+    for sid in ("cli-http-0000", "cli-http-0001"):
+        row = next(line for line in r.stdout.splitlines() if sid in line)
+        assert "ERROR" in row and "deadline passed" in row
+
+
+def test_submit_yaml_over_the_bus_and_wait(polar, tmp_path):
+    task = write(tmp_path / "t.yaml", "instruction: hi\nnum_samples: 3\ntimeout_seconds: 0.5\n")
+    r = polar("submit", str(task), "--wait", "--timeout", "30")
+    assert r.returncode == 0, r.stdout + r.stderr
+    task_id = r.stdout.split("accepted: task ", 1)[1].split(",", 1)[0]
+    assert f"task {task_id}: completed" in r.stdout
+    assert sum(f"{task_id}-000{i}" in r.stdout for i in range(3)) == 3
+    assert "3/3" in r.stdout  # the progress bar's last frame
+    same = write(
+        tmp_path / "same.yaml",
+        f"task_id: {task_id}\ninstruction: hi\nnum_samples: 3\ntimeout_seconds: 0.5\n",
+    )
+    again = polar("submit", str(same))
+    assert again.returncode == 0 and "(submitted before)" in again.stdout
+    other = write(tmp_path / "other.yaml", f"task_id: {task_id}\ninstruction: hi\nnum_samples: 2\n")
+    conflict = polar("submit", str(other))
+    assert conflict.returncode == 1
+    assert "rejected (registry) at $.task_id" in conflict.stdout
+    assert "already exists with a different spec" in conflict.stdout
+
+
+def test_cancel_over_the_bus_and_http(polar, tmp_path):
+    task = write(
+        tmp_path / "t.json", '{"task_id": "cli-cancel", "instruction": "hi", "num_samples": 2}'
+    )
+    assert polar("submit", str(task)).returncode == 0
+    r = polar("cancel", "cli-cancel")
+    assert r.returncode == 0 and "cancel of cli-cancel published" in r.stdout
+    body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel", trust_env=False).json()
+    for _ in range(50):
+        if body["status"] != "active":
+            break
+        body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel", trust_env=False).json()
+    assert body["status"] == "cancelled" and body["counts"] == {"CANCELLED": 2}
+    missing = polar("cancel", "no-such-task", "--via", "http")
+    assert missing.returncode == 1 and "no task 'no-such-task'" in missing.stderr
+
+
+def test_status_shows_services_streams_and_sessions(polar):
+    task = {"task_id": "cli-status", "instruction": "hi", "num_samples": 3}
+    assert httpx.post(f"{polar.scheduler}/tasks", json=task, trust_env=False).status_code == 201
+    r = polar("status", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["errors"] == []
+    assert [(s["name"], s["status"]) for s in report["services"]] == [("scheduler", 200)]
+    streams = {s["name"]: s for s in report["streams"]}
+    assert streams["POLAR_TASKS"]["messages"] >= 1
+    assert {c["name"] for c in streams["POLAR_TASKS"]["consumers"]} >= {"scheduler-submit"}
+    assert streams["POLAR_SESSIONS"]["messages"] >= 3  # init work nobody consumes yet
+    assert report["sessions"]["REGISTERED"] >= 3
+    assert report["nodes"] == []
+
+    text = polar("status")
+    assert text.returncode == 0
+    for expected in (
+        "healthy",
+        "stream backlogs",
+        "POLAR_TASKS",
+        "scheduler-submit",
+        "sessions by state",
+        "REGISTERED",
+    ):
+        assert expected in text.stdout, (expected, text.stdout)

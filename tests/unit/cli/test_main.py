@@ -1,0 +1,82 @@
+"""The CLI's wiring without servers: errors it reports and the config `serve` builds."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from services.cli import main
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(main.app, list(args), env={"COLUMNS": "200"})
+
+
+def test_unknown_service_is_refused_naming_the_known_ones():
+    r = invoke("serve", "nosuch")
+    assert r.exit_code == 1
+    assert "unknown service 'nosuch'; known: scheduler" in r.output
+
+
+def test_a_topology_typo_is_an_error_naming_the_key(tmp_path):
+    topo = tmp_path / "t.yaml"
+    topo.write_text("servics: {}\n")
+    r = invoke("up", "--topology", str(topo), "--state-dir", str(tmp_path))
+    assert r.exit_code == 1 and "unknown field `servics`" in r.output
+
+
+def test_down_without_a_stack_is_a_no_op(tmp_path):
+    r = invoke("down", "--state-dir", str(tmp_path))
+    assert r.exit_code == 0 and "no stack was running" in r.output
+
+
+def test_submit_refuses_a_file_it_cannot_read(tmp_path):
+    (tmp_path / "task.txt").write_text("{}")
+    r = invoke("submit", str(tmp_path / "task.txt"), "--state-dir", str(tmp_path))
+    assert r.exit_code == 1 and "a task file ends in .json, .yaml or .yml" in r.output
+
+
+def test_submit_checks_a_file_before_it_connects(tmp_path):
+    task = tmp_path / "t.json"
+    task.write_text('{"instruction": "x", "agent": {"harness": "noop", "modle": "m"}}')
+    r = invoke("submit", str(task), "--state-dir", str(tmp_path))
+    assert r.exit_code == 1
+    assert "rejected (local check) at $.agent.modle: Unknown field" in r.output
+
+
+def test_serve_config_from_polar_config_with_overrides(monkeypatch):
+    given = {
+        "nats_url": "nats://a:1",
+        "port": 8100,
+        "host": "127.0.0.1",
+        "reconcile_interval_seconds": 1,
+    }
+    monkeypatch.setenv("POLAR_CONFIG", json.dumps(given))
+    assert main._serve_config("scheduler", None, None, None) == given
+    assert main._serve_config("scheduler", None, "0.0.0.0", 9001) == {
+        **given,
+        "host": "0.0.0.0",
+        "port": 9001,
+    }
+    assert main._serve_config("scheduler", None, None, 0)["port"] > 0  # a free port
+
+
+def test_serve_config_from_the_topology_without_polar_config(monkeypatch, tmp_path):
+    monkeypatch.delenv("POLAR_CONFIG", raising=False)
+    topo = tmp_path / "t.yaml"
+    topo.write_text("redis_url: redis://127.0.0.1:7/0\nservices: {scheduler: {port: 8123}}\n")
+    config = main._serve_config("scheduler", topo, None, None)
+    assert (config["redis_url"], config["port"], config["node"]) == (
+        "redis://127.0.0.1:7/0",
+        8123,
+        "node0",
+    )
+
+
+@pytest.mark.parametrize("args", [("model", "--help"), ("model",)])
+def test_model_commands_come_from_the_embedded_server(args):
+    """`polar model` is the embedded server's own CLI (proxy/backends/embedded/cli.py)."""
+    r = invoke(*args)
+    assert "init" in r.output and "serve" in r.output
