@@ -1,0 +1,98 @@
+"""`create_runtime`: a runtime spec from the contract -> a `Runtime`, dispatched by type."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schemas.task import ApptainerRuntime, DockerRuntime, LocalRuntime, RuntimeSpec
+from services.runtimes.apptainer_backend import ApptainerSandboxRuntime
+from services.runtimes.base import Runtime
+from services.runtimes.docker_backend import DockerSandboxRuntime
+from services.runtimes.errors import SandboxConfigError
+from services.runtimes.local_backend import LocalSandboxRuntime
+
+_ROLE = re.compile(r"^[a-z0-9]{1,16}$")
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    base_dir: Path  # per-runtime directories (session files; docker: a small record)
+    proxy_url: str | None = None  # the proxy as this node reaches it
+    docker_host: str | None = None  # default: DOCKER_HOST / the platform default
+    keep_files: bool = False  # keep session directories after stop (debugging)
+
+
+def _local(spec: Any, session_id: str, runtime_id: str, o: RuntimeOptions) -> Runtime:
+    return LocalSandboxRuntime(
+        spec, session_id, runtime_id, base_dir=o.base_dir, proxy_url=o.proxy_url,
+        keep_files=o.keep_files,
+    )  # fmt: skip
+
+
+def _docker(spec: Any, session_id: str, runtime_id: str, o: RuntimeOptions) -> Runtime:
+    return DockerSandboxRuntime(
+        spec, session_id, runtime_id, base_dir=o.base_dir, proxy_url=o.proxy_url,
+        docker_host=o.docker_host,
+    )  # fmt: skip
+
+
+def _apptainer(spec: Any, session_id: str, runtime_id: str, o: RuntimeOptions) -> Runtime:
+    return ApptainerSandboxRuntime(
+        spec, session_id, runtime_id, base_dir=o.base_dir, proxy_url=o.proxy_url,
+        keep_files=o.keep_files,
+    )  # fmt: skip
+
+
+RUNTIME_FACTORIES: dict[type, Callable[[Any, str, str, RuntimeOptions], Runtime]] = {
+    LocalRuntime: _local,
+    DockerRuntime: _docker,
+    ApptainerRuntime: _apptainer,
+}
+
+
+def runtime_id_for(session_id: str, role: str = "main") -> str:
+    """Deterministic, so a restarted node finds (and removes) what a crashed one left."""
+    if not _ROLE.match(role):
+        raise SandboxConfigError(f"runtime role must match {_ROLE.pattern}, got {role!r}")
+    return f"{session_id}-{role}"
+
+
+def create_runtime(
+    spec: RuntimeSpec,
+    session_id: str,
+    *,
+    base_dir: Path,
+    proxy_url: str | None = None,
+    role: str = "main",
+    docker_host: str | None = None,
+    keep_files: bool = False,
+) -> Runtime:
+    """A runtime for one session (`role` tells apart e.g. the live and a fresh eval one)."""
+    factory = RUNTIME_FACTORIES.get(type(spec))
+    if factory is None:
+        raise SandboxConfigError(f"no runtime backend for {type(spec).__name__}")
+    options = RuntimeOptions(Path(base_dir), proxy_url, docker_host, keep_files)
+    return factory(spec, session_id, runtime_id_for(session_id, role), options)
+
+
+def adopt_runtime(
+    spec: RuntimeSpec,
+    session_id: str,
+    runtime_id: str,
+    *,
+    base_dir: Path,
+    proxy_url: str | None = None,
+    docker_host: str | None = None,
+    keep_files: bool = False,
+) -> Runtime:
+    """A running runtime started elsewhere on this node (by the pool, or by a process
+    that died), ready to exec, download and stop; same arguments as at creation."""
+    factory = RUNTIME_FACTORIES.get(type(spec))
+    if factory is None:
+        raise SandboxConfigError(f"no runtime backend for {type(spec).__name__}")
+    options = RuntimeOptions(Path(base_dir), proxy_url, docker_host, keep_files)
+    return factory(spec, session_id, runtime_id, options).adopt()

@@ -1,0 +1,191 @@
+"""The local runtime: a per-session directory on this node, optionally under bubblewrap.
+
+Layout under `base_dir/<runtime_id>/`: `workdir/` (the harness's cwd), `home/`, `tmp/`,
+`logs/`, `artifacts/`. Paths inside the sandbox equal paths on the node (bwrap binds the
+session directory at its own path), so file transfer is plain file I/O, confined to the
+session directory. The environment is built, not inherited: PATH, LANG, LC_ALL, TZ from
+the node, HOME/TMPDIR from the session, then the spec's and the call's variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from schemas.task import LocalRuntime as LocalRuntimeSpec
+from services.runtimes import tarutil
+from services.runtimes.base import Process, Runtime, Sink
+from services.runtimes.bridge import ProxyBridge, inside_proxy_url, proxy_address
+from services.runtimes.bwrap import bridge_prefix, bwrap_argv
+from services.runtimes.errors import SandboxConfigError, SandboxUnavailable
+from services.runtimes.hostfs import confined, read_file, read_node_file, write_file
+from services.runtimes.local_process import LocalProcess, spawn_local
+from services.runtimes.procs import TAG_RUNTIME, kill_tree
+
+SESSION_SUBDIRS = ("workdir", "home", "tmp", "logs", "artifacts")
+PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+def check_local_spec(spec: LocalRuntimeSpec) -> None:
+    if spec.network == "bridge":
+        raise SandboxConfigError("local runtimes support network 'host' or 'none', not 'bridge'")
+    if spec.network == "none" and spec.sandbox != "bwrap":
+        raise SandboxConfigError("network 'none' needs sandbox 'bwrap' on a local runtime")
+
+
+class LocalSandboxRuntime(Runtime):
+    def __init__(
+        self,
+        spec: LocalRuntimeSpec,
+        session_id: str,
+        runtime_id: str,
+        *,
+        base_dir: Path,
+        proxy_url: str | None = None,
+        keep_files: bool = False,
+    ) -> None:
+        check_local_spec(spec)
+        self.spec = spec
+        self.session_dir = (base_dir / runtime_id).absolute()
+        self.keep_files = keep_files
+        self._bridge: ProxyBridge | None = None
+        self._bridge_dir: str | None = None
+        self._proxy_target = proxy_url
+        if self._uses_bridge and proxy_url is not None:
+            proxy_url = inside_proxy_url(proxy_url)
+        super().__init__(
+            runtime_id,
+            session_id,
+            workdir=str(self.session_dir / "workdir"),
+            home=str(self.session_dir / "home"),
+            env=spec.env,
+            proxy_url=proxy_url,
+        )
+
+    @property
+    def bridge_dir(self) -> Path | None:
+        """The node directory holding the proxy bridge's socket, while one runs."""
+        return Path(self._bridge_dir) if self._bridge_dir else None
+
+    @property
+    def _bwrap(self) -> bool:
+        return self.spec.sandbox == "bwrap"
+
+    @property
+    def _uses_bridge(self) -> bool:
+        return self._bwrap and self.spec.network == "none"
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def _start(self) -> None:
+        if self._bwrap and shutil.which("bwrap") is None:
+            raise SandboxUnavailable("bwrap is not installed (apt-get install bubblewrap)")
+        await kill_tree(None, (TAG_RUNTIME, self.runtime_id), 0.0)  # leftovers of a crash
+        shutil.rmtree(self.session_dir, ignore_errors=True)
+        for sub in SESSION_SUBDIRS:
+            (self.session_dir / sub).mkdir(parents=True, exist_ok=True)
+        await self._ensure_bridge()
+
+    async def _ensure_bridge(self) -> None:
+        """The node side of the proxy bridge, owned by whichever object runs commands
+        (each bwrap invocation binds the socket of the object that starts it)."""
+        if self._bridge is not None or not self._uses_bridge or self._proxy_target is None:
+            return
+        # Unix socket paths are short (108 bytes): keep it out of the session path.
+        self._bridge_dir = tempfile.mkdtemp(prefix="polar-br-")
+        target = proxy_address(self._proxy_target)
+        self._bridge = ProxyBridge(Path(self._bridge_dir) / "proxy.sock", target)
+        await self._bridge.start()
+
+    async def _release(self) -> None:
+        for p in self._procs:
+            if isinstance(p, LocalProcess):
+                p.close_pipes()
+        if self._bridge is not None:
+            await self._bridge.close()
+            self._bridge = None
+        if self._bridge_dir is not None:
+            shutil.rmtree(self._bridge_dir, ignore_errors=True)
+            self._bridge_dir = None
+
+    async def _teardown(self, grace: float) -> None:
+        procs = [p for p in self._procs if isinstance(p, LocalProcess)]
+        await asyncio.gather(*(p.kill(grace) for p in procs))
+        await kill_tree(None, (TAG_RUNTIME, self.runtime_id), grace)
+        await self._release()
+        if not self.keep_files:
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+
+    # -- processes ------------------------------------------------------------------
+    def base_env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        tmp = "/tmp" if self._bwrap else str(self.session_dir / "tmp")
+        return {**env, "HOME": self.home, "TMPDIR": tmp}
+
+    def command_argv(self, argv: list[str], cwd: str) -> list[str]:
+        """The node command line that runs `argv` in this runtime's sandbox."""
+        if not self._bwrap:
+            return argv
+        socket = str(self._bridge.socket_path) if self._bridge else None
+        prefix = bwrap_argv(
+            session_dir=str(self.session_dir),
+            cwd=cwd,
+            isolate_network=self.spec.network == "none",
+            bridge_socket=socket,
+        )
+        if self._bridge is not None:
+            prefix += bridge_prefix(self._bridge.target[1])
+        return prefix + argv
+
+    async def _spawn(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: dict[str, str],
+        exec_id: str,
+        stdin: bytes | None,
+        stdout: Sink | None,
+        stderr: Sink | None,
+        timeout: float | None,
+    ) -> Process:
+        if not self._bwrap:
+            cwd = str(confined(self.session_dir, cwd))
+        await self._ensure_bridge()
+        return await spawn_local(
+            self.command_argv(argv, cwd),
+            cwd=cwd if not self._bwrap else str(self.session_dir),
+            env={**self.base_env(), **env},
+            exec_id=exec_id,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+        )
+
+    # -- files ----------------------------------------------------------------------
+    async def upload_file(
+        self, dest: str, data: bytes | None = None, *, src: Path | None = None, mode: int = 0o644
+    ) -> None:
+        self._require_running()
+        content = data if data is not None else read_node_file(src)
+        target = confined(self.session_dir, self.inside_path(dest))
+        await asyncio.to_thread(write_file, target, content, mode)
+
+    async def upload_dir(self, src: Path, dest: str = ".") -> None:
+        self._require_running()
+        target = confined(self.session_dir, self.inside_path(dest))
+        # Through tar's "data" filter: a symlink the sandbox planted cannot redirect a write.
+        archive = await asyncio.to_thread(tarutil.dir_tar, Path(src))
+        await asyncio.to_thread(tarutil.extract_tar, archive, target)
+
+    async def download(self, path: str) -> bytes:
+        self._require_running()
+        target = confined(self.session_dir, self.inside_path(path))
+        return await asyncio.to_thread(read_file, target)
+
+    async def download_tar(self, path: str) -> bytes:
+        self._require_running()
+        target = confined(self.session_dir, self.inside_path(path))
+        return await asyncio.to_thread(tarutil.dir_tar, target)

@@ -1,0 +1,122 @@
+"""Pure translations: specs -> bwrap argv, docker create arguments, factory dispatch."""
+
+from __future__ import annotations
+
+import sys
+
+import docker.errors
+import pytest
+import requests
+
+from schemas.task import ApptainerRuntime, DockerRuntime, LocalRuntime, Resources
+from services.runtimes import (
+    RUNTIME_FACTORIES,
+    SandboxConfigError,
+    SandboxError,
+    SandboxIOError,
+    SandboxStartError,
+    SandboxUnavailable,
+    create_runtime,
+    runtime_id_for,
+)
+from services.runtimes.apptainer_backend import ApptainerSandboxRuntime
+from services.runtimes.bridge import inside_proxy_url, proxy_address
+from services.runtimes.bwrap import BRIDGE_SOCKET_INSIDE, bridge_prefix, bwrap_argv
+from services.runtimes.docker_backend import DockerSandboxRuntime, create_kwargs, translated
+from services.runtimes.docker_exec import deadline_argv, stdin_argv, sweep_argv
+from services.runtimes.local_backend import LocalSandboxRuntime
+
+
+def test_bwrap_argv_isolated_network_with_bridge():
+    argv = bwrap_argv(session_dir="/s/x", cwd="/s/x/workdir", isolate_network=True,
+                      bridge_socket="/tmp/b/proxy.sock")  # fmt: skip
+    assert argv == [
+        "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+        "--unshare-uts", "--cap-drop", "ALL", "--unshare-net",
+        "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--tmpfs", "/run", "--bind", "/s/x", "/s/x",
+        "--bind", "/tmp/b/proxy.sock", BRIDGE_SOCKET_INSIDE, "--chdir", "/s/x/workdir", "--",
+    ]  # fmt: skip
+
+
+def test_bwrap_argv_host_network_keeps_run():
+    argv = bwrap_argv(session_dir="/s/x", cwd="/s/x", isolate_network=False)
+    assert "--unshare-net" not in argv and "/run" not in argv and "--unshare-pid" in argv
+
+
+def test_bridge_prefix_runs_the_inner_script_with_the_host_interpreter():
+    prefix = bridge_prefix(8123)
+    assert prefix[:4] == [sys.executable, "-I", "-S", prefix[3]]
+    assert prefix[3].endswith("services/runtimes/bridge_inner.py")
+    assert prefix[4:] == ["8123", BRIDGE_SOCKET_INSIDE]
+
+
+def test_proxy_urls_through_the_bridge():
+    assert proxy_address("http://10.0.0.5:9000/s/tok") == ("10.0.0.5", 9000)
+    assert inside_proxy_url("http://10.0.0.5:9000/s/tok") == "http://127.0.0.1:9000/s/tok"
+    assert inside_proxy_url("http://proxy/v1") == "http://127.0.0.1:80/v1"
+    with pytest.raises(SandboxConfigError, match="http://"):
+        proxy_address("https://proxy:443")
+
+
+def test_docker_create_kwargs_map_limits_network_and_mounts():
+    spec = DockerRuntime(image="img:1", network="none", env={"A": "1"},
+                         resources=Resources(cpus=1.5, memory_mb=256),
+                         mounts=["/data:/data:ro"], workdir="/w")  # fmt: skip
+    kw = create_kwargs(spec, "s-1-main", "s-1")
+    assert kw["image"] == "img:1" and kw["name"] == "polar-s-1-main"
+    assert kw["labels"] == {"polar.runtime": "s-1-main", "polar.session": "s-1"}
+    assert (kw["nano_cpus"], kw["mem_limit"], kw["network_mode"]) == (1_500_000_000, "256m", "none")
+    assert kw["volumes"] == ["/data:/data:ro"] and kw["working_dir"] == "/w"
+    assert kw["environment"] == {"A": "1"}
+    assert "nano_cpus" not in create_kwargs(DockerRuntime(image="i"), "r", "s")
+
+
+def test_docker_exec_wrappers():
+    assert deadline_argv(["a"], None) == ["a"]
+    assert deadline_argv(["a", "b"], 10.5) == ["timeout", "-s", "KILL", "15", "a", "b"]
+    assert stdin_argv(["cat"], "/tmp/in")[3:] == ["/tmp/in", "cat"]
+    argv = sweep_argv("POLAR_EXEC_ID=ab", 0.5)
+    assert argv[:2] == ["sh", "-c"] and argv[3:] == ["sweep", "POLAR_EXEC_ID=ab", "5"]
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (docker.errors.ImageNotFound("no such image"), SandboxStartError),
+        (docker.errors.NotFound("gone"), SandboxIOError),
+        (docker.errors.APIError("500"), SandboxIOError),
+        (requests.ConnectionError("refused"), SandboxUnavailable),
+        (docker.errors.DockerException("cannot connect"), SandboxUnavailable),
+    ],
+)
+def test_docker_exceptions_are_translated_once(raised, expected):
+    with pytest.raises(expected) as caught, translated("download x", SandboxIOError):
+        raise raised
+    assert caught.value.__cause__ is raised and "download x" in str(caught.value)
+
+
+async def test_unreachable_docker_engine_is_unavailable(tmp_path):
+    rt = create_runtime(DockerRuntime(image="img"), "s-9", base_dir=tmp_path,
+                        docker_host=f"unix://{tmp_path}/no.sock")  # fmt: skip
+    with pytest.raises(SandboxUnavailable) as caught:
+        await rt.start()
+    assert caught.value.retryable and rt.state == "stopped"
+
+
+def test_factory_dispatches_on_spec_type(tmp_path):
+    assert set(RUNTIME_FACTORIES) == {LocalRuntime, DockerRuntime, ApptainerRuntime}
+    pairs = [(LocalRuntime(), LocalSandboxRuntime), (DockerRuntime(image="i"), DockerSandboxRuntime),
+             (ApptainerRuntime(image="i.sif"), ApptainerSandboxRuntime)]  # fmt: skip
+    for spec, cls in pairs:
+        rt = create_runtime(spec, "t-1-0001", base_dir=tmp_path, role="eval")
+        assert type(rt) is cls and rt.runtime_id == "t-1-0001-eval" and rt.state == "new"
+    with pytest.raises(SandboxConfigError):
+        create_runtime("not a spec", "s", base_dir=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(SandboxConfigError, match="role"):
+        runtime_id_for("s", "Bad Role")
+
+
+def test_errors_carry_the_runtime_id():
+    err = SandboxError("boom", runtime_id="s-1-main")
+    assert str(err) == "[s-1-main] boom" and not err.retryable
