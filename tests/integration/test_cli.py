@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from infra.localservers import free_port
+from tests.integration.test_devstack import only_scheduler
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
@@ -46,9 +47,7 @@ def polar(tmp_path_factory):
 nats_url: nats://127.0.0.1:{ports["nats"]}
 redis_url: redis://127.0.0.1:{ports["redis"]}/0
 state_dir: {root / "state"}
-services:
-  scheduler: {{port: {ports["scheduler"]}, config: {{reconcile_interval_seconds: 0.3}}}}
-""")
+{only_scheduler(ports["scheduler"], "{reconcile_interval_seconds: 0.3}")}""")
     cli = Polar(topo, ports)
     up = cli("up")
     assert up.returncode == 0, up.stdout + up.stderr

@@ -7,11 +7,18 @@ import httpx
 import pytest
 
 from infra import devstack
+from infra.catalog import SERVICES
 from infra.localservers import free_port, reachable
 from infra.stackstate import StackState, alive, group_members, read_state, write_state
 from infra.topology import parse_topology
 
 pytestmark = pytest.mark.timeout(90)
+
+
+def only_scheduler(port: int, config: str = "{}") -> str:
+    """The `services:` block: the scheduler on ``port``; every other catalog service off."""
+    others = "".join(f"  {name}: {{enabled: false}}\n" for name in SERVICES if name != "scheduler")
+    return f"services:\n  scheduler: {{port: {port}, config: {config}}}\n{others}"
 
 
 def topology(state_dir, nats_url: str, redis_url: str, port: int, config: str = "{}"):
@@ -20,9 +27,7 @@ nats_url: {nats_url}
 redis_url: {redis_url}
 state_dir: {state_dir}
 startup_timeout_seconds: 45
-services:
-  scheduler: {{port: {port}, config: {config}}}
-""")
+{only_scheduler(port, config)}""")
 
 
 def refused(port: int) -> bool:
