@@ -1,0 +1,349 @@
+"""The proxy's HTTP surface: every protocol's routes, at the root and under ``/s/{token}``.
+
+Per request: find the session (token from the path, else ``Authorization: Bearer``,
+``x-api-key``, ``x-goog-api-key`` or ``?key=``), read the body under a size limit, parse
+it with the protocol into a ``Conversation``, hand it to the completion handler, render
+the ``AssistantTurn`` back. Every failure is an error in the caller's protocol.
+
+Streams: the reply waits up to ``keepalive_seconds`` for the answer, so fast failures
+still get a real status; after that the stream starts and sends protocol-legal
+keep-alives until the answer is there (a failure then becomes the protocol's in-stream
+error). A client that goes away cancels the handler task (it sees ``CancelledError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import orjson
+from litestar import Litestar, Request, Response, route
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+from msgspec import Struct
+
+from proxy.conversation import AssistantTurn, Conversation, TextPart
+from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
+from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
+from proxy.protocols import models as generic
+from proxy.sse import encode_all
+
+log = logging.getLogger("polar.proxy")
+
+SESSION_PREFIX = "/s/{token:str}"
+PROBE_PATHS = ("/", "/api/hello")
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class SessionInfo(Struct, frozen=True, kw_only=True):
+    session_id: str
+    model: str = ""  # the model name the harness was configured with
+    data: Any = None  # anything the resolver wants the completion handler to get
+
+
+SessionResolver = Callable[[str], Awaitable[SessionInfo | None]]
+CompletionHandler = Callable[
+    [SessionInfo, Conversation, str, bytes, Mapping[str, str]], Awaitable[AssistantTurn]
+]
+TokenCounter = Callable[[SessionInfo, Conversation], Awaitable[int]]
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def create_app(
+    completion_handler: CompletionHandler,
+    session_resolver: SessionResolver,
+    *,
+    count_tokens: TokenCounter | None = None,
+    max_body_bytes: int = 64 * 1024 * 1024,
+    keepalive_seconds: float = 10.0,
+    route_handlers: Sequence[Any] = (),
+    protocols: Sequence[ProtocolSpec] = PROTOCOLS,
+) -> Litestar:
+    proxy = _Proxy(
+        completion_handler, session_resolver, count_tokens, max_body_bytes, keepalive_seconds
+    )
+    handlers = [
+        proxy.route_handler(spec, r, prefix)
+        for spec in protocols
+        for r in spec.routes
+        for prefix in ("", SESSION_PREFIX)
+    ]
+    handlers += [
+        _probe_handler(prefix + path) for path in PROBE_PATHS for prefix in ("", SESSION_PREFIX)
+    ]
+    return Litestar(
+        [*handlers, *route_handlers],
+        request_max_body_size=None,  # enforced here, so the 413 is in the caller's protocol
+        openapi_config=None,
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected_exception},
+    )
+
+
+class _Proxy:
+    def __init__(
+        self,
+        handler: CompletionHandler,
+        resolver: SessionResolver,
+        counter: TokenCounter | None,
+        max_body: int,
+        keepalive: float,
+    ):
+        self.handler = handler
+        self.resolver = resolver
+        self.counter = counter
+        self.max_body = max_body
+        self.keepalive = keepalive
+        self.tasks: set[asyncio.Task[AssistantTurn]] = set()  # strong refs while running
+        self.endpoints = {
+            Endpoint.GENERATE: self.generate,
+            Endpoint.COUNT_TOKENS: self.count,
+            Endpoint.MODELS: self.models,
+            Endpoint.MODEL: self.models,
+        }
+
+    def route_handler(self, spec: ProtocolSpec, r: Route, prefix: str) -> Any:
+        async def endpoint(request: Request) -> Response[Any]:
+            return await self.serve(spec, r, request)
+
+        name = f"{spec.name}:{r.method}:{prefix}{r.path}"
+        return route(prefix + r.path, http_method=[r.method], name=name)(endpoint)
+
+    async def serve(self, spec: ProtocolSpec, r: Route, request: Request) -> Response[Any]:
+        try:
+            endpoint = (
+                r.endpoint if isinstance(r.endpoint, Endpoint) else r.endpoint(request.path_params)
+            )
+            session = await self.session_for(request)
+            return await self.endpoints[endpoint](spec, session, request)
+        except ProxyError as e:
+            return error_response(spec, e.kind, e.message, e.param)
+        except _ClientGone:
+            return Response(b"", status_code=499)
+        except Exception:
+            log.exception("unexpected error serving %s %s", request.method, request.url.path)
+            return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
+
+    async def session_for(self, request: Request) -> SessionInfo:
+        token = (
+            request.path_params.get("token")
+            or token_from_headers(request.headers)
+            or request.query_params.get("key")
+        )
+        if not token:
+            raise ProtocolError(
+                401, "missing session token: use the /s/<token>/ base URL or send it as the API key"
+            )
+        try:
+            session = await self.resolver(token)
+        except Exception as e:
+            log.warning("session lookup failed: %r", e)
+            raise UpstreamError(503, "session registry unavailable", ErrorKind.UNAVAILABLE) from e
+        if session is None:
+            raise ProtocolError(401, "invalid or expired session token")
+        return session
+
+    async def conversation(
+        self, spec: ProtocolSpec, session: SessionInfo, request: Request
+    ) -> tuple[Conversation, bytes]:
+        raw = await read_body(request, self.max_body)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ProtocolError(400, f"request body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise ProtocolError(400, "request body must be a JSON object")
+        assert spec.parse_request is not None
+        try:
+            conv = spec.parse_request(body, request.path_params, request.query_params)
+        except ProxyError:
+            raise
+        except Exception as e:  # a parser gap must still be the caller's 400, never a 500
+            log.warning("unparsed %s request: %r", spec.name, e, exc_info=True)
+            raise ProtocolError(400, f"malformed request: {e}") from e
+        if not conv.model:
+            conv = msgspec.structs.replace(conv, model=session.model)
+        return conv, raw
+
+    async def generate(
+        self, spec: ProtocolSpec, session: SessionInfo, request: Request
+    ) -> Response[Any]:
+        conv, raw = await self.conversation(spec, session, request)
+        ids = ReplyIds.new()
+        task = asyncio.ensure_future(self.handler(session, conv, spec.name, raw, request.headers))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if not conv.stream:
+            await wait_for_task(task, request, None)
+            assert spec.render_response is not None
+            return json_response(200, spec.render_response(turn_of(task), conv, ids))
+        if await wait_for_task(task, request, self.keepalive):
+            turn_of(task)  # a quick failure still gets its real status
+        return Stream(
+            self.frames(spec, conv, ids, task),
+            status_code=200,
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
+    async def frames(
+        self,
+        spec: ProtocolSpec,
+        conv: Conversation,
+        ids: ReplyIds,
+        task: asyncio.Task[AssistantTurn],
+    ) -> AsyncIterator[bytes]:
+        assert spec.keepalive is not None
+        try:
+            while not task.done():
+                done, _ = await asyncio.wait({task}, timeout=self.keepalive)
+                if not done:
+                    yield spec.keepalive(conv, ids)
+            yield stream_body(spec, conv, ids, task)
+        finally:
+            if not task.done():  # the client went away (litestar cancelled us)
+                task.cancel()
+
+    async def count(
+        self, spec: ProtocolSpec, session: SessionInfo, request: Request
+    ) -> Response[Any]:
+        conv, _ = await self.conversation(spec, session, request)
+        n = await self.counter(session, conv) if self.counter else estimate_tokens(conv)
+        assert spec.render_count_tokens is not None
+        return json_response(200, spec.render_count_tokens(n))
+
+    async def models(
+        self, spec: ProtocolSpec, session: SessionInfo, request: Request
+    ) -> Response[Any]:
+        assert spec.render_models is not None
+        return json_response(200, spec.render_models(session.model, request.path_params))
+
+
+def token_from_headers(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return headers.get("x-api-key") or headers.get("x-goog-api-key") or None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ProtocolError(413, f"request body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        body = message.get("body", b"")
+        size += len(body)
+        if size > limit:
+            raise ProtocolError(413, f"request body is larger than {limit} bytes")
+        chunks.append(body)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def wait_for_task(
+    task: asyncio.Task[AssistantTurn], request: Request, timeout: float | None
+) -> bool:
+    """Wait for the handler (up to ``timeout``); True if it finished. A client that
+    disconnects meanwhile cancels it."""
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait(
+            {task, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        watcher.cancel()
+    if task in done:
+        return True
+    if watcher in done:
+        task.cancel()
+        raise _ClientGone
+    return False
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def turn_of(task: asyncio.Task[AssistantTurn]) -> AssistantTurn:
+    """The handler's answer, or its failure as a ProxyError."""
+    if task.cancelled():
+        raise UpstreamError(503, "the request was cancelled upstream", ErrorKind.UNAVAILABLE)
+    error = task.exception()
+    if error is None:
+        return task.result()
+    if isinstance(error, ProxyError):
+        raise error
+    log.error("completion handler failed", exc_info=error)
+    raise ProxyError(500, "internal error in the proxy", ErrorKind.INTERNAL)
+
+
+def stream_body(
+    spec: ProtocolSpec, conv: Conversation, ids: ReplyIds, task: asyncio.Task[AssistantTurn]
+) -> bytes:
+    """The whole event sequence for a finished task: the answer, or the in-stream error."""
+    assert spec.render_stream and spec.render_stream_error
+    try:
+        return encode_all(spec.render_stream(turn_of(task), conv, ids))
+    except ProxyError as e:
+        return encode_all(spec.render_stream_error(e.kind, e.message, conv, ids))
+    except Exception:
+        log.exception("could not render a %s stream", spec.name)
+        return encode_all(
+            spec.render_stream_error(ErrorKind.INTERNAL, "internal error in the proxy", conv, ids)
+        )
+
+
+def estimate_tokens(conv: Conversation) -> int:
+    """Rough count (4 characters a token) for when no tokenizer-backed counter is wired."""
+    chars = len(conv.system) + sum(
+        len(p.text) for m in conv.messages for p in m.content if isinstance(p, TextPart)
+    )
+    chars += sum(len(c.arguments) + len(c.name) for m in conv.messages for c in m.tool_calls)
+    chars += len(orjson.dumps([t.parameters for t in conv.tools])) if conv.tools else 0
+    return chars // 4 + 1
+
+
+def json_response(status: int, body: Any) -> Response[Any]:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def error_response(
+    spec: ProtocolSpec, kind: ErrorKind, message: str, param: str | None = None
+) -> Response[Any]:
+    status, body = spec.error_body(kind, message, param)
+    return json_response(status, body)
+
+
+_KIND_OF_HTTP = {401: ErrorKind.UNAUTHORIZED, 404: ErrorKind.NOT_FOUND, 413: ErrorKind.TOO_LARGE}
+
+
+def _http_exception(request: Request, exc: HTTPException) -> Response[Any]:
+    """Unknown paths, wrong methods: one body every SDK can read, the status kept."""
+    kind = _KIND_OF_HTTP.get(
+        exc.status_code, ErrorKind.BAD_REQUEST if exc.status_code < 500 else ErrorKind.INTERNAL
+    )
+    return json_response(*generic.error_body(kind, exc.detail, None, exc.status_code))
+
+
+def _unexpected_exception(request: Request, exc: Exception) -> Response[Any]:
+    log.error("unexpected error outside a protocol handler", exc_info=exc)
+    status, body = generic.error_body(ErrorKind.INTERNAL, "internal error in the proxy", None)
+    return json_response(status, body)
+
+
+def _probe_handler(path: str) -> Any:
+    async def probe() -> Response[Any]:
+        return Response(b"", status_code=200)
+
+    return route(path, http_method=["HEAD"], name=f"probe:{path}")(probe)

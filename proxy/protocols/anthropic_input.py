@@ -1,0 +1,139 @@
+"""Anthropic ``system`` and ``messages`` -> system text and normalized messages.
+
+``system`` blocks and leading ``role: "system"`` messages form the system text (Claude
+Code's billing-header line removed); later ``role: "system"`` messages stay in place.
+A user message's ``tool_result`` blocks become ``tool`` messages, in order; its other
+blocks stay a user message. Blocks with no place in a prompt (redacted thinking, server
+tool results, documents) are dropped and counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.conversation import (
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    join_system,
+    text_of,
+)
+from proxy.protocols.base import as_dict, bad, data_url, opt_str, req_str
+
+
+def system_texts(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, list):
+        raise bad("system must be a string or an array of text blocks", "system")
+    return [req_str(as_dict(b, f"system[{i}]"), "text", f"system[{i}].") for i, b in enumerate(v)]
+
+
+def parse_messages(raw: list[Any], system: list[str]) -> tuple[str, list[Message], list[str]]:
+    messages: list[Message] = []
+    dropped: list[str] = []
+    for i, item in enumerate(raw):
+        m, at = as_dict(item, f"messages[{i}]"), f"messages[{i}]."
+        role = req_str(m, "role", at)
+        blocks = content_blocks(m.get("content"), at + "content")
+        if role == "system":
+            text = join_system([text_of(user_parts(blocks, at, dropped))])
+            if messages:
+                messages.append(Message(role="system", content=[TextPart(text)]))
+            else:
+                system.append(text)
+        elif role == "user":
+            messages.extend(user_messages(blocks, at, dropped))
+        elif role == "assistant":
+            messages.append(assistant_message(blocks, at, dropped))
+        else:
+            raise bad(f"{at}role {role!r} is not one of user, assistant, system", at + "role")
+    return join_system(system), messages, dropped
+
+
+def content_blocks(v: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(v, str):
+        return [{"type": "text", "text": v}]
+    if not isinstance(v, list):
+        raise bad(f"{where} must be a string or an array of content blocks", where)
+    return [as_dict(b, f"{where}[{i}]") for i, b in enumerate(v)]
+
+
+def user_messages(blocks: list[dict[str, Any]], at: str, dropped: list[str]) -> list[Message]:
+    out: list[Message] = []
+    pending: list[dict[str, Any]] = []
+    for i, b in enumerate(blocks):
+        if b.get("type") != "tool_result":
+            pending.append(b)
+            continue
+        if parts := user_parts(pending, at, dropped):
+            out.append(Message(role="user", content=parts))
+        pending = []
+        out.append(tool_message(b, f"{at}content[{i}].", dropped))
+    parts = user_parts(pending, at, dropped)
+    if parts or not out:  # blocks we cannot show leave no empty user message behind
+        out.append(Message(role="user", content=parts))
+    return out
+
+
+def tool_message(b: dict[str, Any], at: str, dropped: list[str]) -> Message:
+    content = b.get("content")
+    if content is None:
+        parts: list[Part] = []
+    else:
+        parts = user_parts(content_blocks(content, at + "content"), at, dropped)
+    return Message(
+        role="tool",
+        content=parts,
+        tool_call_id=req_str(b, "tool_use_id", at),
+        is_error=b.get("is_error") is True,
+    )
+
+
+def user_parts(blocks: list[dict[str, Any]], at: str, dropped: list[str]) -> list[Part]:
+    parts: list[Part] = []
+    for b in blocks:
+        kind = b.get("type")
+        if kind == "text":
+            parts.append(TextPart(req_str(b, "text", at + "content[].")))
+        elif kind == "image" and (url := image_url(b.get("source"))):
+            parts.append(ImagePart(url))
+        else:
+            dropped.append(str(kind))
+    return parts
+
+
+def image_url(source: Any) -> str | None:
+    if not isinstance(source, dict):
+        return None
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media = source.get("media_type")
+        return data_url(media if isinstance(media, str) else "", source["data"])
+    url = source.get("url")
+    return url if source.get("type") == "url" and isinstance(url, str) else None
+
+
+def assistant_message(blocks: list[dict[str, Any]], at: str, dropped: list[str]) -> Message:
+    parts: list[Part] = []
+    calls: list[ToolCall] = []
+    for i, b in enumerate(blocks):
+        kind, where = b.get("type"), f"{at}content[{i}]."
+        if kind == "text":
+            parts.append(TextPart(req_str(b, "text", where)))
+        elif kind == "thinking":
+            parts.append(
+                ReasoningPart(req_str(b, "thinking", where), opt_str(b, "signature", where) or "")
+            )
+        elif kind == "tool_use":
+            args = orjson.dumps(b.get("input") if b.get("input") is not None else {}).decode()
+            calls.append(ToolCall(req_str(b, "id", where), req_str(b, "name", where), args))
+        else:
+            dropped.append(str(kind))
+    return Message(role="assistant", content=parts, tool_calls=calls)

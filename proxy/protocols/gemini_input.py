@@ -1,0 +1,177 @@
+"""Gemini ``contents`` / ``systemInstruction`` / schemas -> the normalized conversation.
+
+Field names are read in camelCase or snake_case (the REST API accepts both). A
+``functionCall`` without an id gets one, and a ``functionResponse`` without an id answers
+the oldest open call of the same name. ``parameters`` (OpenAPI-style, upper-case types)
+become JSON schema; ``parametersJsonSchema`` is taken as is.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from proxy.conversation import (
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    join_system,
+)
+from proxy.protocols.base import as_dict, bad, data_url, json_text, req_str
+
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def get(d: dict[str, Any], camel: str) -> Any:
+    if camel in d:
+        return d[camel]
+    return d.get(_CAMEL.sub("_", camel).lower())
+
+
+def system_text(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    parts = get(as_dict(v, "systemInstruction"), "parts")
+    if not isinstance(parts, list):
+        raise bad("systemInstruction.parts must be an array", "systemInstruction.parts")
+    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return join_system(["\n".join(texts)])
+
+
+def parse_contents(raw: list[Any]) -> tuple[list[Message], list[str]]:
+    reader = _Reader()
+    for i, item in enumerate(raw):
+        c = as_dict(item, f"contents[{i}]")
+        parts = get(c, "parts")
+        if not isinstance(parts, list):
+            raise bad(f"contents[{i}].parts must be an array", f"contents[{i}].parts")
+        at = f"contents[{i}]."
+        if c.get("role") == "model":
+            reader.model_turn(parts, at)
+        else:
+            reader.user_turn(parts, at)
+    return reader.messages, reader.dropped
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.dropped: list[str] = []
+        self.open_calls: list[ToolCall] = []  # calls not answered yet, oldest first
+        self.n_calls = 0
+
+    def model_turn(self, parts: list[Any], at: str) -> None:
+        content: list[Part] = []
+        calls: list[ToolCall] = []
+        for j, raw in enumerate(parts):
+            p, where = as_dict(raw, f"{at}parts[{j}]"), f"{at}parts[{j}]."
+            fc = get(p, "functionCall")
+            if isinstance(fc, dict):
+                calls.append(self.call(fc, where + "functionCall."))
+            elif isinstance(p.get("text"), str):
+                content.append(
+                    ReasoningPart(p["text"]) if p.get("thought") else TextPart(p["text"])
+                )
+            else:
+                self.media(p, content)
+        self.messages.append(Message(role="assistant", content=content, tool_calls=calls))
+
+    def call(self, fc: dict[str, Any], where: str) -> ToolCall:
+        call_id = (
+            fc.get("id")
+            if isinstance(fc.get("id"), str) and fc.get("id")
+            else f"call_{self.n_calls}"
+        )
+        self.n_calls += 1
+        call = ToolCall(call_id, req_str(fc, "name", where), json_text(fc.get("args")))
+        self.open_calls.append(call)
+        return call
+
+    def user_turn(self, parts: list[Any], at: str) -> None:
+        pending: list[Part] = []
+        for j, raw in enumerate(parts):
+            p, where = as_dict(raw, f"{at}parts[{j}]"), f"{at}parts[{j}]."
+            fr = get(p, "functionResponse")
+            if isinstance(fr, dict):
+                if pending:
+                    self.messages.append(Message(role="user", content=pending))
+                    pending = []
+                self.messages.append(self.result(fr, where + "functionResponse."))
+            elif isinstance(p.get("text"), str):
+                pending.append(TextPart(p["text"]))
+            else:
+                self.media(p, pending)
+        if pending or not parts:
+            self.messages.append(Message(role="user", content=pending))
+
+    def result(self, fr: dict[str, Any], where: str) -> Message:
+        name = req_str(fr, "name", where)
+        given = fr.get("id") if isinstance(fr.get("id"), str) else ""
+        match = next(
+            (c for c in self.open_calls if (c.id == given if given else c.name == name)), None
+        )
+        if match is not None:
+            self.open_calls.remove(match)
+        call_id = given or (match.id if match else "")
+        return Message(
+            role="tool", content=response_parts(fr.get("response")), tool_call_id=call_id, name=name
+        )
+
+    def media(self, p: dict[str, Any], out: list[Part]) -> None:
+        inline, file = get(p, "inlineData"), get(p, "fileData")
+        if isinstance(inline, dict) and isinstance(inline.get("data"), str):
+            out.append(ImagePart(data_url(str(get(inline, "mimeType") or ""), inline["data"])))
+        elif isinstance(file, dict) and isinstance(get(file, "fileUri"), str):
+            out.append(ImagePart(get(file, "fileUri")))
+        elif p:
+            self.dropped.append(next(iter(p)))
+
+
+def response_parts(response: Any) -> list[Part]:
+    """A function's response object as tool-result text: its lone ``output`` string when
+    that is all it has (the Gemini CLI's usual shape), else the JSON."""
+    if response is None:
+        return []
+    if (
+        isinstance(response, dict)
+        and set(response) == {"output"}
+        and isinstance(response["output"], str)
+    ):
+        return [TextPart(response["output"])]
+    return [TextPart(orjson.dumps(response).decode())]
+
+
+def schema_to_json_schema(schema: Any) -> Any:
+    """Gemini ``Schema`` (type: "OBJECT", nullable, …) -> JSON schema (type: "object")."""
+    if isinstance(schema, list):
+        return [schema_to_json_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type" and isinstance(value, str):
+            out["type"] = value.lower()
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {k: schema_to_json_schema(v) for k, v in value.items()}
+        elif key == "nullable":
+            continue
+        else:
+            out[_snake_to_camel_schema_key(key)] = schema_to_json_schema(value)
+    if schema.get("nullable") is True and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _snake_to_camel_schema_key(key: str) -> str:
+    """The SDK's snake_case schema keys (any_of, max_items) back to JSON-schema names."""
+    if "_" not in key or key.startswith("$"):
+        return key
+    head, *rest = key.split("_")
+    return head + "".join(w.capitalize() for w in rest)

@@ -1,0 +1,367 @@
+"""Real clients against the proxy app served by granian.
+
+The official ``openai`` (Chat Completions and Responses), ``anthropic`` and
+``google-genai`` SDKs each run a full tool-call round trip, streaming and not, with the
+session token in the base URL or as the API key. The model behind the proxy is a
+scripted test double: it calls the first tool offered, then answers with the tool's
+result. Also here: a client that disconnects cancels the handler (stream and not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from google import genai
+from google.genai import types as gt
+
+from infra import localservers
+from tests.integration.proxy_sdk_app import ARGS, TOKEN
+
+MODEL = "harness-model"  # what the harness asks for; the session's model is different
+RESULT = "proof written"
+REPO = Path(__file__).resolve().parents[2]
+SHELL_SCHEMA = {
+    "type": "object",
+    "properties": {"command": {"type": "string"}},
+    "required": ["command"],
+}
+
+
+# ---------------------------------------------------------------- server fixture
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    markers = tmp_path_factory.mktemp("markers")
+    port = localservers.free_port()
+    code = (
+        "from granian import Granian; from granian.constants import Interfaces, Loops; "
+        f"Granian('tests.integration.proxy_sdk_app:make_app', address='127.0.0.1', port={port}, "
+        "interface=Interfaces.ASGI, workers=1, factory=True, loop=Loops.asyncio, log_access=False).serve()"
+    )
+    env = {**os.environ, "POLAR_TEST_MARKERS": str(markers), "PYTHONPATH": str(REPO)}
+    log = markers / "granian.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_up(f"http://127.0.0.1:{port}", proc, log)
+        yield f"http://127.0.0.1:{port}", markers
+    finally:
+        localservers.stop_process(proc.pid)
+        proc.wait(10)
+
+
+def _wait_up(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"granian exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.head(f"{url}/api/hello", timeout=0.5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"granian not up: {log.read_text()[-2000:]}")
+
+
+AUTH_MODES = ["token_in_path", "token_as_key"]
+
+
+def base_and_key(url: str, mode: str, suffix: str = "") -> tuple[str, str]:
+    if mode == "token_in_path":
+        return f"{url}/s/{TOKEN}{suffix}", "unused-dummy-key"
+    return f"{url}{suffix}", TOKEN
+
+
+# ---------------------------------------------------------------- OpenAI Chat Completions
+
+CHAT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_shell",
+            "description": "Run a shell command",
+            "parameters": SHELL_SCHEMA,
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("mode", AUTH_MODES)
+def test_openai_chat_tool_round_trip(server, mode) -> None:
+    base, key = base_and_key(server[0], mode, "/v1")
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+    messages: list = [{"role": "user", "content": "write proof into proof.txt"}]
+
+    first = client.chat.completions.create(model=MODEL, messages=messages, tools=CHAT_TOOLS)
+    assert first.model == MODEL and first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "run_shell" and json.loads(call.function.arguments) == ARGS
+
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": [{"type": "text", "text": RESULT}]},
+    ]
+    with client.chat.completions.stream(
+        model=MODEL, messages=messages, tools=CHAT_TOOLS, stream_options={"include_usage": True}
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.model == MODEL
+    assert final.choices[0].message.content == f"The tool said: {RESULT}"
+    assert final.usage is not None and final.usage.prompt_tokens == 3
+
+
+def test_openai_chat_streamed_tool_call_and_raw_chunks(server) -> None:
+    client = openai.OpenAI(base_url=f"{server[0]}/v1", api_key=TOKEN, max_retries=0)
+    with client.chat.completions.stream(
+        model=MODEL, messages=[{"role": "user", "content": "go"}], tools=CHAT_TOOLS
+    ) as stream:
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "run_shell" and json.loads(call.function.arguments) == ARGS
+    assert final.choices[0].finish_reason == "tool_calls"
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    )
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == "Hello from the proxy."
+    )
+
+
+# ---------------------------------------------------------------- OpenAI Responses
+
+RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": "run_shell",
+        "description": "Run a shell command",
+        "parameters": SHELL_SCHEMA,
+        "strict": False,
+    }
+]
+
+
+@pytest.mark.parametrize("mode", AUTH_MODES)
+def test_openai_responses_tool_round_trip(server, mode) -> None:
+    base, key = base_and_key(server[0], mode, "/v1")
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+    user = {
+        "role": "user",
+        "content": [{"type": "input_text", "text": "write proof into proof.txt"}],
+    }
+
+    with client.responses.stream(
+        model=MODEL, input=[user], tools=RESPONSES_TOOLS, store=False
+    ) as stream:
+        first = stream.get_final_response()
+    assert first.model == MODEL and first.status == "completed"
+    call = next(o for o in first.output if o.type == "function_call")
+    assert call.name == "run_shell" and json.loads(call.arguments) == ARGS
+    reasoning = next(o for o in first.output if o.type == "reasoning")
+
+    followup = [
+        user,
+        reasoning.model_dump(exclude_none=True),
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": RESULT},
+    ]
+    second = client.responses.create(
+        model=MODEL, input=followup, tools=RESPONSES_TOOLS, store=False
+    )
+    assert second.model == MODEL
+    assert second.output_text == f"The tool said: {RESULT}"
+    assert (
+        second.usage is not None and second.usage.input_tokens == 3
+    )  # reasoning + call = one assistant turn
+
+
+def test_openai_responses_nonstream_call_and_stream_events(server) -> None:
+    client = openai.OpenAI(base_url=f"{server[0]}/s/{TOKEN}/v1", api_key="x", max_retries=0)
+    first = client.responses.create(model=MODEL, input="go", tools=RESPONSES_TOOLS)
+    assert [o.type for o in first.output] == ["reasoning", "function_call"]
+    events = [e.type for e in client.responses.create(model=MODEL, input="hi", stream=True)]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    assert "response.output_text.delta" in events
+
+
+# ---------------------------------------------------------------- Anthropic Messages
+
+ANTHROPIC_TOOLS = [
+    {"name": "run_shell", "description": "Run a shell command", "input_schema": SHELL_SCHEMA}
+]
+
+
+@pytest.mark.parametrize("mode", AUTH_MODES)
+def test_anthropic_tool_round_trip(server, mode) -> None:
+    base, key = base_and_key(server[0], mode)
+    client = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
+    messages: list = [{"role": "user", "content": "write proof into proof.txt"}]
+
+    with client.messages.stream(
+        model=MODEL, max_tokens=256, messages=messages, tools=ANTHROPIC_TOOLS
+    ) as stream:
+        first = stream.get_final_message()
+    assert first.model == MODEL and first.stop_reason == "tool_use"
+    use = next(b for b in first.content if b.type == "tool_use")
+    assert use.name == "run_shell" and use.input == ARGS
+    assert next(b for b in first.content if b.type == "thinking").thinking == "I should run it."
+
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": RESULT}],
+        },
+    ]
+    second = client.messages.create(
+        model=MODEL, max_tokens=256, messages=messages, tools=ANTHROPIC_TOOLS
+    )
+    assert second.model == MODEL and second.stop_reason == "end_turn"
+    assert second.content[0].text == f"The tool said: {RESULT}"
+
+
+def test_anthropic_beta_nonstream_tool_call_count_tokens_and_errors(server) -> None:
+    client = anthropic.Anthropic(base_url=f"{server[0]}/s/{TOKEN}", api_key="x", max_retries=0)
+    msg = client.beta.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": "go"}],
+        tools=ANTHROPIC_TOOLS,
+        betas=["context-management-2025-06-27"],
+    )
+    assert msg.content[-1].type == "tool_use" and msg.content[-1].input == ARGS
+    n = client.messages.count_tokens(
+        model=MODEL, messages=[{"role": "user", "content": "hello there"}]
+    )
+    assert n.input_tokens >= 1
+    bad = anthropic.Anthropic(base_url=server[0], api_key="wrong-token", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+
+
+# ---------------------------------------------------------------- Gemini
+
+GEMINI_CONFIG = gt.GenerateContentConfig(
+    tools=[
+        gt.Tool(
+            function_declarations=[
+                gt.FunctionDeclaration(
+                    name="run_shell",
+                    description="Run a shell command",
+                    parameters_json_schema=SHELL_SCHEMA,
+                )
+            ]
+        )
+    ],
+    automatic_function_calling=gt.AutomaticFunctionCallingConfig(disable=True),
+)
+
+
+def gemini_client(url: str, mode: str) -> genai.Client:
+    base, key = base_and_key(url, mode)
+    return genai.Client(api_key=key, http_options=gt.HttpOptions(base_url=base))
+
+
+@pytest.mark.parametrize("mode", AUTH_MODES)
+def test_gemini_tool_round_trip(server, mode) -> None:
+    client = gemini_client(server[0], mode)
+    user = gt.Content(role="user", parts=[gt.Part(text="write proof into proof.txt")])
+
+    first = client.models.generate_content(model=MODEL, contents=[user], config=GEMINI_CONFIG)
+    assert first.model_version == MODEL
+    call = first.function_calls[0]
+    assert call.name == "run_shell" and call.args == ARGS
+
+    reply = gt.Content(
+        role="user",
+        parts=[
+            gt.Part(
+                function_response=gt.FunctionResponse(
+                    id=call.id, name=call.name, response={"output": RESULT}
+                )
+            )
+        ],
+    )
+    chunks = list(
+        client.models.generate_content_stream(
+            model=MODEL, contents=[user, first.candidates[0].content, reply], config=GEMINI_CONFIG
+        )
+    )
+    assert "".join(c.text or "" for c in chunks) == f"The tool said: {RESULT}"
+    assert chunks[-1].candidates[0].finish_reason == gt.FinishReason.STOP
+    assert chunks[-1].usage_metadata.prompt_token_count == 3
+
+
+def test_gemini_streamed_function_call_and_count_tokens(server) -> None:
+    client = gemini_client(server[0], "token_in_path")
+    chunks = list(
+        client.models.generate_content_stream(model=MODEL, contents="go", config=GEMINI_CONFIG)
+    )
+    calls = [fc for c in chunks for fc in (c.function_calls or [])]
+    assert [(fc.name, fc.args) for fc in calls] == [("run_shell", ARGS)]
+    assert client.models.count_tokens(model=MODEL, contents="hello there").total_tokens >= 1
+
+
+# ---------------------------------------------------------------- disconnects cancel the engine call
+
+
+def _wait_for_marker(markers: Path, protocol: str, before: set[Path]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if {p for p in markers.glob(f"cancelled-{protocol}-*")} - before:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"handler for {protocol} was not cancelled")
+
+
+def test_a_client_leaving_a_stream_cancels_the_handler(server) -> None:
+    url, markers = server
+    before = set(markers.glob("cancelled-anthropic_messages-*"))
+    body = {
+        "model": MODEL,
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "slow please"}],
+    }
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", f"{url}/s/{TOKEN}/v1/messages", json=body) as r,
+    ):
+        assert r.status_code == 200
+        first = next(r.iter_raw())
+        assert first.startswith(b"event: ping\n")  # keep-alives flow while the model works
+    _wait_for_marker(markers, "anthropic_messages", before)
+
+
+def test_a_client_leaving_a_plain_request_cancels_the_handler(server) -> None:
+    url, markers = server
+    before = set(markers.glob("cancelled-openai_chat-*"))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "slow please"}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {TOKEN}"},
+            timeout=0.5,
+        )
+    _wait_for_marker(markers, "openai_chat", before)

@@ -1,0 +1,249 @@
+"""The HTTP surface, in process: routing, tokens, limits, errors, keep-alives."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from litestar.testing import TestClient
+
+from proxy.app import create_app
+from proxy.errors import ErrorKind, UpstreamError
+from proxy.sse import parse
+from tests.unit.protocols.app_support import (
+    CHAT,
+    GEMINI,
+    GENERATE,
+    MESSAGES,
+    SESSION,
+    TOKEN,
+    Scripted,
+    protocol_shaped,
+    resolve,
+    streaming,
+)
+
+PROTOCOLS = list(GENERATE)
+
+
+SHARED = Scripted()
+
+
+@pytest.fixture(scope="module")
+def client():
+    with TestClient(create_app(SHARED, resolve, max_body_bytes=4096, keepalive_seconds=0.05)) as c:
+        yield c
+
+
+@pytest.fixture
+def handler() -> Scripted:
+    SHARED.reset()  # a fresh script per test, one app per module
+    return SHARED
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+@pytest.mark.parametrize(
+    ("path_prefix", "headers", "query"),
+    [
+        (f"/s/{TOKEN}", {}, ""),
+        ("", {"authorization": f"Bearer {TOKEN}"}, ""),
+        ("", {"x-api-key": TOKEN}, ""),
+        ("", {"x-goog-api-key": TOKEN}, ""),
+        ("", {}, f"?key={TOKEN}"),
+        (f"/s/{TOKEN}", {"authorization": "Bearer some-dummy-key"}, ""),  # the path wins
+    ],
+)
+def test_every_token_source_reaches_the_session(
+    client, handler, path_prefix, headers, query
+) -> None:
+    path, body = CHAT
+    r = client.post(path_prefix + path + query, json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    session, conv, protocol, raw, seen_headers = handler.calls[-1]
+    assert session == SESSION and protocol == "openai_chat"
+    assert orjson.loads(raw) == body  # the raw body reaches the handler verbatim
+    assert seen_headers.get("content-type") == "application/json"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("token", [None, "not-a-session", TOKEN + "x"])
+def test_unknown_or_missing_session_is_401_in_the_callers_protocol(
+    client, handler, protocol, token
+) -> None:
+    path, body = GENERATE[protocol]
+    r = client.post(path, json=body, headers=auth(token) if token else {})
+    assert r.status_code == 401
+    assert protocol_shaped(protocol, r.json())
+    assert handler.calls == []
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_harness_model_name_is_echoed_and_session_model_fills_a_missing_one(
+    client, protocol
+) -> None:
+    path, body = GENERATE[protocol]
+    r = client.post(path, json=body, headers=auth())
+    echoed = orjson.dumps(r.json()).decode()
+    assert "harness-model" in echoed and "served-model" not in echoed
+    if protocol != "gemini":  # Gemini always names its model in the path
+        r = client.post(path, json={k: v for k, v in body.items() if k != "model"}, headers=auth())
+        assert r.status_code == 200 and "served-model" in r.text
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_body_over_the_limit_is_413_in_the_callers_protocol(client, handler, protocol) -> None:
+    path, body = GENERATE[protocol]
+    big = {**body, "padding": "x" * 5000}
+    r = client.post(
+        path, content=orjson.dumps(big), headers={**auth(), "content-type": "application/json"}
+    )
+    assert r.status_code == 413 and protocol_shaped(protocol, r.json())
+
+    def chunks():  # no content-length: the limit is enforced on the bytes read
+        data = orjson.dumps(big)
+        for i in range(0, len(data), 1000):
+            yield data[i : i + 1000]
+
+    r = client.post(path, content=chunks(), headers={**auth(), "content-type": "application/json"})
+    assert r.status_code == 413 and protocol_shaped(protocol, r.json())
+    assert handler.calls == []
+
+
+EXPECTED_STATUS = {
+    ("anthropic_messages", ErrorKind.OVERLOADED): 529,
+    ("anthropic_messages", ErrorKind.UNAVAILABLE): 529,
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    "kind", ["bad_request", "context_length", "unavailable", "overloaded", "capture_failed"]
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_errors_come_back_with_the_protocols_status(
+    client, handler, protocol, kind, stream
+) -> None:
+    handler.error = UpstreamError(500, "engine says no", kind)
+    path, body = streaming(protocol) if stream else GENERATE[protocol]
+    r = client.post(path, json=body, headers=auth())
+    expected = EXPECTED_STATUS.get(
+        (protocol, ErrorKind(kind)), 400 if kind in ("bad_request", "context_length") else 503
+    )
+    assert r.status_code == expected  # a quick failure gets its real status even on a stream
+    assert protocol_shaped(protocol, r.json())
+    assert "engine says no" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_handler_crash_is_a_protocol_shaped_500(client, handler, protocol) -> None:
+    handler.error = RuntimeError("bug")
+    path, body = GENERATE[protocol]
+    r = client.post(path, json=body, headers=auth())
+    assert r.status_code == 500 and protocol_shaped(protocol, r.json())
+    assert "bug" not in r.text  # internals stay in the log
+
+
+KEEPALIVE_SEEN = {
+    "openai_chat": lambda raw, events: raw.startswith(b": keep-alive\n\n"),
+    "openai_responses": lambda raw, events: raw.startswith(b": keep-alive\n\n"),
+    "anthropic_messages": lambda raw, events: events[0].event == "ping",
+    "gemini": lambda raw, events: (
+        events[0].data["candidates"][0]["content"]["parts"] == [{"text": ""}]
+    ),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_slow_answers_are_preceded_by_protocol_legal_keepalives(client, handler, protocol) -> None:
+    handler.delay = 0.3
+    path, body = streaming(protocol)
+    r = client.post(path, json=body, headers=auth())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = parse([r.content])
+    assert KEEPALIVE_SEEN[protocol](r.content, events)
+    assert "Running it." in r.text and "echo proof" in r.text
+
+
+IN_STREAM_ERROR = {
+    "openai_chat": lambda events: events[-1].data["error"]["code"] == "server_is_overloaded",
+    "openai_responses": lambda events: (
+        events[-1].event == "response.failed"
+        and events[-1].data["response"]["error"]["code"] == "server_is_overloaded"
+    ),
+    "anthropic_messages": lambda events: (
+        events[-1].event == "error" and events[-1].data["error"]["type"] == "overloaded_error"
+    ),
+    "gemini": lambda events: events[-1].data["error"]["status"] == "UNAVAILABLE",
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_failure_after_the_stream_started_is_the_protocols_in_stream_error(
+    client, handler, protocol
+) -> None:
+    handler.delay = 0.2
+    handler.error = UpstreamError(503, "engine overloaded", "overloaded")
+    path, body = streaming(protocol)
+    r = client.post(path, json=body, headers=auth())
+    assert r.status_code == 200
+    assert IN_STREAM_ERROR[protocol](parse([r.content]))
+
+
+@pytest.mark.parametrize("prefix", ["", f"/s/{TOKEN}"])
+def test_probes_models_and_count_tokens(client, prefix) -> None:
+    for path in ("/", "/api/hello"):
+        assert client.head(prefix + path).status_code == 200
+    models = client.get(prefix + "/v1/models", headers=auth()).json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "served-model"
+    assert client.get(prefix + "/v1/models/anything", headers=auth()).json()["id"] == "served-model"
+    assert (
+        client.get(prefix + "/v1beta/models", headers=auth()).json()["models"][0]["name"]
+        == "models/served-model"
+    )
+    assert client.get("/v1/models").status_code == 401  # no token anywhere
+    n = client.post(prefix + "/v1/messages/count_tokens", json=MESSAGES[1], headers=auth()).json()
+    assert n["input_tokens"] >= 1
+    g = client.post(prefix + "/v1beta/models/m:countTokens", json=GEMINI[1], headers=auth()).json()
+    assert g["totalTokens"] >= 1
+
+
+def test_count_tokens_uses_the_wired_counter(handler) -> None:
+    async def counter(session, conv) -> int:
+        return 1000 + len(conv.messages)
+
+    with TestClient(create_app(handler, resolve, count_tokens=counter)) as c:
+        r = c.post("/v1/messages/count_tokens", json=MESSAGES[1], headers=auth())
+        assert r.json() == {"input_tokens": 1001}
+
+
+def test_gemini_stream_without_sse_is_one_json_array_and_unknown_methods_are_404(client) -> None:
+    r = client.post("/v1beta/models/m:streamGenerateContent", json=GEMINI[1], headers=auth())
+    chunks = r.json()
+    assert isinstance(chunks, list) and chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+    r = client.post("/v1beta/models/m:embedContent", json=GEMINI[1], headers=auth())
+    assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
+    r = client.post(
+        "/v1beta/models/org/model-with-slash:generateContent", json=GEMINI[1], headers=auth()
+    )
+    assert r.json()["modelVersion"] == "org/model-with-slash"
+
+
+def test_unknown_paths_and_methods_get_an_error_every_sdk_can_read(client) -> None:
+    r = client.get("/v2/nothing")
+    assert r.status_code == 404
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["message"] and body["error"]["code"] == 404
+    assert client.get("/v1/chat/completions").status_code == 405
+
+
+def test_resolver_failure_is_503_not_a_crash(handler) -> None:
+    async def broken(token: str):
+        raise ConnectionError("redis down")
+
+    with TestClient(create_app(handler, broken)) as c:
+        r = c.post(MESSAGES[0], json=MESSAGES[1], headers={"x-api-key": TOKEN})
+        assert (
+            r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
+        )  # retried by Claude Code
