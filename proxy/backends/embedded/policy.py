@@ -17,6 +17,10 @@ assistant turns already in the conversation (past the end: repeat the last, or c
 with no such turns, ``default``. The reply is rendered by the model's own chat template as
 an assistant turn and tokenized by its tokenizer; the engine then emits those ids through
 the normal sampling path (forced choice), reporting the model's logprob of each.
+
+The server shows the script the conversation as the model sees it, read back from the
+prompt tokens, so chat mode and token mode choose alike (tool results then read as
+``<tool_response>`` blocks in a user turn).
 """
 
 from __future__ import annotations

@@ -53,6 +53,11 @@ class ChatBody(Struct, kw_only=True):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     min_tokens: int = 0
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
     separate_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     input_ids: list[int] | None = None
@@ -69,9 +74,38 @@ def decode_body(raw: bytes, kind: type) -> Any:
         raise ProtocolError(f"invalid request body: {exc}") from exc
 
 
+# SGLang sampling features the embedded engine does not implement: accepted at their
+# neutral value (clients send them), refused otherwise rather than silently ignored.
+NEUTRAL_PARAMS: dict[str, Any] = {
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "repetition_penalty": 1,
+    "n": 1,
+    "spaces_between_special_tokens": True,
+    "stream_interval": None,
+    "logit_bias": None,
+    "regex": None,
+    "json_schema": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "stop_regex": None,
+    "custom_params": None,
+}
+
+
+def _drop_neutral(raw: dict[str, Any]) -> None:
+    for key, neutral in NEUTRAL_PARAMS.items():
+        if key not in raw:
+            continue
+        value = raw.pop(key)
+        if value is not None and value != neutral and value != {} and key != "stream_interval":
+            raise ProtocolError(f"{key}={value!r} is not supported by the embedded engine")
+
+
 def sampling_params(raw: dict[str, Any] | None, default_max: int) -> SamplingParams:
-    """SGLang ``sampling_params`` dict -> SamplingParams (unknown keys are an error)."""
+    """SGLang ``sampling_params`` dict -> SamplingParams. Unknown keys are an error."""
     raw = dict(raw or {})
+    _drop_neutral(raw)
     if isinstance(raw.get("stop"), str):
         raw["stop"] = [raw["stop"]]
     if raw.get("top_k") == 0:
@@ -90,6 +124,10 @@ def sampling_params(raw: dict[str, Any] | None, default_max: int) -> SamplingPar
 
 
 def chat_sampling_params(body: ChatBody, default_max: int, seed_offset: int = 0) -> SamplingParams:
+    if body.response_format and body.response_format.get("type", "text") != "text":
+        raise ProtocolError(
+            "response_format other than text is not supported by the embedded engine"
+        )
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     seed = None if body.seed is None else body.seed + seed_offset
     return sampling_params(
@@ -106,6 +144,10 @@ def chat_sampling_params(body: ChatBody, default_max: int, seed_offset: int = 0)
             "skip_special_tokens": body.skip_special_tokens,
             "no_stop_trim": body.no_stop_trim,
             "sampling_seed": seed,
+            "frequency_penalty": body.frequency_penalty,
+            "presence_penalty": body.presence_penalty,
+            "repetition_penalty": body.repetition_penalty,
+            "logit_bias": body.logit_bias,
         },
         default_max,
     )

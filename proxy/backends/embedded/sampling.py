@@ -13,7 +13,7 @@ import torch
 from msgspec import Struct
 
 
-class SamplingParams(Struct, frozen=True, kw_only=True):
+class SamplingParams(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """SGLang's ``sampling_params`` (the subset the embedded engine implements)."""
 
     max_new_tokens: int = 128

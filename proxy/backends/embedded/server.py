@@ -84,14 +84,17 @@ class ServerState:
         self.engine.stop()
 
     def forced_for(self, messages: list[dict] | None, prompt_ids: list[int]) -> list[int] | None:
-        """Scripted reply ids for this prompt, or None without a policy."""
+        """Scripted reply ids for this prompt, or None without a policy.
+
+        The script sees the conversation as the model does, read back from the prompt
+        tokens, so chat mode and token mode (/generate) choose identically. Only for a
+        template that is not ChatML does it fall back to the request's messages.
+        """
         if self.policy is None:
             return None
-        if messages is None:
-            messages = messages_from_prompt(
-                self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-            )
-        return scripted_ids(self.policy, self.tokenizer, messages)
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        seen = messages_from_prompt(text) or messages or [{"role": "user", "content": text}]
+        return scripted_ids(self.policy, self.tokenizer, seen)
 
     async def run(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Submit and await; a cancelled caller (client gone) aborts its requests."""

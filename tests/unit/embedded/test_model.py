@@ -1,0 +1,133 @@
+"""The model directory format and the plain-torch forward pass, cross-checked with transformers."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from proxy.backends.embedded.modelconfig import ModelLoadError, load_config, parse_config
+from proxy.backends.embedded.modelinit import train_tokenizer
+from proxy.backends.embedded.weights import load_model
+
+
+def test_directory_is_a_complete_hf_model(model_dir):
+    names = {p.name for p in model_dir.iterdir()}
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    } <= names
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert config["vocab_size"] == 4096
+    assert (
+        "<tool_call>"
+        in json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"]
+    )
+
+
+def test_tokenizer_training_is_deterministic(model_dir):
+    again = json.loads(train_tokenizer().to_str())
+    assert again == json.loads((model_dir / "tokenizer.json").read_text("utf-8"))
+
+
+def test_weights_are_deterministic(model_dir, tmp_path):
+    from proxy.backends.embedded.modelinit import reseed_weights
+
+    same = reseed_weights(model_dir, tmp_path / "same", seed=0)
+    assert (same / "model.safetensors").read_bytes() == (
+        model_dir / "model.safetensors"
+    ).read_bytes()
+
+
+def test_cached_forward_equals_full_forward(model):
+    """Prefill + token-by-token decode through the KV cache matches one uncached pass."""
+    ids = [random.Random(1).randrange(4096) for _ in range(40)]
+    full = model.forward([ids], [model.new_cache()], all_logits=True)[0]
+    cache = model.new_cache()
+    steps = [model.forward([ids[:10]], [cache])[0]]
+    steps += [model.forward([[t]], [cache])[0] for t in ids[10:]]
+    assert (torch.stack(steps) - full[9:]).abs().max().item() < 1e-4
+
+
+def test_ragged_batch_equals_separate_runs(model):
+    rng = random.Random(2)
+    prompts = [[rng.randrange(4096) for _ in range(n)] for n in (1, 7, 30)]
+    alone = [model.forward([p], [model.new_cache()])[0] for p in prompts]
+    together = model.forward(prompts, [model.new_cache() for _ in prompts])
+    for a, b in zip(alone, together, strict=True):
+        assert (a - b).abs().max().item() < 1e-5
+
+
+def _hf_logprob_diff(model_dir, ours, arch_class, n=12):
+    rng = random.Random(3)
+    hf = arch_class.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    worst = 0.0
+    for _ in range(n):
+        ids = [rng.randrange(ours.config.vocab_size) for _ in range(rng.randint(2, 120))]
+        mine = torch.log_softmax(ours.forward([ids], [ours.new_cache()], all_logits=True)[0], -1)
+        with torch.no_grad():
+            theirs = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1)
+        worst = max(worst, (mine - theirs).abs().max().item())
+    return worst
+
+
+def test_forward_matches_transformers_qwen2(model_dir, model):
+    transformers = pytest.importorskip("transformers")
+    assert _hf_logprob_diff(model_dir, model, transformers.Qwen2ForCausalLM) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_any_small_hf_directory_of_the_supported_families(tmp_path, family):
+    """A directory written by transformers itself (Llama: no biases, untied; Qwen3: q/k
+    norms, explicit head_dim) serves with the same numbers as transformers."""
+    transformers = pytest.importorskip("transformers")
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    if family == "llama":
+        config, cls = (
+            transformers.LlamaConfig(**common, tie_word_embeddings=False),
+            transformers.LlamaForCausalLM,
+        )
+    else:
+        config, cls = transformers.Qwen3Config(**common, head_dim=24), transformers.Qwen3ForCausalLM
+    torch.manual_seed(0)
+    cls(config).save_pretrained(str(tmp_path))
+    ours = load_model(tmp_path)
+    assert ours.config.architecture == cls.__name__
+    assert _hf_logprob_diff(tmp_path, ours, cls, n=4) < 1e-4
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ModelLoadError, match="not supported"):
+        load_config(tmp_path)
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_config(tmp_path / "missing")
+
+
+def test_rope_scaling_is_refused_not_ignored():
+    raw = json.loads(
+        '{"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 8, '
+        '"intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, '
+        '"rope_scaling": {"rope_type": "yarn", "factor": 4}}'
+    )
+    with pytest.raises(ModelLoadError, match="yarn"):
+        parse_config(raw)
+
+
+def test_missing_weights_are_a_load_error(model_dir, tmp_path):
+    (tmp_path / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_model(tmp_path)

@@ -1,0 +1,14 @@
+import pytest
+
+from proxy.tokenization import ChatTokenizer
+from tests.unit.embedded.tiny import tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    return tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def tok(model_dir):
+    return ChatTokenizer.load(model_dir)
