@@ -1,0 +1,1 @@
+"""Trajectory builder service: captured CompletionRecords -> trainable Trajectories."""

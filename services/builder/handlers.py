@@ -1,0 +1,158 @@
+"""The builder's I/O shell: SessionFinished -> registry -> completions -> build -> store,
+announce, advance. Every step is idempotent, so a crash anywhere and a redelivery give
+exactly one TrajectoryBuilt:
+
+- the build is deterministic and the object is written under a fixed name;
+- TrajectoryBuilt is published with the dedupe id ``built:<session>:<attempt>`` (the
+  sessions stream's duplicate window, 1 h, is far above ``ack_wait``);
+- BUILDING -> EVALUATING is a CAS; a session found past BUILDING is acked and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from nats.aio.msg import Msg
+
+from schemas import (
+    BuilderSpec,
+    ContractError,
+    SessionFinished,
+    SessionState,
+    Trajectory,
+    TrajectoryBuilt,
+    decode,
+    encode,
+)
+from schemas import subjects as S
+from services.builder import logic, metrics
+from services.builder.completions import read_completions
+from services.builder.config import BuilderConfig
+from services.builder.logic import Action, Decision
+from services.builder.strategies import BuilderRegistry, default_registry
+from services.common.bus import Bus
+from services.common.consumer import Poison, Retry
+from services.common.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class Builder:
+    def __init__(
+        self,
+        bus: Bus,
+        registry: Registry,
+        config: BuilderConfig,
+        builders: BuilderRegistry | None = None,
+    ) -> None:
+        self.bus, self.registry, self.config = bus, registry, config
+        self.builders = builders or default_registry()
+
+    async def on_finished(self, msg: Msg) -> None:
+        try:
+            event = decode(await self.bus.payload(msg), SessionFinished)
+        except (ContractError, LookupError) as exc:
+            raise Poison(f"not a SessionFinished: {exc}") from None
+        decision = await self.take(event)
+        if decision.action is Action.POISON:
+            raise Poison(decision.reason)
+        if decision.action is Action.RETRY:
+            if (msg.metadata.num_delivered or 1) >= self.config.max_deliver:
+                # JetStream would drop it silently after max_deliver: dead-letter instead.
+                raise Poison(f"{decision.reason} after {self.config.max_deliver} deliveries")
+            metrics.BUILDS.labels("-", "retried").inc()
+            raise Retry(self.config.retry_delay_seconds, decision.reason)
+        if decision.action is Action.SKIP:
+            log.info("%s: skipped: %s", event.session_id, decision.reason)
+            metrics.BUILDS.labels("-", "skipped").inc()
+            return
+        await self.build(event)
+
+    async def take(self, event: SessionFinished) -> Decision:
+        """Decide from the registry; on BEGIN, move the session POSTRUN -> BUILDING."""
+        session = await self.registry.get_session(event.session_id)
+        decision = logic.decide(session, event)
+        if decision.action is not Action.BEGIN:
+            return decision
+        t = await self.registry.transition(
+            event.session_id,
+            SessionState.BUILDING,
+            from_=[SessionState.POSTRUN],
+            expect_version=session.version,
+        )
+        if t.ok:
+            return decision
+        again = logic.decide(await self.registry.get_session(event.session_id), event)
+        if again.action is Action.BEGIN:  # changed and changed back: look again later
+            return Decision(Action.RETRY, "session changed while taking it")
+        return again
+
+    async def build(self, event: SessionFinished) -> Trajectory:
+        start = time.perf_counter()
+        trajectory = await self.make(event)
+        await self.store(trajectory)
+        await self.announce(trajectory)
+        await self.advance(event)
+        seconds = time.perf_counter() - start
+        metrics.observe(trajectory, seconds)
+        st = trajectory.stats
+        log.info(
+            "%s: built (%s) chains=%d tokens=%d merge_ratio=%.2f breaks=%s intact=%s in %.3fs",
+            event.session_id,
+            trajectory.builder,
+            st.chains,
+            st.tokens,
+            st.merge_ratio,
+            st.breaks,
+            trajectory.intact,
+            seconds,
+        )
+        return trajectory
+
+    async def make(self, event: SessionFinished) -> Trajectory:
+        spec = await self.builder_spec(event.task_id)
+        records, problems = await read_completions(
+            self.bus,
+            event.session_id,
+            batch=self.config.read_batch,
+            timeout=self.config.read_timeout_seconds,
+        )
+        # CPU-bound: off the event loop, so in-progress acks keep flowing meanwhile.
+        return await asyncio.to_thread(
+            logic.build_trajectory, event, spec, records, self.builders, problems
+        )
+
+    async def builder_spec(self, task_id: str) -> BuilderSpec:
+        task = await self.registry.get_task(task_id)
+        if task is None:
+            raise Poison(f"task {task_id!r} is not in the registry: no builder spec")
+        return task.spec.builder
+
+    async def store(self, trajectory: Trajectory) -> None:
+        store = await self.bus.js.object_store(S.OBJECT_STORE)
+        name = logic.object_name(trajectory.session_id, trajectory.attempt)
+        await store.put(name, encode(trajectory))
+
+    async def announce(self, trajectory: Trajectory) -> None:
+        event = TrajectoryBuilt(
+            ts=time.time(),
+            session_id=trajectory.session_id,
+            task_id=trajectory.task_id,
+            outcome=trajectory.outcome,
+            attempt=trajectory.attempt,
+        )
+        msg_id = logic.built_msg_id(trajectory.session_id, trajectory.attempt)
+        await self.bus.publish(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)
+
+    async def advance(self, event: SessionFinished) -> None:
+        t = await self.registry.transition(
+            event.session_id, SessionState.EVALUATING, from_=[SessionState.BUILDING]
+        )
+        if not t.ok and t.from_state != SessionState.EVALUATING:
+            log.warning(
+                "%s: built, but the session is %s; not moved to EVALUATING",
+                event.session_id,
+                t.from_state,
+            )

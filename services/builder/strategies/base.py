@@ -1,0 +1,169 @@
+"""What every trajectory builder shares.
+
+A builder is any object with ``build(records, config, outcome)`` returning
+``(traces, stats)`` or ``(traces, stats, notes)``: pure, no I/O, deterministic for the
+same input (the service may rebuild after a crash and must get the same trajectory).
+``notes`` (a dict) is merged into the trajectory's metadata.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from schemas import BuildStats, CompletionRecord, Outcome, Trace
+
+T = TypeVar("T")
+CUT_FINISH_REASONS = frozenset({"abort", "error"})
+EOT_FINISH_REASONS = frozenset({"stop", "tool_calls"})  # turns the model ended itself
+
+
+class BuildError(ValueError):
+    """A build that cannot run as asked (bad builder config, unknown builder)."""
+
+
+class TrajectoryBuilder(Protocol):
+    def build(
+        self, records: list[CompletionRecord], config: dict[str, Any], outcome: Outcome
+    ) -> tuple[list[Trace], BuildStats] | tuple[list[Trace], BuildStats, dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class Call:
+    """One completion with its full prompt (records store prompts incrementally)."""
+
+    rec: CompletionRecord
+    prompt: list[int]
+
+    @property
+    def seq(self) -> int:
+        return self.rec.seq
+
+    @property
+    def output(self) -> list[int]:
+        return self.rec.output_ids
+
+    @property
+    def cut(self) -> bool:
+        """Aborted or errored: the turn did not end normally."""
+        r = self.rec
+        return r.aborted or r.error is not None or r.finish_reason in CUT_FINISH_REASONS
+
+
+@dataclass(frozen=True)
+class Calls:
+    calls: list[Call]  # in seq order, one per seq
+    unreconstructable: list[int]  # seqs whose base record is missing
+    duplicates: list[int]  # seqs seen more than once (the first copy is kept)
+
+
+def full_calls(records: Iterable[CompletionRecord]) -> Calls:
+    """Full prompts for every record; a record whose base is missing is set aside."""
+    by_seq: dict[int, CompletionRecord] = {}
+    duplicates = []
+    for rec in records:
+        if rec.seq in by_seq:
+            duplicates.append(rec.seq)
+        else:
+            by_seq[rec.seq] = rec
+    full: dict[int, list[int]] = {}
+    calls, missing = [], []
+    for seq in sorted(by_seq):
+        rec = by_seq[seq]
+        if rec.prompt_base_seq is None:
+            prompt = list(rec.prompt_ids)
+        elif rec.prompt_base_seq in full:
+            base = full[rec.prompt_base_seq] + by_seq[rec.prompt_base_seq].output_ids
+            prompt = base[: rec.prompt_base_len] + list(rec.prompt_ids)
+        else:
+            missing.append(seq)
+            continue
+        full[seq] = prompt
+        calls.append(Call(rec, prompt))
+    return Calls(calls, missing, sorted(set(duplicates)))
+
+
+def parse_config(config: dict[str, Any], cls: type[T], builder: str) -> T:
+    """A builder's typed config; unknown keys and wrong types are errors that say how to fix."""
+    try:
+        return msgspec.convert(config or {}, cls)
+    except msgspec.ValidationError as exc:
+        fields = ", ".join(cls.__struct_fields__) or "none"  # type: ignore[attr-defined]
+        raise BuildError(
+            f"builder {builder!r}: bad config ({exc}); accepted keys: {fields}"
+        ) from None
+
+
+def detect_eot(calls: Sequence[Call]) -> int | None:
+    """The most common last output token of turns the model ended itself, if any."""
+    last = Counter(
+        c.output[-1] for c in calls if c.output and c.rec.finish_reason in EOT_FINISH_REASONS
+    )
+    if not last:
+        return None
+    return min(last.items(), key=lambda kv: (-kv[1], kv[0]))[0]  # ties: the lowest id
+
+
+def starts_with(seq: list[int], prefix: list[int]) -> bool:
+    return len(seq) >= len(prefix) and seq[: len(prefix)] == prefix
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect on slices (C-speed compares)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def output_logprobs(rec: CompletionRecord) -> list[float | None]:
+    """One logprob per output token, None where the backend reported none."""
+    if len(rec.output_logprobs) == len(rec.output_ids):
+        return list(rec.output_logprobs)
+    return [None] * len(rec.output_ids)
+
+
+def trace_id(session_id: str, chain_id: int) -> str:
+    return f"{session_id}/{chain_id}"
+
+
+def weight_versions(calls: Iterable[Call]) -> list[str]:
+    seen: dict[str, None] = {}
+    for c in calls:
+        if c.rec.weight_version is not None:
+            seen.setdefault(c.rec.weight_version)
+    return list(seen)
+
+
+def stats_of(calls: Sequence[Call], traces: Sequence[Trace], breaks: dict[str, int]) -> BuildStats:
+    """What a trainer processes for these traces, against one trace per completion."""
+    built = sum(len(t.prompt_ids) + len(t.response_ids) for t in traces)
+    per_request = sum(len(c.prompt) + len(c.output) for c in calls)
+    return BuildStats(
+        completions=len(calls),
+        chains=len(traces),
+        tokens=built,
+        sampled_tokens=sum(len(c.output) for c in calls),
+        merge_ratio=round(per_request / built, 4) if built else 1.0,
+        breaks=breaks,
+    )
+
+
+def messages_of(rec: CompletionRecord) -> list[dict[str, Any]]:
+    """The normalized conversation's messages, when the proxy recorded them."""
+    try:
+        conv = msgspec.json.decode(rec.normalized)
+    except msgspec.DecodeError:
+        return []
+    msgs = conv.get("messages") if isinstance(conv, dict) else None
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []

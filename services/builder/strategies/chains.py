@@ -1,0 +1,108 @@
+"""A chain: completions whose prompts extend one another, kept as one growing trace.
+
+The chain's tokens are always its latest prompt + that call's output. A call joins by
+extending them; what lies between the previous output and the new output (tool results,
+template glue, the generation prompt) gets loss mask 0 and no logprob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas import Trace
+from services.builder.strategies.base import (
+    Call,
+    messages_of,
+    output_logprobs,
+    starts_with,
+    trace_id,
+    weight_versions,
+)
+
+
+@dataclass
+class Chain:
+    chain_id: int
+    reason: str  # why this chain is not part of an earlier one
+    parent: Chain | None  # the chain it branched from (lineage)
+    calls: list[Call]
+    tokens: list[int]  # latest prompt + latest output
+    mask: list[int]  # over tokens after the first prompt
+    logprobs: list[float | None]
+    closed: bool = False  # no call may extend it (a cut turn, a side call)
+    glue_closed: list[tuple[int, str]] = field(default_factory=list)  # (seq, finish reason)
+
+    @classmethod
+    def start(cls, chain_id: int, call: Call, reason: str, parent: Chain | None) -> Chain:
+        return cls(
+            chain_id=chain_id,
+            reason=reason,
+            parent=parent,
+            calls=[call],
+            tokens=call.prompt + call.output,
+            mask=[1] * len(call.output),
+            logprobs=output_logprobs(call.rec),
+            closed=call.cut or call.rec.side_call is not None,
+        )
+
+    @property
+    def first(self) -> Call:
+        return self.calls[0]
+
+    @property
+    def tip(self) -> Call:
+        return self.calls[-1]
+
+    @property
+    def side_call(self) -> str | None:
+        return self.first.rec.side_call
+
+    def takes(self, call: Call) -> bool:
+        """``call`` continues this chain: its prompt extends the tip's prompt + output.
+
+        The prompt must be longer than the tip's prompt, so a retry of the same prompt
+        never joins; it may equal the tip's prompt + output (a continuation with no glue).
+        """
+        return (
+            not self.closed
+            and len(call.prompt) > len(self.tip.prompt)
+            and starts_with(call.prompt, self.tokens)
+        )
+
+    def append(self, call: Call, eot: int | None) -> None:
+        glue = call.prompt[len(self.tokens) :]
+        self._note_glue_eot(glue, eot)
+        self.tokens.extend(glue)
+        self.tokens.extend(call.output)
+        self.mask.extend([0] * len(glue))
+        self.mask.extend([1] * len(call.output))
+        self.logprobs.extend([None] * len(glue))
+        self.logprobs.extend(output_logprobs(call.rec))
+        self.calls.append(call)
+        self.closed = call.cut
+
+    def _note_glue_eot(self, glue: list[int], eot: int | None) -> None:
+        # A turn without its own end-of-turn (length-truncated, or a stop the engine did
+        # not report) is closed by the next prompt's eot: that token is glue, never the
+        # model's, so it keeps mask 0 and no logprob.
+        out = self.tip.output
+        if eot is not None and glue[:1] == [eot] and (not out or out[-1] != eot):
+            self.glue_closed.append((self.tip.seq, self.tip.rec.finish_reason))
+
+    def to_trace(self, session_id: str) -> Trace:
+        n = len(self.first.prompt)
+        return Trace(
+            trace_id=trace_id(session_id, self.chain_id),
+            chain_id=self.chain_id,
+            lineage_id=trace_id(session_id, self.parent.chain_id) if self.parent else None,
+            break_reason=self.reason,
+            prompt_ids=self.tokens[:n],
+            response_ids=self.tokens[n:],
+            loss_mask=list(self.mask),
+            response_logprobs=list(self.logprobs),
+            messages=messages_of(self.tip.rec),
+            weight_versions=weight_versions(self.calls),
+            completion_seqs=[c.seq for c in self.calls],
+            side_call=self.side_call,
+            trainable=any(self.mask),
+        )

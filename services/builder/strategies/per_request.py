@@ -1,0 +1,57 @@
+"""per_request: one trace per completion, loss mask 1 on every sampled token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import Struct
+
+from schemas import BuildStats, CompletionRecord, Outcome, Trace
+from services.builder.strategies.base import (
+    Call,
+    full_calls,
+    messages_of,
+    output_logprobs,
+    parse_config,
+    stats_of,
+    trace_id,
+    weight_versions,
+)
+
+
+class PerRequestConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+def trace_of(call: Call, chain_id: int) -> Trace:
+    rec = call.rec
+    return Trace(
+        trace_id=trace_id(rec.session_id, chain_id),
+        chain_id=chain_id,
+        break_reason=f"side_call:{rec.side_call}" if rec.side_call else None,
+        prompt_ids=call.prompt,
+        response_ids=list(rec.output_ids),
+        loss_mask=[1] * len(rec.output_ids),
+        response_logprobs=output_logprobs(rec),
+        messages=messages_of(rec),
+        weight_versions=weight_versions([call]),
+        completion_seqs=[rec.seq],
+        side_call=rec.side_call,
+        trainable=bool(rec.output_ids),
+    )
+
+
+class PerRequest:
+    name = "per_request"
+
+    def build(
+        self, records: list[CompletionRecord], config: dict[str, Any], outcome: Outcome
+    ) -> tuple[list[Trace], BuildStats]:
+        parse_config(config, PerRequestConfig, self.name)
+        calls = full_calls(records).calls
+        traces = [trace_of(c, i) for i, c in enumerate(calls)]
+        breaks: dict[str, int] = {}
+        for t in traces:
+            if t.break_reason:
+                breaks[t.break_reason] = breaks.get(t.break_reason, 0) + 1
+        return traces, stats_of(calls, traces, breaks)

@@ -1,0 +1,325 @@
+"""The trajectory builder service against real NATS JetStream and Valkey."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import msgspec
+import pytest
+from litestar.testing import AsyncTestClient
+from nats.js.errors import NotFoundError
+
+from schemas import (
+    AgentSpec,
+    Artifacts,
+    BuilderSpec,
+    CompletionRecord,
+    Outcome,
+    SessionFinished,
+    SessionState,
+    TaskRequest,
+    Trajectory,
+    TrajectoryBuilt,
+    decode,
+    encode,
+)
+from schemas import subjects as S
+from services.builder import logic
+from services.builder.config import BuilderConfig
+from services.builder.handlers import Builder
+from services.builder.main import consumers, create_app
+from services.common.registry import Registry
+from tests.helpers.procs import ServiceProcess
+from tests.unit.builder.synth import Capture, agent_loop
+from tests.unit.builder.test_fixtures import load
+
+pytestmark = pytest.mark.asyncio
+CUSTOM = "tests.unit.builder.custom_builders"
+POSTRUN_PATH = ("INITIALIZING", "READY", "RUNNING", "POSTRUN")
+
+
+@pytest.fixture
+async def registry(redis_client):
+    # No state events from these tests: other suites read polar.events.* from the start.
+    return Registry(redis_client)
+
+
+@pytest.fixture
+async def builder(bus, registry):
+    return Builder(bus, registry, BuilderConfig(retry_delay_seconds=0.2))
+
+
+@pytest.fixture(autouse=True)
+async def _remove_built_events(bus):
+    """Leave no TrajectoryBuilt of these tests in the work queue for other services' tests."""
+    yield
+    seq = 1
+    while True:
+        try:
+            msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq, subject=S.SESSIONS_BUILT, next=True)
+        except NotFoundError:
+            return
+        if decode(msg.data, TrajectoryBuilt).task_id.startswith("bld-"):
+            await bus.js.delete_msg(S.STREAM_SESSIONS, msg.seq)
+        seq = msg.seq + 1
+
+
+async def drain(builder: Builder) -> None:
+    for c in consumers(builder):
+        await c.run(drain=True)
+
+
+async def new_task(reg, task_id, n=1, builder=BuilderSpec(), to=POSTRUN_PATH) -> list[str]:
+    task = TaskRequest(
+        task_id=task_id,
+        instruction="x",
+        num_samples=n,
+        agent=AgentSpec(harness="noop"),
+        builder=builder,
+    )
+    _, sessions = await reg.create_task(task)
+    for s in sessions:
+        for state in to:
+            assert (await reg.transition(s.session_id, SessionState(state))).ok
+    return [s.session_id for s in sessions]
+
+
+async def publish_records(bus, records: list[CompletionRecord], session_id: str) -> None:
+    for r in records:
+        rec = msgspec.structs.replace(r, session_id=session_id)
+        await bus.publish(S.completions(session_id), encode(rec), msg_id=f"c:{session_id}:{r.seq}")
+
+
+def finished(session_id, task_id, outcome=Outcome.COMPLETED, **kw) -> bytes:
+    return encode(SessionFinished(session_id=session_id, task_id=task_id, outcome=outcome, **kw))
+
+
+async def built_events(bus, session_id: str) -> list[TrajectoryBuilt]:
+    """TrajectoryBuilt messages of one session in the stream (read, not consumed)."""
+    out, seq = [], 1
+    while True:
+        try:
+            msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq, subject=S.SESSIONS_BUILT, next=True)
+        except NotFoundError:
+            return out
+        event = decode(msg.data, TrajectoryBuilt)
+        if event.session_id == session_id:
+            out.append(event)
+        seq = msg.seq + 1
+
+
+async def stored(bus, session_id: str, attempt: int = 0) -> Trajectory:
+    store = await bus.js.object_store(S.OBJECT_STORE)
+    obj = await store.get(logic.object_name(session_id, attempt))
+    return decode(obj.data, Trajectory)
+
+
+async def state_of(reg, session_id) -> SessionState:
+    return (await reg.get_session(session_id)).state
+
+
+async def test_builds_a_session_end_to_end(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-e2e")
+    await publish_records(bus, load("token_30turn"), sid)
+    art = Artifacts(harness="codex", harness_version="0.0.1", protocol="openai_chat")
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-e2e", artifacts=art))
+    await drain(builder)
+    (event,) = await built_events(bus, sid)
+    assert (event.task_id, event.outcome, event.attempt) == ("bld-e2e", Outcome.COMPLETED, 0)
+    tr = await stored(bus, sid)
+    assert tr.intact and tr.builder == "prefix_merging" and tr.harness == "codex"
+    assert len(tr.traces) == 1 and tr.stats.completions == 30 and tr.stats.chains == 1
+    assert tr.traces[0].trace_id == f"{sid}/0"
+    assert await state_of(registry, sid) == SessionState.EVALUATING
+
+
+async def test_per_request_builder_and_delta_encoded_synthetic_records(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-pr", builder=BuilderSpec(name="per_request"))
+    cap = Capture(sid)
+    agent_loop(cap, random.Random(7), 9)
+    assert sum(r.prompt_base_seq is not None for r in cap.records) > 0
+    await publish_records(bus, cap.records, sid)
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-pr"))
+    await drain(builder)
+    tr = await stored(bus, sid)
+    assert len(tr.traces) == 9 and tr.stats.merge_ratio == 1.0
+
+
+async def test_large_records_travel_by_claim_check(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-big")
+    cap = Capture(sid, delta=False)  # full prompts every time: > 1 MiB per record
+    rng = random.Random(3)
+    prompt = [rng.randrange(100, 100_000) for _ in range(200_000)]
+    cap.call(prompt, [5, 2])
+    cap.call(prompt + [5, 2, 7, 8], [9, 2], finish="stop")
+    assert len(encode(cap.records[1])) > 1024 * 1024
+    await publish_records(bus, cap.records, sid)
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-big"))
+    await drain(builder)
+    tr = await stored(bus, sid)
+    assert len(tr.traces) == 1 and tr.traces[0].response_ids == [5, 2, 7, 8, 9, 2]
+
+
+async def test_duplicate_finished_messages_build_once(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-dup")
+    await publish_records(bus, load("sub_agent"), sid)
+    for _ in range(2):  # no dedupe id: two messages really arrive
+        await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-dup"))
+    await drain(builder)
+    assert len(await built_events(bus, sid)) == 1
+    tr = await stored(bus, sid)
+    assert [t.break_reason for t in tr.traces] == ["first", "sub_agent", "sub_agent"]
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-dup"))  # later: EVALUATING
+    await drain(builder)
+    assert len(await built_events(bus, sid)) == 1
+
+
+async def test_crash_after_announce_before_advance_rebuilds_once(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-crash")
+    await publish_records(bus, load("compaction"), sid)
+    event = decode(finished(sid, "bld-crash"), SessionFinished)
+    # A first builder takes the session, builds, stores, announces... and dies.
+    assert (await builder.take(event)).action == logic.Action.BEGIN
+    first = await builder.make(event)
+    await builder.store(first)
+    await builder.announce(first)
+    assert await state_of(registry, sid) == SessionState.BUILDING
+    # The SessionFinished is redelivered: found BUILDING, rebuilt, announced once.
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-crash"))
+    await drain(builder)
+    assert len(await built_events(bus, sid)) == 1
+    assert await stored(bus, sid) == first  # the rebuild is the same trajectory
+    assert await state_of(registry, sid) == SessionState.EVALUATING
+
+
+async def test_timeout_without_records_still_builds(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-empty")
+    await bus.publish(
+        S.SESSIONS_FINISHED, finished(sid, "bld-empty", Outcome.TIMEOUT, reason="agent timeout")
+    )
+    await drain(builder)
+    tr = await stored(bus, sid)
+    assert tr.traces == [] and tr.outcome == Outcome.TIMEOUT and tr.reward == 0.0
+    assert len(await built_events(bus, sid)) == 1
+
+
+async def test_failing_builder_still_delivers_a_flagged_trajectory(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-broken", builder=BuilderSpec(name=f"{CUSTOM}:Broken"))
+    await publish_records(bus, load("side_calls"), sid)
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-broken"))
+    await drain(builder)
+    tr = await stored(bus, sid)
+    assert not tr.intact and "always fails" in tr.metadata["build_error"]
+    assert len(tr.traces) == 9 and not any(t.trainable for t in tr.traces)
+    assert await state_of(registry, sid) == SessionState.EVALUATING
+
+
+async def dlq_reasons(bus, session_id: str) -> list[str]:
+    out, seq = [], 1
+    while True:
+        try:
+            msg = await bus.js.get_msg(
+                S.STREAM_DLQ, seq, subject=S.dead_letter(S.STREAM_SESSIONS), next=True
+            )
+        except NotFoundError:
+            return out
+        if session_id.encode() in msg.data:
+            out.append(msg.headers.get("Polar-Reason", ""))
+        seq = msg.seq + 1
+
+
+async def test_unknown_session_is_dead_lettered_with_the_reason(bus, builder):
+    await bus.publish(S.SESSIONS_FINISHED, finished("ghost-0000", "ghost"))
+    await bus.publish(S.SESSIONS_FINISHED, b"{not json")
+    await drain(builder)
+    assert await dlq_reasons(bus, "ghost-0000") == ["no session 'ghost-0000' in the registry"]
+
+
+async def test_waits_for_postrun(bus, registry):
+    builder = Builder(bus, registry, BuilderConfig(retry_delay_seconds=0.5))
+    (sid,) = await new_task(registry, "bld-early", to=POSTRUN_PATH[:3])  # still RUNNING
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-early"))
+    await drain(builder)  # nak'd for later: the drain's idle wait (0.3 s) is shorter
+    assert await state_of(registry, sid) == SessionState.RUNNING
+    assert await built_events(bus, sid) == []
+    assert (await registry.transition(sid, SessionState.POSTRUN)).ok
+    await asyncio.sleep(0.6)  # past the retry delay
+    await drain(builder)
+    assert await state_of(registry, sid) == SessionState.EVALUATING
+
+
+async def test_a_session_that_never_reaches_postrun_is_dead_lettered(bus, registry):
+    builder = Builder(bus, registry, BuilderConfig(retry_delay_seconds=0.05, max_deliver=3))
+    (sid,) = await new_task(registry, "bld-never", to=POSTRUN_PATH[:3])
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-never"))
+    await drain(builder)
+    (reason,) = await dlq_reasons(bus, sid)
+    assert reason == "session is RUNNING, not POSTRUN yet after 3 deliveries"
+
+
+async def test_app_serves_health_and_metrics_while_building(nats_url, redis_url, bus, registry):
+    (sid,) = await new_task(registry, "bld-app")
+    await publish_records(bus, load("side_calls"), sid)
+    app = create_app(BuilderConfig(nats_url=nats_url, redis_url=redis_url))
+    async with AsyncTestClient(app) as client:
+        await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-app"))
+        deadline = time.monotonic() + 20
+        while await state_of(registry, sid) != SessionState.EVALUATING:
+            assert time.monotonic() < deadline, "not built in time"
+            await asyncio.sleep(0.1)
+        health = await client.get("/healthz")
+        assert health.status_code == 200 and health.json()["ok"]
+        text = (await client.get("/metrics")).text
+    assert 'polar_builder_builds_total{builder="prefix_merging",result="built"}' in text
+    assert 'polar_builder_breaks_total{reason="side_call:title"}' in text
+    for name in ("tokens_total", "merge_ratio_bucket", "build_seconds_bucket"):
+        assert f"polar_builder_{name}" in text
+
+
+async def test_kill_9_mid_build_then_restart_builds_each_session_once(
+    nats_url, redis_url, bus, registry, state_dir
+):
+    spec = BuilderSpec(name=f"{CUSTOM}:Slow", config={"sleep_seconds": 0.4})
+    sids = await new_task(registry, "bld-kill", n=6, builder=spec)
+    for i, sid in enumerate(sids):
+        cap = Capture(sid)
+        agent_loop(cap, random.Random(i), 5)
+        await publish_records(bus, cap.records, sid)
+    cfg = {"nats_url": nats_url, "redis_url": redis_url, "ack_wait_seconds": 1.5, "concurrency": 2}
+    proc = ServiceProcess("services.builder.main:create_app", cfg, state_dir / "logs").start()
+    try:
+        for sid in sids:
+            await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-kill"))
+        killed_while_building = set()
+        for _ in range(2):  # kill -9 while a session is BUILDING, twice
+            assert await wait_until(lambda: any_in(registry, sids, SessionState.BUILDING))
+            proc.kill()
+            sessions = await registry.get_sessions(sids)
+            killed_while_building |= {s.session_id for s in sessions if s.state == "BUILDING"}
+            proc.start()
+        assert killed_while_building  # builds really were interrupted
+        assert await wait_until(lambda: all_in(registry, sids, SessionState.EVALUATING), 60)
+    finally:
+        proc.stop()
+    for sid in sids:
+        assert len(await built_events(bus, sid)) == 1
+        assert (await stored(bus, sid)).stats.completions == 5
+
+
+async def wait_until(predicate, timeout=30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def any_in(reg, sids, state) -> bool:
+    return any(s.state == state for s in await reg.get_sessions(sids))
+
+
+async def all_in(reg, sids, state) -> bool:
+    return all(s.state == state for s in await reg.get_sessions(sids))

@@ -1,0 +1,157 @@
+"""The builder service's decisions and trajectory assembly, without servers."""
+
+import random
+
+import pytest
+
+from schemas import (
+    Artifacts,
+    BuilderSpec,
+    Outcome,
+    Session,
+    SessionFinished,
+    SessionState,
+)
+from services.builder import logic
+from services.builder.integrity import assess
+from services.builder.logic import Action
+from services.builder.strategies import default_registry
+from services.builder.strategies.base import full_calls
+from tests.unit.builder.synth import EOT, Capture, agent_loop, glue_after, opening, text
+
+HERE = "tests.unit.builder.custom_builders"
+S = SessionState
+
+
+def session(state: SessionState, attempt: int = 0) -> Session:
+    return Session(
+        session_id="t-0000", task_id="t", index=0, token="x", state=state, attempt=attempt
+    )
+
+
+def finished(outcome=Outcome.COMPLETED, attempt=0, **kw) -> SessionFinished:
+    return SessionFinished(session_id="s-1", task_id="t", outcome=outcome, attempt=attempt, **kw)
+
+
+@pytest.mark.parametrize(
+    ("state", "action"),
+    [
+        (S.POSTRUN, Action.BEGIN),
+        (S.BUILDING, Action.RESUME),
+        (S.EVALUATING, Action.SKIP),
+        (S.COMPLETED, Action.SKIP),
+        (S.TIMEOUT, Action.SKIP),
+        (S.CANCELLED, Action.SKIP),
+        (S.ERROR, Action.SKIP),
+        (S.RUNNING, Action.RETRY),
+        (S.READY, Action.RETRY),
+    ],
+)
+def test_decide_by_state(state, action):
+    assert logic.decide(session(state), finished()).action == action
+
+
+def test_decide_unknown_session_and_stale_attempt():
+    assert logic.decide(None, finished()).action == Action.POISON
+    d = logic.decide(session(S.POSTRUN, attempt=1), finished(attempt=0))
+    assert d.action == Action.SKIP and "attempt 0" in d.reason
+
+
+def test_names_are_per_attempt():
+    assert logic.object_name("s", 2) == "trajectories/s/2"
+    assert logic.built_msg_id("s", 2) == "built:s:2"
+
+
+def loop_records(turns=5, seed=1):
+    cap = Capture()
+    agent_loop(cap, random.Random(seed), turns)
+    return cap
+
+
+def build(records, outcome=Outcome.COMPLETED, name="prefix_merging", config=None, **kw):
+    spec = BuilderSpec(name=name, config=config or {})
+    return logic.build_trajectory(finished(outcome, **kw), spec, records, default_registry())
+
+
+def test_completed_session_trajectory():
+    cap = loop_records()
+    art = Artifacts(harness="codex", harness_version="0.1", protocol="openai_responses")
+    tr = build(cap.records, artifacts=art)
+    assert tr.intact and tr.builder == "prefix_merging" and tr.reward is None
+    assert len(tr.traces) == 1 and tr.traces[0].trainable and tr.stats.completions == 5
+    assert (tr.harness, tr.harness_version, tr.protocol) == ("codex", "0.1", "openai_responses")
+    assert tr.metadata["reward_policy"] == "evaluate"
+    assert tr.metadata["builder_notes"]["eot_token_id"] == EOT
+    assert build(cap.records, artifacts=art) == tr  # deterministic: a rebuild is identical
+
+
+def test_timed_out_intact_session_trains_with_reward_zero():
+    cap = loop_records()
+    p = opening(text(random.Random(0), 4), [9])
+    cap.call(p, [], finish="abort", aborted=True)  # cut by the timeout: last call
+    tr = build(cap.records, Outcome.TIMEOUT, reason="agent timeout")
+    assert tr.intact and tr.reward == 0.0 and tr.metadata["reward_policy"] == "zero_reward"
+    assert all(t.reward == 0.0 for t in tr.traces)
+    assert tr.traces[0].trainable and sum(tr.traces[0].loss_mask) > 0
+    assert tr.metadata["finish_reason"] == "agent timeout"
+
+
+def test_errored_session_cut_mid_chain_is_fully_masked():
+    cap, rng = Capture(), random.Random(3)
+    p0 = opening(text(rng, 10), text(rng, 4))
+    o0 = text(rng, 3)
+    cap.call(p0, o0, finish="error", error="upstream 500")
+    p1 = p0 + o0 + glue_after(o0, [5])
+    cap.call(p1, [6, EOT], finish="stop")
+    tr = build(cap.records, Outcome.ERROR)
+    assert not tr.intact and tr.metadata["reward_policy"] == "masked"
+    assert "seq 0 errored (upstream 500) mid-chain" in tr.metadata["integrity_problems"][0]
+    assert len(tr.traces) == 2  # kept, never dropped...
+    assert all(not t.trainable and not any(t.loss_mask) for t in tr.traces)  # ...but masked
+
+
+def test_missing_or_unreconstructable_completions_make_it_not_intact():
+    plain = Capture(delta=False)
+    agent_loop(plain, random.Random(4), 4)
+    gap = [r for r in plain.records if r.seq != 1]
+    integrity = assess(full_calls(gap))
+    assert integrity.problems == ("completions missing from the capture: seqs [1]",)
+    delta = loop_records(4)
+    broken = [r for r in delta.records if r.seq != 1]  # seq 2 and 3 build on seq 1
+    problems = assess(full_calls(broken)).problems
+    assert "base record missing): seqs [2, 3]" in problems[1]
+    assert assess(full_calls(plain.records)).intact
+    tr = build(gap)
+    assert not tr.intact and tr.metadata["reward_policy"] == "evaluate"  # completed: kept
+
+
+def test_failed_builder_falls_back_to_masked_per_request():
+    cap = loop_records(3)
+    tr = build(cap.records, name=f"{HERE}:Broken")
+    assert not tr.intact and tr.builder == f"{HERE}:Broken"
+    assert tr.metadata["build_error"] == "RuntimeError: this builder always fails"
+    assert tr.metadata["fallback_builder"] == "per_request" and len(tr.traces) == 3
+    assert all(not t.trainable and not any(t.loss_mask) for t in tr.traces)
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "error"),
+    [
+        (f"{HERE}:BadShape", {}, "has 2 response tokens but 1 mask"),
+        ("no_such:Builder", {}, "cannot import module 'no_such'"),
+        ("prefix_merging", {"eot": 1}, "accepted keys: eot_token_id"),
+    ],
+)
+def test_bad_builders_and_configs_are_recorded(name, config, error):
+    tr = build(loop_records(2).records, name=name, config=config)
+    assert error in tr.metadata["build_error"] and not tr.intact
+
+
+def test_custom_builder_result_is_used():
+    tr = build(loop_records(3).records, name=f"{HERE}:LastOnly")
+    assert tr.intact and [t.trace_id for t in tr.traces] == ["s-1/last"]
+
+
+def test_zero_records_build_an_empty_intact_trajectory():
+    tr = build([], Outcome.TIMEOUT)
+    assert tr.traces == [] and tr.intact and tr.stats.completions == 0 and tr.protocol is None
