@@ -12,8 +12,8 @@ up *ARGS:
     {{py}} -m services.cli.main up {{ARGS}}
 
 # Stop exactly what `just up` started.
-down:
-    {{py}} -m services.cli.main down
+down *ARGS:
+    {{py}} -m services.cli.main down {{ARGS}}
 
 # Unit + integration tests against real NATS JetStream and Valkey.
 test *ARGS:

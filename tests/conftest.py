@@ -68,3 +68,14 @@ def _no_proxy_env(monkeypatch):
 
 def pytest_configure(config):
     os.environ.setdefault("POLAR_TEST", "1")
+
+
+@pytest.fixture
+def fresh_servers(tmp_path):
+    """A NATS + Valkey pair of this test's own (for tests that consume shared queues)."""
+    nport, rport = localservers.free_port(), localservers.free_port()
+    nats = localservers.start_nats(nport, tmp_path / "nats")
+    valkey = localservers.start_valkey(rport, tmp_path / "valkey")
+    yield f"nats://127.0.0.1:{nport}", f"redis://127.0.0.1:{rport}/0"
+    localservers.stop_process(nats.pid)
+    localservers.stop_process(valkey.pid)

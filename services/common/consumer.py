@@ -121,7 +121,13 @@ class Consumer:
                 await msg.ack()
         except Retry as r:
             result = "retry"
-            await msg.nak(delay=r.delay)
+            if self._last_delivery(msg):  # JetStream would drop it silently: dead-letter it
+                result = "dead_letter"
+                await self._dead(
+                    msg, f"still not ready after {msg.metadata.num_delivered} tries: {r}"
+                )
+            else:
+                await msg.nak(delay=r.delay)
         except Poison as p:
             result = "dead_letter"
             await self._dead(msg, p.reason)
@@ -133,11 +139,14 @@ class Consumer:
             HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - start)
             MESSAGES.labels(self.name, result).inc()
 
+    def _last_delivery(self, msg: Msg) -> bool:
+        max_deliver = self.config.max_deliver or -1
+        return max_deliver > 0 and (msg.metadata.num_delivered or 1) >= max_deliver
+
     async def _failed(self, msg: Msg, exc: Exception) -> str:
         delivered = msg.metadata.num_delivered or 1
-        max_deliver = self.config.max_deliver or 5
-        log.exception("%s: handler failed (delivery %d/%d)", self.name, delivered, max_deliver)
-        if max_deliver > 0 and delivered >= max_deliver:
+        log.exception("%s: handler failed (delivery %d)", self.name, delivered)
+        if self._last_delivery(msg):
             await self._dead(msg, f"failed {delivered} times; last error: {exc!r}")
             return "dead_letter"
         await msg.nak(delay=min(0.5 * 2**delivered, 30.0))

@@ -205,7 +205,9 @@ class Registry:
         return {st.value: int(c) for st, c in zip(states, counts, strict=True)}
 
     async def node_sessions(self, node: str, state: SessionState) -> list[str]:
-        return sorted(m.decode() for m in await self.redis.smembers(S.key_node_state(node, state.value)))
+        return sorted(
+            m.decode() for m in await self.redis.smembers(S.key_node_state(node, state.value))
+        )
 
     async def get_session(self, session_id: str) -> Session | None:
         return (await self.get_sessions([session_id]))[0]

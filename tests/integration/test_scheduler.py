@@ -188,3 +188,26 @@ async def test_http_api(nats_url, redis_url, monkeypatch):
         assert {"/tasks", "/tasks/{task_id}", "/sessions/{session_id}"} <= set(schema["paths"])
         huge = await client.post("/tasks", content=b"{" + b" " * 600_000 + b"}")
         assert huge.status_code in (400, 413)
+
+
+async def test_retry_until_max_deliver_is_dead_lettered(bus):
+    from services.common.bus import work_consumer
+    from services.common.consumer import Consumer, Retry
+
+    calls = []
+
+    async def never_ready(msg):
+        calls.append(msg.data)
+        raise Retry(0.05, "dependency not there yet")
+
+    subject = "polar.sessions.test-retry"
+    dlq = await bus.nc.subscribe(S.dead_letter(S.STREAM_SESSIONS))
+    await bus.js.publish(subject, b"job")
+    c = Consumer(
+        bus, S.STREAM_SESSIONS, work_consumer("test-retry", subject, max_deliver=3), never_ready
+    )
+    await asyncio.wait_for(c.run(drain=True), 30)
+    msg = await dlq.next_msg(timeout=5)
+    assert msg.data == b"job" and "still not ready after 3 tries" in msg.headers["Polar-Reason"]
+    assert len(calls) == 3
+    await dlq.unsubscribe()

@@ -82,7 +82,8 @@ def test_nodes_by_name_or_with_pool_sizes():
 def test_example_topology_parses_and_plans():
     topo = load_topology(REPO / "topology.example.yaml")
     plans = plan_services(topo)
-    assert [p.name for p in plans] == list(SERVICES)
+    expected = [f"{n}-node0" if k.per_node else n for n, k in SERVICES.items()]
+    assert [p.name for p in plans] == expected
     assert plans[0].port == 8100 and plans[0].config["reconcile_interval_seconds"] == 5.0
 
 

@@ -1,0 +1,50 @@
+"""Collecting what a harness left behind, before its runtime is released."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+
+from services.executor.harnesses.base import Harness, HarnessContext
+
+GIT = "git -c user.name=polar -c user.email=polar@localhost -c core.hooksPath=/dev/null"
+
+
+def baseline_command() -> str:
+    """Snapshot the prepared workdir so the diff later shows only the agent's changes."""
+    return (
+        f"{GIT} init -q 2>/dev/null; {GIT} add -A && "
+        f"{GIT} commit -q --allow-empty --no-verify -m 'polar baseline'"
+    )
+
+
+def diff_command(harness: Harness) -> str:
+    """A diff of the workdir against the baseline, untracked files included, the
+    harness's own config/log paths excluded."""
+    excludes = " ".join(shlex.quote(f":(exclude){p}") for p in harness.own_paths)
+    return f"{GIT} add -A && {GIT} diff --cached --binary HEAD -- . {excludes}"
+
+
+def tail(data: bytes, limit: int) -> str:
+    return data[-limit:].decode("utf-8", "replace")
+
+
+def untar_texts(data: bytes, limit: int) -> dict[str, str]:
+    """Regular files of a tar, as text (each capped at ``limit`` bytes, tail kept)."""
+    out: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                f = tar.extractfile(member)
+                if f is not None:
+                    out[member.name.lstrip("./")] = tail(f.read(), limit)
+    return out
+
+
+def log_paths(harness: Harness, ctx: HarnessContext) -> list[str]:
+    """Where the harness's own logs live (inside paths)."""
+    import posixpath
+
+    home_paths = [posixpath.join(ctx.home, p) for p in harness.own_paths]
+    return [ctx.log_dir, *home_paths]

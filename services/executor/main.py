@@ -1,0 +1,59 @@
+"""Harness executor service (RUNNING stage of one node): ``polar serve executor``."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from functools import partial
+
+from litestar import Litestar
+
+from schemas import subjects as S
+from services.common.bus import work_consumer
+from services.common.consumer import Consumer
+from services.common.host import ServiceHost
+from services.common.http import ops_routes
+from services.common.node import node_runtime
+from services.common.settings import load
+from services.executor.config import ExecutorConfig
+from services.executor.handlers import Executor
+from services.executor.harnesses import default_registry
+from services.executor.reaper import Reaper
+
+
+def ready_consumer(executor: Executor) -> Consumer:
+    cfg = executor.config
+    config = work_consumer(
+        S.consumer_executor(cfg.node),
+        S.sessions_ready(cfg.node),
+        ack_wait=60,
+        max_deliver=3,
+        max_ack_pending=cfg.max_run,
+    )
+    return Consumer(
+        executor.bus, S.STREAM_SESSIONS, config, executor.on_ready, concurrency=cfg.max_run
+    )
+
+
+def create_app(config: ExecutorConfig | None = None) -> Litestar:
+    cfg = config or load(ExecutorConfig)
+    host = ServiceHost("executor", cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar):
+        await host.start()
+        executor = Executor(host.bus, host.registry, cfg, default_registry())
+        app.state.executor = executor
+        cancels = await host.bus.nc.subscribe("polar.control.cancel.*", cb=executor.on_cancel)
+        host.consume(ready_consumer(executor))
+        host.every(cfg.lease_seconds / 3, executor.renew_leases, "leases")
+        reaper = Reaper(
+            host.registry, host.bus, partial(node_runtime, cfg), keep=executor.running.__contains__
+        )
+        host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
+        try:
+            yield
+        finally:
+            await cancels.unsubscribe()
+            await host.stop()
+
+    return Litestar(route_handlers=ops_routes("executor", host.health), lifespan=[lifespan])

@@ -1,0 +1,242 @@
+"""The runtime pool's I/O shell (INIT stage of one node).
+
+Init work is fetched into a local priority queue (held messages are kept alive), and
+started only while the node's bounds allow (see ``logic``). The bound check and the
+REGISTERED -> INITIALIZING transition happen under one lock, so the pool never admits
+more than it may. A prepared runtime is handed to the node's executor as ``ReadyWork``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+
+from schemas import InitWork, ReadyWork, SessionState, decode, encode
+from schemas import subjects as S
+from services.common.bus import Bus, ensure_consumer, work_consumer
+from services.common.node import SessionPaths, harness_context, node_runtime
+from services.common.plugins import Registry as PluginRegistry
+from services.common.registry import Registry
+from services.executor.artifacts import baseline_command
+from services.executor.harnesses import Harness
+from services.executor.reaper import retry_session
+from services.pool import logic
+from services.pool.config import PoolConfig
+from services.runtimes.base import Runtime
+from services.runtimes.errors import SandboxError
+from services.runtimes.prepare import run_prepare
+
+log = logging.getLogger(__name__)
+ST = SessionState
+
+
+class RuntimePool:
+    def __init__(
+        self, bus: Bus, registry: Registry, config: PoolConfig, harnesses: PluginRegistry[Harness]
+    ) -> None:
+        self.bus, self.registry, self.config, self.harnesses = bus, registry, config, harnesses
+        self.node = config.node
+        self.owner = f"pool:{self.node}:{uuid.uuid4().hex[:8]}"
+        self.limits = logic.Limits(config.max_init, config.ready_buffer, config.max_run)
+        self.queue: logic.PriorityQueue[tuple[InitWork, Msg]] = logic.PriorityQueue()
+        self.initializing: dict[str, Runtime] = {}
+        self._jobs: set[asyncio.Task] = set()
+        self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+
+    # -- main loop --------------------------------------------------------------------
+    async def run(self, *, drain: bool = False) -> None:
+        cfg = work_consumer(
+            S.CONSUMER_POOL_INIT,
+            S.SESSIONS_INIT,
+            ack_wait=60,
+            max_deliver=-1,
+            max_ack_pending=100_000,
+        )
+        await ensure_consumer(self.bus.js, S.STREAM_SESSIONS, cfg)
+        sub = await self.bus.js.pull_subscribe_bind(S.CONSUMER_POOL_INIT, S.STREAM_SESSIONS)
+        keepalive = asyncio.create_task(self._keep_queue_alive())
+        try:
+            while not self._stopping.is_set():
+                got = await self._fetch(sub, timeout=0.2 if drain else 1.0)
+                await self.dispatch()
+                if drain and not got and not self.queue and not self._jobs:
+                    return
+                if not got and self._jobs:
+                    await asyncio.wait(self._jobs, timeout=0.2)
+        finally:
+            keepalive.cancel()
+            if self._jobs:
+                await asyncio.gather(*self._jobs, return_exceptions=True)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _fetch(self, sub, timeout: float) -> int:
+        room = self.config.prefetch - len(self.queue)
+        if room <= 0:
+            await asyncio.sleep(timeout)
+            return 0
+        try:
+            msgs = await sub.fetch(room, timeout=timeout)
+        except (TimeoutError, NatsTimeout):
+            return 0
+        for msg in msgs:
+            try:
+                item = decode(msg.data, InitWork)
+            except ValueError as exc:
+                from services.common.consumer import dead_letter
+
+                await dead_letter(self.bus, S.STREAM_SESSIONS, msg, f"bad init work: {exc}")
+                await msg.term()
+                continue
+            self.queue.push(item.priority, (item, msg))
+        return len(msgs)
+
+    async def _keep_queue_alive(self) -> None:
+        while True:
+            await asyncio.sleep(15)
+            for _, msg in self.queue.items():
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+    # -- admission ----------------------------------------------------------------------
+    async def dispatch(self) -> int:
+        """Start as many queued INITs as the bounds allow; returns how many started."""
+        async with self._lock:
+            if not self.queue or await self._engine_struggling():
+                return 0
+            counts = await self.registry.node_stage_counts(
+                self.node, [ST.INITIALIZING, ST.READY, ST.RUNNING]
+            )
+            room = logic.room_to_init(
+                counts["INITIALIZING"], counts["READY"], counts["RUNNING"], self.limits
+            )
+            started = 0
+            while started < room and self.queue:
+                item, msg = self.queue.pop()
+                if await self._admit(item, msg):
+                    started += 1
+            return started
+
+    async def _engine_struggling(self) -> bool:
+        return bool(await self.registry.redis.exists(S.KEY_BACKPRESSURE))
+
+    async def _admit(self, item: InitWork, msg: Msg) -> bool:
+        t = await self.registry.transition(
+            item.session_id,
+            ST.INITIALIZING,
+            from_=[ST.REGISTERED],
+            node=self.node,
+            attempt=item.attempt,
+        )
+        if not t.ok:  # cancelled, already taken by an earlier delivery, or gone
+            await msg.ack()
+            return False
+        await self.registry.hold([item.session_id], self.owner, self.config.lease_seconds)
+        job = asyncio.create_task(self._init(item, msg))
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        return True
+
+    # -- one INIT -----------------------------------------------------------------------
+    async def _init(self, item: InitWork, msg: Msg) -> None:
+        sid = item.session_id
+        keepalive = asyncio.create_task(_keep_alive(msg))
+        runtime = None
+        try:
+            task = await self.registry.get_task(item.task_id)
+            session = await self.registry.get_session(sid)
+            paths = SessionPaths.of(self.config.work_dir, sid)
+            runtime = node_runtime(self.config, task.spec.runtime, sid)
+            self.initializing[sid] = runtime
+            await self._prepare(runtime, task.spec, session, paths)
+            ready = await self.registry.transition(
+                sid, ST.READY, from_=[ST.INITIALIZING], runtime_id=runtime.runtime_id
+            )
+            if not ready.ok:  # cancelled while preparing
+                await runtime.cancel()
+                return
+            work = ReadyWork(
+                ts=time.time(),
+                session_id=sid,
+                task_id=item.task_id,
+                node=self.node,
+                runtime_id=runtime.runtime_id,
+                priority=item.priority,
+                attempt=item.attempt,
+            )
+            await runtime.detach()  # the executor adopts it; this process lets go
+            await self.bus.publish(
+                S.sessions_ready(self.node), encode(work), msg_id=f"ready:{sid}:{item.attempt}"
+            )
+        except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
+            await self._init_failed(item, runtime, exc)
+        finally:
+            keepalive.cancel()
+            self.initializing.pop(sid, None)
+            with contextlib.suppress(Exception):
+                await msg.ack()
+            await self.dispatch()
+
+    async def _prepare(self, runtime: Runtime, spec, session, paths: SessionPaths) -> None:
+        await runtime.start()
+        logs = await run_prepare(runtime, spec.runtime.prepare)
+        paths.logs.mkdir(parents=True, exist_ok=True)
+        (paths.logs / "prepare.json").write_bytes(encode(logs))
+        failed = next((a for a in logs if not a.ok), None)
+        if failed is not None:
+            last = failed.attempts[-1]
+            raise SandboxError(
+                f"prepare action {failed.index} ({failed.action} {failed.target}) failed: "
+                f"{last.error or f'exit {last.exit_code}'} {last.stderr[-500:]}".strip()
+            )
+        harness = self.harnesses.create(spec.agent.harness)
+        ctx = harness_context(session, spec, runtime, self.config.proxy_url, paths)
+        await harness.install(runtime, ctx)
+        await harness.configure(runtime, ctx)
+        baseline = await runtime.exec(baseline_command(), timeout=120)
+        if not baseline.ok:  # no git in the image: the session just has no diff
+            log.info("no diff baseline for %s: %s", runtime.session_id, baseline.stderr[-300:])
+
+    async def _init_failed(self, item: InitWork, runtime: Runtime | None, exc: Exception) -> None:
+        log.warning("INIT of %s failed: %s", item.session_id, exc)
+        if runtime is not None:
+            with contextlib.suppress(Exception):
+                await runtime.cancel()
+        await self.registry.release(item.session_id)
+        reason = f"init failed: {exc}"[:2000]
+        task = await self.registry.get_task(item.task_id)
+        session = await self.registry.get_session(item.session_id)
+        if task and session and item.attempt < task.spec.max_retries:
+            await retry_session(self.registry, self.bus, session, reason)
+        else:
+            await self.registry.transition(
+                item.session_id, ST.ERROR, from_=[ST.INITIALIZING], reason=reason
+            )
+
+    # -- cancellation and reaping -------------------------------------------------------
+    async def on_cancel(self, msg: Msg) -> None:
+        sid = msg.subject.rsplit(".", 1)[-1]
+        runtime = self.initializing.get(sid)
+        if runtime is not None:
+            await runtime.cancel()
+
+    async def renew_leases(self) -> None:
+        """The pool holds its node's INITIALIZING and READY sessions."""
+        ready = await self.registry.node_sessions(self.node, ST.READY)
+        held = [*self.initializing, *ready]
+        await self.registry.hold(held, self.owner, self.config.lease_seconds)
+
+
+async def _keep_alive(msg: Msg, period: float = 15.0) -> None:
+    while True:
+        await asyncio.sleep(period)
+        with contextlib.suppress(Exception):
+            await msg.in_progress()

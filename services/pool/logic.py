@@ -1,0 +1,62 @@
+"""Runtime-pool decisions: which init work to start next, and whether there is room.
+
+Bounds per node (checked against the registry's per-node stage sets):
+- at most ``max_init`` sessions INITIALIZING;
+- at most ``max_run + ready_buffer`` sessions held at once (INITIALIZING + READY +
+  RUNNING): when every run slot is busy, at most ``ready_buffer`` prepared runtimes wait.
+``ready_buffer=0`` is just-in-time preparation: an INIT starts only for a free run slot.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_init: int = 4
+    ready_buffer: int = 4
+    max_run: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_init < 1 or self.max_run < 1 or self.ready_buffer < 0:
+            raise ValueError("need max_init >= 1, max_run >= 1, ready_buffer >= 0")
+
+
+def room_to_init(initializing: int, ready: int, running: int, limits: Limits) -> int:
+    """How many more INITs may start now."""
+    by_init = limits.max_init - initializing
+    by_hold = limits.max_run + limits.ready_buffer - (initializing + ready + running)
+    return max(0, min(by_init, by_hold))
+
+
+@dataclass(order=True)
+class _Entry(Generic[T]):
+    neg_priority: int
+    arrival: int
+    item: T = field(compare=False)
+
+
+class PriorityQueue(Generic[T]):
+    """Higher priority first; FIFO within a priority level."""
+
+    def __init__(self) -> None:
+        self._heap: list[_Entry[T]] = []
+        self._arrivals = itertools.count()
+
+    def push(self, priority: int, item: T) -> None:
+        heapq.heappush(self._heap, _Entry(-priority, next(self._arrivals), item))
+
+    def pop(self) -> T:
+        return heapq.heappop(self._heap).item
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def items(self) -> list[T]:
+        return [e.item for e in self._heap]

@@ -1,0 +1,53 @@
+"""Runtime pool service (INIT stage of one node): ``polar serve pool``."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from functools import partial
+
+from litestar import Litestar
+
+from services.common.host import ServiceHost
+from services.common.http import ops_routes
+from services.common.node import node_runtime
+from services.common.settings import load
+from services.executor.harnesses import default_registry
+from services.executor.reaper import Reaper
+from services.pool.config import PoolConfig
+from services.pool.handlers import RuntimePool
+
+
+def create_app(config: PoolConfig | None = None) -> Litestar:
+    cfg = config or load(PoolConfig)
+    host = ServiceHost("pool", cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar):
+        await host.start()
+        pool = RuntimePool(host.bus, host.registry, cfg, default_registry())
+        app.state.pool = pool
+        cancels = await host.bus.nc.subscribe("polar.control.cancel.*", cb=pool.on_cancel)
+        host._spawn(pool.run, "pool")
+        host.every(cfg.lease_seconds / 3, pool.renew_leases, "leases")
+        reaper = Reaper(
+            host.registry, host.bus, partial(node_runtime, cfg), keep=pool.initializing.__contains__
+        )
+        host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
+        host.every(cfg.backpressure_poll_seconds, _dispatch(pool), "dispatch")
+        try:
+            yield
+        finally:
+            pool.stop()
+            await cancels.unsubscribe()
+            await host.stop()
+
+    return Litestar(route_handlers=ops_routes("pool", host.health), lifespan=[lifespan])
+
+
+def _dispatch(pool: RuntimePool):
+    async def job() -> None:  # bounds may have freed without an event (a run ended)
+        await pool.dispatch()
+        await asyncio.sleep(0)
+
+    return job

@@ -1,0 +1,80 @@
+"""Runtime pool + harness executor on the local runtime, against real NATS and Valkey."""
+
+import asyncio
+import os
+
+import pytest
+
+from schemas import Outcome, SessionState, TaskRequest, decode
+from services.scheduler import logic
+from tests.helpers.node import Node
+
+pytestmark = pytest.mark.asyncio
+LIMITS = dict(max_init=3, ready_buffer=2, max_run=5)
+
+
+def shell_task(task_id: str, n: int, command: str, **kw) -> TaskRequest:
+    raw = {
+        "task_id": task_id,
+        "instruction": "write the file",
+        "num_samples": n,
+        "agent": {"harness": "shell", "command": command},
+        **kw,
+    }
+    import orjson
+
+    return decode(orjson.dumps(raw), TaskRequest)
+
+
+def check_bounds(events, node: str, limits: dict) -> dict[str, int]:
+    """Replay the event log in Redis order; return the peak count per stage."""
+    state: dict[str, str] = {}
+    peak = {"INITIALIZING": 0, "READY": 0, "RUNNING": 0, "HELD": 0}
+    for ev in events:
+        if ev.node not in (None, node) and ev.to_state != "REGISTERED":
+            continue
+        state[ev.session_id] = ev.to_state
+        counts = {k: sum(1 for v in state.values() if v == k) for k in peak}
+        counts["HELD"] = counts["INITIALIZING"] + counts["READY"] + counts["RUNNING"]
+        assert counts["INITIALIZING"] <= limits["max_init"], ev
+        assert counts["RUNNING"] <= limits["max_run"], ev
+        assert counts["HELD"] <= limits["max_run"] + limits["ready_buffer"], ev
+        peak = {k: max(peak[k], counts[k]) for k in peak}
+    return peak
+
+
+async def test_200_sessions_flow_within_bounds_and_priority(fresh_servers, tmp_path):
+    nats_url, redis_url = fresh_servers
+    node = await Node.start(nats_url, redis_url, tmp_path / "work", **LIMITS)
+    try:
+        cmd = 'echo "$POLAR_SESSION_ID" > out.txt; sleep 0.05'
+        node.pool.stop()  # queue everything first so priorities decide the order
+        await node.tasks[0]
+        low = await node.scheduler.accept(
+            logic.with_task_id(shell_task("low", 100, cmd, priority=0))
+        )
+        high = await node.scheduler.accept(
+            logic.with_task_id(shell_task("high", 100, cmd, priority=5))
+        )
+        node.pool._stopping.clear()
+        node.tasks[0] = asyncio.create_task(node.pool.run())
+        await node.wait_finished(200, timeout=240)
+
+        outcomes = {ev.outcome for ev in node.finished.values()}
+        assert outcomes == {Outcome.COMPLETED}
+        diff = node.finished[high[0].session_id].artifacts.diff
+        assert "out.txt" in diff and high[0].session_id in diff  # the agent's change only
+        events = await node.events()
+        peak = check_bounds(events, "node0", LIMITS)
+        assert peak["RUNNING"] == LIMITS["max_run"] and peak["INITIALIZING"] == LIMITS["max_init"]
+        inits = [e.session_id for e in events if e.to_state == "INITIALIZING"]
+        high_ids = {s.session_id for s in high}
+        first_low = min(i for i, sid in enumerate(inits) if sid not in high_ids)
+        last_high = max(i for i, sid in enumerate(inits) if sid in high_ids)
+        assert last_high < first_low, "a low-priority session started before a high one"
+        for sid in [s.session_id for s in low][:3]:
+            st = await node.registry.get_session(sid)
+            assert st.state == SessionState.POSTRUN
+        assert not os.listdir(tmp_path / "work" / "sessions")  # every runtime stopped
+    finally:
+        await node.stop()
