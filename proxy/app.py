@@ -126,7 +126,7 @@ class _Proxy:
         except _ClientGone:
             return Response(b"", status_code=499)
         except Exception:
-            log.exception("unexpected error serving %s %s", request.method, request.url.path)
+            log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
             return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
 
     async def session_for(self, request: Request) -> SessionInfo:

@@ -108,7 +108,7 @@ def parse_tools(raw: list[Any]) -> list[ToolSpec]:
 def parse_tool_choice(tc: dict[str, Any]) -> ToolChoice | None:
     kind = tc.get("type")
     modes = {"auto": "auto", "any": "required", "none": "none"}
-    if kind in modes:
+    if isinstance(kind, str) and kind in modes:
         return ToolChoice(mode=modes[kind])  # type: ignore[arg-type]
     if kind == "tool":
         return ToolChoice(mode="named", name=req_str(tc, "name", "tool_choice."))

@@ -269,10 +269,14 @@ def item_events(seq: _Sequence, index: int, item: dict[str, Any]) -> Iterator[Ss
     at = {"output_index": index, "item_id": item["id"]}
     kind = item["type"]
     yield seq.event("response.output_item.added", output_index=index, item=_in_progress(item))
-    if kind == "reasoning":
-        text = item["content"][0]["text"]
-        yield seq.event("response.reasoning_text.delta", **at, content_index=0, delta=text)
-        yield seq.event("response.reasoning_text.done", **at, content_index=0, text=text)
+    if kind == "reasoning":  # content parts as for messages (the JS SDK requires them)
+        part = item["content"][0]
+        yield seq.event(
+            "response.content_part.added", **at, content_index=0, part={**part, "text": ""}
+        )
+        yield seq.event("response.reasoning_text.delta", **at, content_index=0, delta=part["text"])
+        yield seq.event("response.reasoning_text.done", **at, content_index=0, text=part["text"])
+        yield seq.event("response.content_part.done", **at, content_index=0, part=part)
     elif kind == "message":
         part = item["content"][0]
         yield seq.event(

@@ -1,8 +1,9 @@
 """The app the SDK tests serve under granian: the real proxy app with a scripted model.
 
 The model double calls the first tool it is offered, then answers with the tool's
-result; a prompt containing "slow" makes it wait (and leave a marker file when it is
-cancelled, so the test can see a disconnect cancel the engine call). Kept apart from the
+result; a prompt containing "pause" delays the answer past a few keep-alives, and one
+containing "slow" makes it wait (and leave a marker file when it is cancelled, so the
+test can see a disconnect cancel the engine call). Kept apart from the
 test module so the server process starts without importing the SDKs.
 """
 
@@ -30,6 +31,8 @@ async def scripted_model(
     usage = Usage(prompt_tokens=len(conv.messages), completion_tokens=5)
     if "slow" in text:
         await _slow(protocol)
+    if "pause" in text:
+        await asyncio.sleep(0.7)  # past the 0.2 s keep-alive interval: keep-alives go first
     if last.role == "tool":
         return AssistantTurn(text=f"The tool said: {text}", usage=usage)
     callable_tools = [t for t in conv.tools if t.kind != "other"]

@@ -322,6 +322,37 @@ def test_gemini_streamed_function_call_and_count_tokens(server) -> None:
     assert client.models.count_tokens(model=MODEL, contents="hello there").total_tokens >= 1
 
 
+# ---------------------------------------------------------------- keep-alives before the first event
+
+
+def test_every_sdk_streams_through_keepalives_sent_before_the_answer(server) -> None:
+    url = server[0]
+    ask = "pause, then write proof"
+    oai = openai.OpenAI(base_url=f"{url}/s/{TOKEN}/v1", api_key="x", max_retries=0)
+    with oai.chat.completions.stream(
+        model=MODEL, messages=[{"role": "user", "content": ask}], tools=CHAT_TOOLS
+    ) as s:
+        assert (
+            s.get_final_completion().choices[0].message.tool_calls[0].function.name == "run_shell"
+        )
+    with oai.responses.stream(model=MODEL, input=ask, tools=RESPONSES_TOOLS) as s:
+        assert [o.type for o in s.get_final_response().output] == ["reasoning", "function_call"]
+    claude = anthropic.Anthropic(base_url=f"{url}/s/{TOKEN}", api_key="x", max_retries=0)
+    with claude.messages.stream(
+        model=MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": ask}],
+        tools=ANTHROPIC_TOOLS,
+    ) as s:
+        assert s.get_final_message().content[-1].input == ARGS
+    gem = gemini_client(url, "token_in_path")
+    chunks = list(
+        gem.models.generate_content_stream(model=MODEL, contents=ask, config=GEMINI_CONFIG)
+    )
+    assert [fc.args for c in chunks for fc in (c.function_calls or [])] == [ARGS]
+    assert chunks[0].candidates[0].content.parts[0].text == ""  # the keep-alive chunk, harmless
+
+
 # ---------------------------------------------------------------- disconnects cancel the engine call
 
 

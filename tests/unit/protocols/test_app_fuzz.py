@@ -18,9 +18,12 @@ from tests.unit.protocols.app_support import TOKEN, Scripted, protocol_shaped, r
 from tests.unit.protocols.golden import cases
 
 LIMIT = 16 * 1024
+# derandomized: the same examples every run (deterministic CI), no example database on disk
 FUZZ = settings(
     max_examples=150,
     deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
@@ -134,9 +137,7 @@ def test_malformed_bytes(client, endpoint, raw) -> None:
     size=st.integers(LIMIT + 1, 3 * LIMIT),
     as_json=st.booleans(),
 )
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(FUZZ, max_examples=30)
 def test_huge_bodies_are_413(client, endpoint, size, as_json) -> None:
     protocol, path = endpoint
     raw = orjson.dumps({"messages": ["x" * size]}) if as_json else b"\xff" * size

@@ -19,7 +19,13 @@ from proxy.protocols.base import ReplyIds
 from proxy.sse import SseEvent, encode, encode_all, parse
 from tests.unit.protocols.golden import IDS, cases
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,  # deterministic runs; no example database on disk
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 STREAMS = [c.dir / "stream.sse" for c in cases()]
 
 # text with the characters that break naive SSE framing: newlines, CR, U+2028, "data:" lookalikes
@@ -138,6 +144,34 @@ def test_openai_responses_stream_accumulates_to_the_response(turn: AssistantTurn
     assert done_items == full["output"]
     streamed = "".join(e.data["delta"] for e in events if e.event.endswith(".delta"))
     assert streamed == "".join(_item_text(i) for i in full["output"])
+
+
+@given(turn=turns)
+@SETTINGS
+def test_openai_responses_stream_satisfies_the_strict_js_accumulator(turn: AssistantTurn) -> None:
+    """The openai JS SDK's rules: a delta needs its output item and, for text, the content
+    part announced by ``response.content_part.added`` (reasoning included)."""
+    output: list[dict[str, Any]] = []
+    for e in parse([encode_all(openai_responses.render_stream(turn, CONV, IDS))]):
+        d = e.data
+        if e.event == "response.output_item.added":
+            assert d["output_index"] == len(output)
+            output.append(orjson.loads(orjson.dumps(d["item"])))
+        elif e.event == "response.content_part.added":
+            output[d["output_index"]].setdefault("content", []).append(dict(d["part"]))
+        elif e.event in ("response.output_text.delta", "response.reasoning_text.delta"):
+            part = output[d["output_index"]]["content"][d["content_index"]]
+            assert part["type"] == ("output_text" if "output_text" in e.event else "reasoning_text")
+            part["text"] += d["delta"]
+        elif e.event == "response.function_call_arguments.delta":
+            output[d["output_index"]]["arguments"] += d["delta"]
+        elif e.event == "response.custom_tool_call_input.delta":
+            output[d["output_index"]]["input"] += d["delta"]
+        elif e.event == "response.output_item.done":
+            item = output[d["output_index"]]
+            assert item.get("content", []) == d["item"].get("content", [])
+            assert item.get("arguments") == d["item"].get("arguments")
+            assert item.get("input") == d["item"].get("input")
 
 
 def _item_text(item: dict[str, Any]) -> str:
