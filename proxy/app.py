@@ -64,6 +64,7 @@ def create_app(
     keepalive_seconds: float = 10.0,
     route_handlers: Sequence[Any] = (),
     protocols: Sequence[ProtocolSpec] = PROTOCOLS,
+    lifespan: Sequence[Any] = (),
 ) -> Litestar:
     proxy = _Proxy(
         completion_handler, session_resolver, count_tokens, max_body_bytes, keepalive_seconds
@@ -82,6 +83,7 @@ def create_app(
         request_max_body_size=None,  # enforced here, so the 413 is in the caller's protocol
         openapi_config=None,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected_exception},
+        lifespan=list(lifespan),
     )
 
 

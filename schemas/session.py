@@ -72,6 +72,7 @@ class Session(Struct, frozen=True, kw_only=True):
     priority: int = 0
     node: str | None = None
     created_at: float = 0.0
+    updated_at: float = 0.0  # time of the last transition
     deadline: float = 0.0  # epoch seconds: the whole session must end by then
     outcome: Outcome | None = None
     reward: float | None = None

@@ -280,5 +280,4 @@ def _opt_str(v: object) -> str | None:
 
 def _session(row: dict[bytes, bytes]) -> Session:
     data = {k.decode(): v.decode() for k, v in row.items()}
-    data.pop("updated_at", None)
     return msgspec.convert(data, Session, strict=False)

@@ -1,0 +1,206 @@
+"""The completion handler: one harness call -> engine -> CompletionRecord -> AssistantTurn.
+
+Token mode (TITO): the proxy renders the chat template itself, extends the session's
+previous prompt + sampled output token for token (``proxy.tito``), calls the engine with
+``input_ids`` and parses tool calls itself. Chat mode: the engine templates and parses;
+the proxy records whether each prompt still extended the previous call, and why not.
+Either way the record is committed to JetStream before the turn is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+
+from proxy import capture, metrics, sidecalls
+from proxy.app import SessionInfo
+from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
+from proxy.backends.base import ErrorKind as BackendKind
+from proxy.capture import CallContext, SessionStore
+from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
+from proxy.errors import ErrorKind, UpstreamError
+from proxy.gate import WeightGate
+from proxy.tito import TurnState, judge_chat_prompt, pack, plan_token_prompt, tools_key
+from proxy.tokenization import ChatTokenizer
+from schemas import Protocol, UpstreamMode
+from services.common.bus import Bus
+
+log = logging.getLogger("polar.proxy")
+
+_KIND = {
+    BackendKind.CONTEXT_LENGTH: ErrorKind.CONTEXT_LENGTH,
+    BackendKind.BAD_REQUEST: ErrorKind.BAD_REQUEST,
+    BackendKind.OVERLOADED: ErrorKind.OVERLOADED,
+}
+
+
+class CompletionHandler:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: SessionStore,
+        backend,
+        gate: WeightGate,
+        mode: UpstreamMode,
+        tokenizer: ChatTokenizer | None,
+        default_max_tokens: int,
+    ) -> None:
+        if mode == UpstreamMode.TOKEN and tokenizer is None:
+            raise ValueError("token mode needs the model's tokenizer (model_dir)")
+        self.bus, self.store, self.backend, self.gate = bus, store, backend, gate
+        self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
+
+    async def __call__(
+        self,
+        session: SessionInfo,
+        conv: Conversation,
+        protocol: str,
+        raw: bytes,
+        headers: Mapping[str, str],
+    ) -> AssistantTurn:
+        sid, attempt = session.session_id, session.data["attempt"]
+        messages, tools = conv.to_openai_messages(), conv.to_openai_tools() or None
+        ctx = CallContext(
+            session_id=sid,
+            attempt=attempt,
+            protocol=Protocol(protocol),
+            mode=self.mode,
+            model=conv.model,
+            raw_request=raw,
+            normalized=capture.normalized_json(messages, tools),
+            user_agent=headers.get("user-agent"),
+            side_call=sidecalls.classify(protocol, conv),
+            received=time.time(),
+        )
+        async with self.gate.call():
+            states = await self.store.states(sid, attempt)
+            try:
+                plan, gen = await self._generate(sid, conv, messages, tools, states)
+            except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
+                await asyncio.shield(self._record_abort(ctx, messages, tools, states))
+                raise
+            except BackendError as exc:
+                metrics.CALLS.labels(protocol, "backend_error").inc()
+                raise UpstreamError(
+                    exc.status or 503, str(exc), _KIND.get(exc.kind, ErrorKind.UNAVAILABLE)
+                ) from exc
+            turn = self._turn(gen, tools)
+            seq = await self.store.next_seq(sid)
+            record = capture.build_record(ctx, seq, plan, gen)
+            try:
+                await asyncio.shield(capture.commit(self.bus, record))
+            except UpstreamError:
+                metrics.CAPTURE_FAILURES.labels(protocol).inc()
+                raise
+            reply = _reply_message(turn)
+            await self.store.remember(
+                sid,
+                attempt,
+                TurnState(
+                    seq=seq,
+                    messages=messages,
+                    reply=reply,
+                    tools_key=tools_key(tools),
+                    prompt=pack(plan.prompt_ids),
+                    output=pack(gen.output_ids),
+                ),
+            )
+        metrics.observe_call(protocol, ctx, gen, plan)
+        return turn
+
+    async def _record_abort(self, ctx: CallContext, messages, tools, states) -> None:
+        metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
+        plan = (
+            plan_token_prompt(self.tok, messages, tools, states)
+            if self.mode == UpstreamMode.TOKEN
+            else judge_chat_prompt([], messages, tools, [])
+        )
+        empty = Generation(
+            prompt_ids=plan.prompt_ids, output_ids=[], output_logprobs=[], finish_reason="abort"
+        )
+        seq = await self.store.next_seq(ctx.session_id)
+        try:
+            await capture.commit(
+                self.bus, capture.build_record(ctx, seq, plan, empty, aborted=True)
+            )
+        except UpstreamError:
+            log.warning("could not record aborted call of %s", ctx.session_id)
+
+    async def _generate(self, sid, conv, messages, tools, states):
+        sampling = self._sampling(conv)
+        if self.mode == UpstreamMode.TOKEN:
+            plan = plan_token_prompt(self.tok, messages, tools, states)
+            sampling = _with_stop_ids(sampling, self.tok.eos_token_ids)
+            gen = await self.backend.generate(
+                TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
+            )
+            return plan, gen
+        gen = await self.backend.chat(
+            ChatRequest(
+                session_id=sid,
+                messages=messages,
+                tools=tools,
+                sampling=sampling,
+                model=conv.model,
+            )
+        )
+        return judge_chat_prompt(gen.prompt_ids, messages, tools, states), gen
+
+    def _sampling(self, conv: Conversation) -> SamplingParams:
+        s = conv.sampling
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            stop=list(s.stop or []),
+            max_new_tokens=s.max_tokens or self.default_max_tokens,
+        )
+
+    def _turn(self, gen: Generation, tools) -> AssistantTurn:
+        if self.mode == UpstreamMode.TOKEN:
+            parsed = self.tok.parse_reply(gen.output_ids, tools)
+            text, reasoning = parsed.content, parsed.reasoning or ""
+            calls = [
+                ToolCall(id=_call_id(), name=c.name, arguments=c.arguments)
+                for c in parsed.tool_calls
+            ]
+        else:
+            text, reasoning = gen.text, gen.reasoning or ""
+            calls = [
+                ToolCall(id=c.id or _call_id(), name=c.name, arguments=c.arguments)
+                for c in gen.tool_calls
+            ]
+        finish = gen.finish_reason
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        usage = Usage(prompt_tokens=len(gen.prompt_ids), completion_tokens=len(gen.output_ids))
+        return AssistantTurn(
+            text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
+        )
+
+
+def _with_stop_ids(s: SamplingParams, ids: list[int]) -> SamplingParams:
+    import msgspec
+
+    return msgspec.structs.replace(s, stop_token_ids=sorted(set(s.stop_token_ids) | set(ids)))
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _reply_message(turn: AssistantTurn) -> dict:
+    """The assistant message as this proxy answered (what the next request should echo)."""
+    msg: dict = {"role": "assistant", "content": turn.text}
+    if turn.reasoning:
+        msg["reasoning_content"] = turn.reasoning
+    if turn.tool_calls:
+        msg["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in turn.tool_calls
+        ]
+    return msg

@@ -1,0 +1,50 @@
+"""The proxy's Prometheus metrics (per protocol)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CALLS = Counter(
+    "polar_proxy_calls_total", "Model calls by protocol and result", ["protocol", "result"]
+)
+LATENCY = Histogram(
+    "polar_proxy_call_seconds",
+    "Harness-visible call time (received -> captured)",
+    ["protocol"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+OVERHEAD = Histogram(
+    "polar_proxy_overhead_seconds",
+    "Call time not spent in the engine",
+    ["protocol"],
+    buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+)
+TOKENS = Counter("polar_proxy_tokens_total", "Tokens by direction", ["protocol", "direction"])
+CAPTURE_FAILURES = Counter("polar_proxy_capture_failures_total", "Calls not captured", ["protocol"])
+DRIFT = Counter(
+    "polar_proxy_prompt_breaks_total",
+    "Prompts that did not extend the previous call, by reason",
+    ["protocol", "reason"],
+)
+SIDE_CALLS = Counter(
+    "polar_proxy_side_calls_total", "Calls outside the main loop", ["protocol", "kind"]
+)
+PAUSED = Gauge("polar_proxy_paused", "1 while paused for a weight update")
+
+
+def observe_call(protocol: str, ctx, gen, plan) -> None:
+    now = time.time()
+    CALLS.labels(protocol, "ok").inc()
+    LATENCY.labels(protocol).observe(now - ctx.received)
+    if gen.upstream_end:
+        OVERHEAD.labels(protocol).observe(
+            max(0.0, (now - ctx.received) - (gen.upstream_end - gen.upstream_start))
+        )
+    TOKENS.labels(protocol, "in").inc(len(gen.prompt_ids))
+    TOKENS.labels(protocol, "out").inc(len(gen.output_ids))
+    if plan.extends is False:
+        DRIFT.labels(protocol, plan.drift_reason or "unknown").inc()
+    if ctx.side_call:
+        SIDE_CALLS.labels(protocol, ctx.side_call).inc()

@@ -1,0 +1,214 @@
+"""Token in, token out: prompts that extend the previous call token for token.
+
+For each call of a session the proxy keeps a ``TurnState``: the request's messages, the
+assistant message it answered with, and the exact prompt and output ids. A new request
+that continues a known state (same messages, then that assistant answer, then anything
+new) gets the prompt ``state.prompt + state.output + glue`` where ``glue`` is the
+template's rendering of what follows the answer. The ids the model sampled are reused
+verbatim, so no re-templating (dropped thinking, re-serialized tool arguments, lost
+separators) can make a prompt drift. A request that continues no state is rendered in
+full, and ``classify_break`` says why it did not extend.
+
+Pure functions over a ``ChatTokenizer``; storage of states is the caller's business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import orjson
+
+from proxy.tokenization import ChatTokenizer, TemplateRenderError
+
+MAX_STATES = 8  # per session: main loop, sub-agents, side calls
+
+
+class TurnState(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    messages: list[dict[str, Any]]
+    reply: dict[str, Any]  # the assistant message this call answered with
+    tools_key: str
+    prompt: bytes  # uint32 ids, packed (prompts may be 200k tokens long)
+    output: bytes
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return unpack(self.prompt)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return unpack(self.output)
+
+    @property
+    def system(self) -> str:
+        return system_text(self.messages)
+
+
+def pack(ids: list[int]) -> bytes:
+    return array("I", ids).tobytes()
+
+
+def unpack(data: bytes) -> list[int]:
+    a = array("I")
+    a.frombytes(data)
+    return a.tolist()
+
+
+def tools_key(tools: list[dict[str, Any]] | None) -> str:
+    return hashlib.sha1(orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def system_text(messages: list[dict[str, Any]]) -> str:
+    return "".join(
+        _text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")
+    )
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    prompt_ids: list[int]
+    base: TurnState | None  # the state it extends (token mode) or best matches
+    extends: bool | None  # None on a session's first call
+    drift_reason: str | None
+
+
+# -- comparing messages ---------------------------------------------------------------
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+
+
+def _args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments.strip()
+    return arguments
+
+
+def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", call)
+        out.append((fn.get("name"), _args(fn.get("arguments"))))
+    return out
+
+
+def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal as the model sees them; ids and echoed-back reasoning do not matter."""
+    if a.get("role") != b.get("role"):
+        return False
+    if _text(a.get("content")).strip() != _text(b.get("content")).strip():
+        return False
+    return _calls(a) == _calls(b)
+
+
+def continues(messages: list[dict[str, Any]], state: TurnState, key: str) -> bool:
+    n = len(state.messages)
+    if key != state.tools_key or len(messages) <= n:
+        return False
+    if not same_message(messages[n], state.reply):
+        return False
+    return all(same_message(x, y) for x, y in zip(messages[:n], state.messages, strict=True))
+
+
+def best_continued(
+    messages: list[dict[str, Any]], key: str, states: list[TurnState]
+) -> TurnState | None:
+    """The state with the longest history that ``messages`` continues."""
+    found = [s for s in states if continues(messages, s, key)]
+    return max(found, key=lambda s: (len(s.messages), s.seq), default=None)
+
+
+def classify_break(messages: list[dict[str, Any]], key: str, states: list[TurnState]) -> str:
+    """Why a request continues none of the session's states."""
+    last = max(states, key=lambda s: s.seq)
+    if system_text(messages) != last.system:
+        return "system_prompt_changed"  # a sub-agent, or a side call with its own prompt
+    if key != last.tools_key:
+        return "tools_changed"
+    first_user = next((m for m in messages if m.get("role") == "user"), None)
+    last_user = next((m for m in last.messages if m.get("role") == "user"), None)
+    if first_user and last_user and not same_message(first_user, last_user):
+        return "new_conversation"
+    n = len(last.messages)
+    if len(messages) <= n:
+        return "history_truncated"  # compaction, or a retry of an earlier turn
+    if not same_message(messages[n], last.reply):
+        return "assistant_turn_rewritten"
+    return "history_rewritten"
+
+
+# -- building prompts -------------------------------------------------------------------
+def _glue_text(tok: ChatTokenizer, state: TurnState, messages, tools) -> str:
+    """Template text between the end of ``state``'s sampled output and the new prompt's end."""
+    # Render the history as this proxy produced it (the harness's echo of it may differ
+    # in reasoning, ids or argument spacing): only the new tail comes from the request.
+    head = state.messages + [state.reply]
+    tail = messages[len(head) :]
+    before = tok.render(head, tools, add_generation_prompt=False)
+    full = tok.render(head + tail, tools, add_generation_prompt=True)
+    if not full.startswith(before):
+        raise TemplateRenderError("the chat template re-renders earlier turns")
+    eot = _eot_text(tok, before)
+    after_eot = before[before.rindex(eot) + len(eot) :]
+    closed = state.output and tok.is_end_of_turn(state.output_ids[-1])
+    return (after_eot if closed else eot + after_eot) + full[len(before) :]
+
+
+def _eot_text(tok: ChatTokenizer, rendered: str) -> str:
+    """The end-of-turn token text as the template writes it (the last one in ``rendered``)."""
+    texts = [tok.tokenizer.id_to_token(t) or "" for t in tok.eos_token_ids]
+    found = [(rendered.rindex(t), t) for t in texts if t and t in rendered]
+    if not found:
+        raise TemplateRenderError("no end-of-turn token in the rendered assistant turn")
+    return max(found)[1]
+
+
+def plan_token_prompt(
+    tok: ChatTokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    states: list[TurnState],
+) -> PromptPlan:
+    key = tools_key(tools)
+    base = best_continued(messages, key, states)
+    if base is not None:
+        try:
+            glue = tok.encode(_glue_text(tok, base, messages, tools))
+            return PromptPlan(base.prompt_ids + base.output_ids + glue, base, True, None)
+        except TemplateRenderError:
+            return PromptPlan(
+                tok.render_ids(messages, tools), base, False, "template_rerender_mismatch"
+            )
+    prompt = tok.render_ids(messages, tools)
+    if not states:
+        return PromptPlan(prompt, None, None, None)
+    return PromptPlan(prompt, None, False, classify_break(messages, key, states))
+
+
+def judge_chat_prompt(
+    prompt_ids: list[int],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    states: list[TurnState],
+) -> PromptPlan:
+    """Chat mode: the engine templated the prompt; did it extend a previous call?"""
+    if not states:
+        return PromptPlan(prompt_ids, None, None, None)
+    key = tools_key(tools)
+    base = best_continued(messages, key, states)
+    if base is None:
+        return PromptPlan(prompt_ids, None, False, classify_break(messages, key, states))
+    prefix = base.prompt_ids + base.output_ids
+    if prompt_ids[: len(prefix)] == prefix and len(prompt_ids) > len(prefix):
+        return PromptPlan(prompt_ids, base, True, None)
+    return PromptPlan(prompt_ids, base, False, "template_rerender_mismatch")

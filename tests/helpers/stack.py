@@ -1,0 +1,81 @@
+"""Real processes for end-to-end tests: the embedded model server and the proxy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from infra import localservers
+from schemas import SessionState, TaskRequest
+from services.common.registry import Registry
+from tests.helpers.procs import ServiceProcess
+
+POLICIES = Path(__file__).resolve().parents[1] / "fixtures" / "policies"
+
+
+class EmbeddedServer:
+    def __init__(self, model_dir: Path, *, policy: Path | None = None, log_dir: Path) -> None:
+        self.port = localservers.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [
+            sys.executable,
+            "-m",
+            "proxy.backends.embedded",
+            "--model-dir",
+            str(model_dir),
+            "--port",
+            str(self.port),
+        ]
+        if policy:
+            argv += ["--policy", str(policy)]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = log_dir / f"embedded-{self.port}.log"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait(self, timeout: float = 120.0) -> EmbeddedServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"embedded server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("embedded server not healthy")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            localservers.stop_process(self.proc.pid)
+
+
+def start_proxy(nats_url, redis_url, backend_url, model_dir, log_dir, *, mode="token", **extra):
+    cfg = {
+        "nats_url": nats_url,
+        "redis_url": redis_url,
+        "mode": mode,
+        "model_dir": str(model_dir),
+        "keepalive_seconds": 2.0,
+        "backend": {"kind": "embedded", "urls": [backend_url]},
+        **extra,
+    }
+    return ServiceProcess("proxy.main:create_app", cfg, log_dir).start(timeout=60)
+
+
+async def running_session(reg: Registry, task_id: str, *, n: int = 1) -> list:
+    """Register a task and walk its sessions to RUNNING (as pool + executor would)."""
+    _, sessions = await reg.create_task(
+        TaskRequest(task_id=task_id, instruction="x", num_samples=n)
+    )
+    for s in sessions:
+        for st in (SessionState.INITIALIZING, SessionState.READY, SessionState.RUNNING):
+            assert (await reg.transition(s.session_id, st, node="node0")).ok
+    return sessions

@@ -1,0 +1,136 @@
+"""The proxy service end to end: real SDKs -> proxy -> embedded engine, every call
+captured in JetStream before the reply, token-exact."""
+
+import asyncio
+
+import anthropic
+import openai
+import pytest
+
+from schemas import CompletionRecord, SessionState, decode
+from schemas import subjects as S
+from schemas.completion import reconstruct_prompts
+from services.common.registry import Registry
+from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
+from tests.unit.embedded.tiny import tiny_model_dir
+
+pytestmark = pytest.mark.asyncio
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    srv = EmbeddedServer(
+        tiny_model_dir(),
+        policy=POLICIES / "shell_agent.yaml",
+        log_dir=tmp_path_factory.mktemp("logs"),
+    ).wait()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(engine, nats_url, redis_url, tmp_path_factory):
+    p = start_proxy(
+        nats_url, redis_url, engine.url, tiny_model_dir(), tmp_path_factory.mktemp("plogs")
+    )
+    yield p
+    p.stop()
+
+
+async def records(bus, session_id: str) -> list[CompletionRecord]:
+    sub = await bus.js.subscribe(S.completions(session_id), ordered_consumer=True)
+    out = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=1)
+            out.append(decode(await bus.payload(msg), CompletionRecord))
+    except Exception:  # noqa: BLE001 - timeout: no more records
+        pass
+    await sub.unsubscribe()
+    return out
+
+
+async def test_openai_tool_round_trip_is_captured_token_exact(proxy, bus, redis_client):
+    reg = Registry(redis_client, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+    (session,) = await running_session(reg, "px-openai")
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/s/{session.token}/v1", api_key="unused")
+    messages = [
+        {"role": "system", "content": "You are a shell agent."},
+        {"role": "user", "content": "What is here?"},
+    ]
+    first = await client.chat.completions.create(model="my-model", messages=messages, tools=TOOLS)
+    call = first.choices[0].message.tool_calls[0]
+    assert first.model == "my-model" and call.function.name == "bash"
+    assert '"ls -la"' in call.function.arguments
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "README.md\n"},
+    ]
+    stream = await client.chat.completions.create(
+        model="my-model", messages=messages, tools=TOOLS, stream=True
+    )
+    chunks = [c async for c in stream]
+    assert any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+
+    recs = await records(bus, session.session_id)
+    assert [r.seq for r in recs] == [0, 1]
+    assert recs[1].extends_previous is True and recs[1].prompt_base_seq == 0
+    prompts = reconstruct_prompts(recs)
+    assert (
+        prompts[1][: len(prompts[0]) + len(recs[0].output_ids)] == prompts[0] + recs[0].output_ids
+    )
+    for r in recs:
+        assert len(r.output_logprobs) == len(r.output_ids) > 0
+        assert r.weight_version and r.protocol == "openai_chat" and r.mode == "token"
+        assert all(lp <= 0 for lp in r.output_logprobs)
+
+
+async def test_anthropic_sdk_with_key_header(proxy, bus, redis_client):
+    reg = Registry(redis_client)
+    (session,) = await running_session(reg, "px-anthropic")
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=session.token)
+    msg = await client.messages.create(
+        model="claude-x",
+        max_tokens=200,
+        system="You are a shell agent.",
+        messages=[{"role": "user", "content": "look around"}],
+        tools=[{"name": "bash", "input_schema": TOOLS[0]["function"]["parameters"]}],
+    )
+    assert msg.model == "claude-x" and msg.content[-1].type == "tool_use"
+    recs = await records(bus, session.session_id)
+    assert len(recs) == 1 and recs[0].protocol == "anthropic_messages"
+
+
+async def test_tokens_only_valid_while_running(proxy, bus, redis_client):
+    reg = Registry(redis_client)
+    (session,) = await running_session(reg, "px-auth")
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="ps_not_a_session")
+    with pytest.raises(openai.AuthenticationError):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    _, early = await reg.create_task(
+        __import__("schemas").TaskRequest(task_id="px-auth2", instruction="x")
+    )
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=early[0].token)
+    with pytest.raises(openai.AuthenticationError):  # REGISTERED: not running yet
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert (await reg.transition(session.session_id, SessionState.CANCELLED)).ok
+    await asyncio.sleep(1.1)  # past the resolver's cache; still inside the grace window
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=session.token)
+    ok = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}]
+    )
+    assert ok.choices
+    await redis_client.hset(S.key_session(session.session_id), "updated_at", 0)
+    await asyncio.sleep(1.1)
+    with pytest.raises(openai.AuthenticationError):  # grace window over
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
