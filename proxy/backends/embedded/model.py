@@ -17,7 +17,8 @@ from proxy.backends.embedded.modelconfig import ModelConfig, ModelLoadError
 
 
 class KVCache:
-    """Keys and values of one sequence, per layer, growing by doubling."""
+    """Keys and values of one sequence, per layer ([kv_heads, capacity, head_dim] each),
+    growing by doubling."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 64):
         self.length = 0
@@ -31,32 +32,37 @@ class KVCache:
     def reserve(self, total: int) -> None:
         if total <= self.capacity:
             return
-        new_cap = max(total, 2 * self.capacity)
+        cap, n = max(total, 2 * self.capacity), self.length
         for store in (self._k, self._v):
             for i, old in enumerate(store):
-                grown = torch.empty(old.shape[0], new_cap, old.shape[2])
-                grown[:, : self.length] = old[:, : self.length]
+                grown = torch.empty(old.shape[0], cap, old.shape[2])
+                grown[:, :n] = old[:, :n]
                 store[i] = grown
 
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``k``/``v`` ([kv_heads, t, head_dim]) after the committed length and return
-        the views [kv_heads, length + t, head_dim] attention reads."""
-        end = self.length + k.shape[1]
-        self._k[layer][:, self.length : end] = k
-        self._v[layer][:, self.length : end] = v
-        return self._k[layer][:, :end], self._v[layer][:, :end]
+        """Store ``k``/``v`` ([t, kv_heads, head_dim]) after the committed length; return the
+        [kv_heads, n, head_dim] views attention reads (contiguous in their last two dims, as
+        CPU SDPA's memory-efficient kernel requires)."""
+        n, t = self.length, k.shape[0]
+        if t == 1:
+            self._k[layer][:, n] = k[0]
+            self._v[layer][:, n] = v[0]
+        else:
+            self._k[layer][:, n : n + t] = k.transpose(0, 1)
+            self._v[layer][:, n : n + t] = v.transpose(0, 1)
+        return self._k[layer][:, : n + t], self._v[layer][:, : n + t]
 
     def commit(self, tokens: int) -> None:
         self.length += tokens
 
     def truncated_copy(self, length: int) -> KVCache:
         """A new cache holding the first ``length`` positions (prefix-cache reuse)."""
-        layers, (heads, _, dim) = len(self._k), self._k[0].shape
-        copy = KVCache(layers, heads, dim, capacity=max(64, length + 64))
+        heads, _, dim = self._k[0].shape
+        copy = KVCache(len(self._k), heads, dim, capacity=max(64, length + 64))
         for src, dst in ((self._k, copy._k), (self._v, copy._v)):
-            for i in range(layers):
+            for i in range(len(src)):
                 dst[i][:, :length] = src[i][:, :length]
         copy.length = length
         return copy
@@ -75,6 +81,28 @@ def _causal_mask(prefix: int, t: int) -> torch.Tensor:
     # Row i (absolute position prefix + i) may attend to keys 0 .. prefix + i.
     keys = torch.arange(prefix + t)
     return keys[None, :] <= (prefix + torch.arange(t))[:, None]
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Pre-scaled q [t, heads, dim] against one sequence's keys and values
+    [kv_heads, n, dim]; query heads are grouped over their shared kv head."""
+    t, heads, dim = q.shape
+    kv_heads = keys.shape[0]
+    if t == 1:  # decode: two small matmuls beat SDPA's dispatch cost on CPU
+        scores = torch.bmm(q.view(kv_heads, heads // kv_heads, dim), keys.transpose(1, 2))
+        return torch.bmm(torch.softmax(scores, dim=-1), values).view(1, heads * dim)
+    # 4-D inputs let CPU SDPA take its flash (memory-efficient) kernel, masked or causal.
+    mask = None if prefix == 0 else _causal_mask(prefix, t)[None, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        keys[None],
+        values[None],
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=1.0,
+        enable_gqa=True,
+    )[0]
+    return out.transpose(0, 1).reshape(t, heads * dim)
 
 
 class _Layer:
@@ -146,34 +174,14 @@ class CausalLM:
             q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
             k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
         cos, sin = rope
-        q = q * cos + _rotate_half(q) * sin
+        q = (q * cos + _rotate_half(q) * sin) * self.scale
         k = k * cos + _rotate_half(k) * sin
         outs = []
         for (start, end), cache in zip(chunks, caches, strict=True):
-            keys, values = cache.write(
-                i, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
-            )
-            outs.append(self._attend(q[start:end], keys, values, cache.length))
+            keys, values = cache.write(i, k[start:end], v[start:end])
+            outs.append(_attend(q[start:end], keys, values, cache.length))
         attn = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
         return _project(attn, layer.o, layer.o_bias)
-
-    def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int
-    ) -> torch.Tensor:
-        """q [t, heads, dim] against one sequence's keys/values [kv_heads, n, dim]."""
-        t, heads, dim = q.shape
-        kv_heads = keys.shape[0]
-        if t == 1:  # decode: a few small matmuls beat SDPA's dispatch cost on CPU
-            grouped = (q[0] * self.scale).view(kv_heads, heads // kv_heads, dim)
-            probs = torch.softmax(torch.bmm(grouped, keys.transpose(1, 2)), dim=-1)
-            return torch.bmm(probs, values).view(1, heads * dim)
-        q = q.transpose(0, 1)
-        if prefix == 0:
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-        else:
-            mask = _causal_mask(prefix, t)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return out.transpose(0, 1).reshape(t, heads * dim)
 
     @torch.inference_mode()
     def forward(
