@@ -57,6 +57,8 @@ async def generate(request: Request) -> Response:
     prompts, batch = protocol.generate_prompts(body, state.tokenizer)
     params = protocol.sampling_params(body.sampling_params, state.config.default_max_tokens)
     rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(prompts)
+    if len(rids) != len(prompts):
+        raise protocol.ProtocolError("rid must have one entry per prompt")
     requests = [
         GenerationRequest(
             rid=rid or uuid.uuid4().hex,
@@ -64,7 +66,7 @@ async def generate(request: Request) -> Response:
             params=params,
             forced_ids=state.forced_for(None, ids),
         )
-        for ids, rid in zip(prompts, rids, strict=False)
+        for ids, rid in zip(prompts, rids, strict=True)
     ]
     results = await state.run(requests)
     out = [protocol.generate_response(r, body, state.tokenizer) for r in results]

@@ -124,6 +124,8 @@ def sampling_params(raw: dict[str, Any] | None, default_max: int) -> SamplingPar
 
 
 def chat_sampling_params(body: ChatBody, default_max: int, seed_offset: int = 0) -> SamplingParams:
+    if body.top_logprobs:
+        raise ProtocolError("top_logprobs is not supported by the embedded engine")
     if body.response_format and body.response_format.get("type", "text") != "text":
         raise ProtocolError(
             "response_format other than text is not supported by the embedded engine"

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from proxy.backends.embedded.modelconfig import ModelLoadError, load_config, parse_config
-from proxy.backends.embedded.modelinit import train_tokenizer
 from proxy.backends.embedded.weights import load_model
 
 
@@ -30,18 +29,23 @@ def test_directory_is_a_complete_hf_model(model_dir):
     )
 
 
-def test_tokenizer_training_is_deterministic(model_dir):
-    again = json.loads(train_tokenizer().to_str())
-    assert again == json.loads((model_dir / "tokenizer.json").read_text("utf-8"))
+def test_cli_init_is_deterministic(model_dir, tmp_path):
+    """`init DIR` writes byte-identical tokenizer and weights on every run."""
+    from typer.testing import CliRunner
+
+    from proxy.backends.embedded.cli import app
+
+    result = CliRunner().invoke(app, ["init", str(tmp_path / "again")])
+    assert result.exit_code == 0, result.output
+    for name in ("tokenizer.json", "model.safetensors", "tokenizer_config.json", "config.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (model_dir / name).read_bytes(), name
 
 
-def test_weights_are_deterministic(model_dir, tmp_path):
-    from proxy.backends.embedded.modelinit import reseed_weights
+def test_missing_model_dir_names_the_fix(tmp_path):
+    from proxy.backends.embedded.server import ensure_model_dir
 
-    same = reseed_weights(model_dir, tmp_path / "same", seed=0)
-    assert (same / "model.safetensors").read_bytes() == (
-        model_dir / "model.safetensors"
-    ).read_bytes()
+    with pytest.raises(ModelLoadError, match="polar model init"):
+        ensure_model_dir(tmp_path / "nothing")
 
 
 def test_cached_forward_equals_full_forward(model):

@@ -57,6 +57,12 @@ def test_chat_sampling_params_aliases():
     )
     p = protocol.chat_sampling_params(body, 256, seed_offset=2)
     assert (p.max_new_tokens, p.stop, p.sampling_seed, p.top_k) == (5, ["x"], 12, 3)
+    with pytest.raises(protocol.ProtocolError, match="top_logprobs"):
+        protocol.chat_sampling_params(protocol.ChatBody(top_logprobs=2), 256)
+    with pytest.raises(protocol.ProtocolError, match="response_format"):
+        protocol.chat_sampling_params(
+            protocol.ChatBody(response_format={"type": "json_object"}), 256
+        )
 
 
 def test_generate_prompts(tok):
