@@ -87,12 +87,17 @@ class SessionFinished(_Event, tag="session.finished"):
 
 
 class TrajectoryBuilt(_Event, tag="session.built"):
-    """The unscored Trajectory is in the object store as ``trajectories/<session>/<attempt>``."""
+    """The unscored Trajectory is in the object store as ``trajectories/<session>/<attempt>``.
+
+    ``artifacts`` and ``eval_runtime_id`` are carried over from the SessionFinished (which
+    the builder consumes from a work queue): the evaluator needs them."""
 
     session_id: str
     task_id: str
     outcome: Outcome
     attempt: int = 0
+    artifacts: Artifacts = field(default_factory=Artifacts)
+    eval_runtime_id: str | None = None
 
 
 class SessionScored(_Event, tag="session.scored"):

@@ -116,3 +116,9 @@ KEY_BACKPRESSURE = "polar:backpressure"  # set (with a TTL) while the inference 
 
 def key_lease(session_id: str) -> str:
     return f"polar:lease:{session_id}"
+
+
+def key_eval(session_id: str, attempt: int) -> str:
+    """Hash: one evaluation's result and whether its trajectory was published (so a
+    redelivered evaluation reuses the first result instead of evaluating again)."""
+    return f"polar:eval:{session_id}:{attempt}"
