@@ -1,0 +1,89 @@
+"""The evaluator interface: an async ``evaluate(ctx) -> EvalResult``.
+
+An evaluator says what it needs to run (``needs_runtime``):
+
+- ``"none"``: it judges from the trajectory and artifacts alone;
+- ``"task"``: a runtime, the one the task's ``evaluator.runtime`` names (live or fresh);
+- ``"live"`` / ``"fresh"``: that kind, whatever the task says.
+
+It returns an ``EvalResult``; it may also raise or run past its timeout; the service
+turns either into an explicit ``error`` result with the reason (never a silent 0).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from schemas import Artifacts, TaskRequest, Trajectory
+
+NeedsRuntime = Literal["none", "task", "live", "fresh"]
+RuntimeKind = Literal["live", "fresh"]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    status: Literal["ok", "error"]
+    reward: float | None
+    reason: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def ok(cls, reward: float, reason: str | None = None, **details: Any) -> EvalResult:
+        return cls("ok", float(reward), reason, details)
+
+    @classmethod
+    def error(cls, reason: str, **details: Any) -> EvalResult:
+        return cls("error", None, reason, details)
+
+
+class EvaluatorError(Exception):
+    """An evaluator cannot judge this session (bad config, diff does not apply, ...)."""
+
+
+@dataclass
+class EvalContext:
+    trajectory: Trajectory
+    artifacts: Artifacts
+    task: TaskRequest
+    config: dict[str, Any]
+    runtime: Any = None  # services.runtimes.base.Runtime, when one was asked for
+    runtime_kind: RuntimeKind | None = None
+    deadline: float = math.inf  # time.monotonic() by which the evaluation must end
+    notes: dict[str, Any] = field(default_factory=dict)  # e.g. why a runtime was swapped
+
+    def remaining(self, floor: float = 1.0) -> float:
+        """Seconds left before the deadline (at least ``floor``, for exec timeouts)."""
+        return max(self.deadline - time.monotonic(), floor)
+
+    def require_runtime(self) -> Any:
+        if self.runtime is None:
+            raise EvaluatorError("this evaluator needs a runtime and none was given")
+        return self.runtime
+
+
+class Evaluator:
+    """Base class of built-in and custom evaluators (``"module:Class"``)."""
+
+    name: str = "evaluator"
+    needs_runtime: NeedsRuntime = "task"
+
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        raise NotImplementedError
+
+
+def checked(result: object, name: str) -> EvalResult:
+    """What an evaluator returned, or an error result saying why it is not usable."""
+    if not isinstance(result, EvalResult):
+        return EvalResult.error(
+            f"evaluator {name!r} returned {type(result).__name__}, not EvalResult"
+        )
+    if result.status == "error":
+        return EvalResult.error(result.reason or f"evaluator {name!r} failed", **result.details)
+    if result.status != "ok":
+        return EvalResult.error(f"evaluator {name!r} returned status {result.status!r}")
+    if result.reward is None or not math.isfinite(result.reward):
+        return EvalResult.error(f"evaluator {name!r} returned reward {result.reward!r}")
+    return result

@@ -1,0 +1,76 @@
+"""The evaluator registry and the guarded run of one evaluator.
+
+``default_registry()`` holds the built-ins; a name of the form ``"module:Class"`` loads a
+custom evaluator. ``run_evaluator`` enforces the timeout and turns a crash, a timeout or
+an unusable return value into an explicit ``error`` result with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+
+from evaluators.base import EvalContext, EvalResult, Evaluator, EvaluatorError, checked
+from evaluators.command import CommandEvaluator
+from evaluators.session_completed import SessionCompleted
+from evaluators.swebench import SweBench
+from evaluators.test_on_output import TestOnOutput
+from services.common.plugins import PluginError, Registry
+
+log = logging.getLogger(__name__)
+
+EvaluatorRegistry = Registry[Evaluator]
+
+
+def default_registry() -> EvaluatorRegistry:
+    reg: EvaluatorRegistry = Registry("evaluator")
+    reg.register("session_completed", SessionCompleted)
+    reg.register("test_on_output", TestOnOutput)
+    reg.register("swebench", SweBench)
+    reg.register("command", CommandEvaluator)
+    return reg
+
+
+def create_evaluator(registry: EvaluatorRegistry, name: str) -> Evaluator:
+    """The evaluator ``name`` names; raises ``EvaluatorError`` saying why not."""
+    try:
+        evaluator = registry.create(name)
+    except PluginError as exc:
+        raise EvaluatorError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - custom code: importing or creating it may fail
+        raise EvaluatorError(f"evaluator {name!r} could not be created: {exc!r}") from None
+    if not inspect.iscoroutinefunction(getattr(evaluator, "evaluate", None)):
+        raise EvaluatorError(f"evaluator {name!r} has no `async def evaluate(ctx)`")
+    if getattr(evaluator, "needs_runtime", "task") not in ("none", "task", "live", "fresh"):
+        raise EvaluatorError(
+            f"evaluator {name!r}: needs_runtime must be none, task, live or fresh, "
+            f"not {evaluator.needs_runtime!r}"
+        )
+    return evaluator
+
+
+async def run_evaluator(
+    evaluator: Evaluator, ctx: EvalContext, timeout: float, name: str
+) -> EvalResult:
+    """Run ``evaluator`` within ``timeout`` seconds; never raises (but for cancellation)."""
+    started = time.monotonic()
+    ctx.deadline = min(ctx.deadline, started + timeout)
+    try:
+        result = await asyncio.wait_for(evaluator.evaluate(ctx), timeout)
+    except TimeoutError as exc:
+        if time.monotonic() - started < timeout * 0.99:  # its own, not our deadline
+            return EvalResult.error(f"evaluator {name!r} raised TimeoutError: {exc}", **ctx.notes)
+        return EvalResult.error(f"evaluator {name!r} timed out after {timeout:g}s", **ctx.notes)
+    except EvaluatorError as exc:
+        return EvalResult.error(f"evaluator {name!r}: {exc}", **ctx.notes)
+    except Exception as exc:  # noqa: BLE001 - a plugin crash is a recorded error, not ours
+        log.warning("evaluator %s crashed", name, exc_info=True)
+        return EvalResult.error(
+            f"evaluator {name!r} raised {type(exc).__name__}: {exc}", **ctx.notes
+        )
+    result = checked(result, name)
+    if ctx.notes:
+        result.details.update({k: v for k, v in ctx.notes.items() if k not in result.details})
+    return result

@@ -1,0 +1,154 @@
+"""The evaluator service's decisions, as plain functions (no network, no clock)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import orjson
+
+from evaluators import EvalResult
+from schemas import (
+    TERMINAL_STATES,
+    Outcome,
+    Session,
+    SessionScored,
+    SessionState,
+    Trajectory,
+    TrajectoryBuilt,
+)
+
+S = SessionState
+
+
+class Action(enum.StrEnum):
+    EVALUATE = "evaluate"  # EVALUATING: evaluate (or reuse a kept result), deliver, finish
+    FINALIZE = "finalize"  # already final: finish what a crashed delivery left (idempotent)
+    SKIP = "skip"  # not ours: another attempt, or never built
+    RETRY = "retry"  # the builder has not advanced it yet
+    POISON = "poison"  # can never be evaluated
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str = ""
+
+
+def decide(session: Session | None, event: TrajectoryBuilt) -> Decision:
+    if session is None:
+        return Decision(Action.POISON, f"no session {event.session_id!r} in the registry")
+    if event.attempt != session.attempt:
+        return Decision(
+            Action.SKIP, f"built attempt {event.attempt}, session is at {session.attempt}"
+        )
+    if session.state == S.EVALUATING:
+        return Decision(Action.EVALUATE)
+    if session.state == S.BUILDING:  # the builder announces, then advances
+        return Decision(Action.RETRY, "session is still BUILDING")
+    if session.state in TERMINAL_STATES:
+        return Decision(Action.FINALIZE, f"session is already {session.state}")
+    return Decision(Action.SKIP, f"session is {session.state}: not built")
+
+
+@dataclass(frozen=True)
+class Plan:
+    evaluate: bool
+    result: EvalResult | None = None  # the fixed result when not evaluating
+
+
+def plan(trajectory: Trajectory) -> Plan:
+    """The reward rules by outcome. A completed session is evaluated. One that timed out
+    or failed gets reward 0.0 without evaluation: trainable when its trajectory is intact,
+    fully masked (by the builder) when not."""
+    if trajectory.outcome == Outcome.COMPLETED:
+        return Plan(evaluate=True)
+    reason = f"session ended {trajectory.outcome.value}: reward 0 by rule"
+    policy = trajectory.metadata.get("reward_policy")
+    masked = not trajectory.intact or policy == "masked"
+    if masked:
+        reason += "; trajectory not intact: fully masked"
+    return Plan(evaluate=False, result=EvalResult.ok(0.0, reason, rule="outcome", masked=masked))
+
+
+def runtime_kind(needs_runtime: str, task_runtime: str) -> str | None:
+    """Which runtime an evaluator gets: none, or the task's kind unless it insists."""
+    if needs_runtime == "none":
+        return None
+    if needs_runtime in ("live", "fresh"):
+        return needs_runtime
+    return task_runtime
+
+
+def score(
+    trajectory: Trajectory, result: EvalResult, *, num_samples: int, index: int
+) -> Trajectory:
+    """The scored trajectory a trainer receives: reward on it and on every trace, the
+    evaluation's status and reason, and what a GRPO group needs (``num_samples``)."""
+    reward = result.reward if result.status == "ok" else None
+    metadata: dict[str, Any] = {
+        **trajectory.metadata,
+        "num_samples": num_samples,
+        "sample_index": index,
+    }
+    if result.details:
+        metadata["eval_details"] = result.details
+    return msgspec.structs.replace(
+        trajectory,
+        traces=[msgspec.structs.replace(t, reward=reward) for t in trajectory.traces],
+        reward=reward,
+        eval_status=result.status,
+        eval_reason=result.reason,
+        metadata=metadata,
+    )
+
+
+def final_fields(result: EvalResult) -> dict[str, Any]:
+    """Registry fields of the final transition (``reward`` feeds the TaskResult)."""
+    fields: dict[str, Any] = {"eval_status": result.status}
+    if result.status == "ok":
+        fields["reward"] = result.reward
+    else:
+        fields["reason"] = f"evaluator error: {result.reason}"
+    return fields
+
+
+def scored_event(event: TrajectoryBuilt, result: EvalResult, ts: float) -> SessionScored:
+    return SessionScored(
+        ts=ts,
+        session_id=event.session_id,
+        task_id=event.task_id,
+        outcome=event.outcome,
+        reward=result.reward if result.status == "ok" else None,
+        attempt=event.attempt,
+        eval_status=result.status,
+        reason=result.reason,
+    )
+
+
+def trajectory_msg_id(session_id: str, attempt: int) -> str:
+    """The dedupe id of a scored trajectory on ``polar.trajectories.<task>``."""
+    return f"traj:{session_id}:{attempt}"
+
+
+def scored_msg_id(session_id: str, attempt: int) -> str:
+    return f"scored:{session_id}:{attempt}"
+
+
+def encode_result(result: EvalResult) -> bytes:
+    """JSON of a result (details that are not JSON become strings), kept so a
+    redelivery reuses it byte for byte."""
+    data = {
+        "status": result.status,
+        "reward": result.reward,
+        "reason": result.reason,
+        "details": result.details,
+    }
+    return orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
+
+
+def decode_result(raw: bytes) -> EvalResult:
+    data = orjson.loads(raw)
+    return EvalResult(data["status"], data["reward"], data.get("reason"), data.get("details") or {})

@@ -1,0 +1,409 @@
+"""The evaluator service against real NATS JetStream, Valkey and local runtimes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+
+import pytest
+
+from schemas import (
+    Artifacts,
+    EvaluatorSpec,
+    LocalRuntime,
+    Outcome,
+    SessionScored,
+    SessionState,
+    TaskRequest,
+    UploadDir,
+    decode,
+)
+from schemas import subjects as S
+from services.common.bus import CLAIM_HEADER
+from services.common.node import node_runtime
+from services.common.registry import Registry
+from services.evaluator.config import EvaluatorConfig
+from services.evaluator.handlers import EvaluatorService
+from services.evaluator.main import consumers
+from services.runtimes.prepare import run_prepare
+from tests.helpers.procs import ServiceProcess
+from tests.unit.evaluators import calc_repo
+from tests.unit.evaluators.sessions import (
+    announce,
+    delivered,
+    new_sessions,
+    remove_built,
+    unscored,
+)
+
+pytestmark = pytest.mark.asyncio
+P = "tests.unit.evaluators.plugins"
+
+
+@pytest.fixture
+async def registry(redis_client):
+    return Registry(redis_client)  # no state events: other suites read polar.events.*
+
+
+@pytest.fixture
+def config(state_dir) -> EvaluatorConfig:
+    return EvaluatorConfig(
+        work_dir=str(state_dir / "evwork"), retry_delay_seconds=0.1, stop_grace_seconds=0.2
+    )
+
+
+@pytest.fixture
+async def service(bus, registry, config):
+    return EvaluatorService(bus, registry, config)
+
+
+@pytest.fixture(autouse=True)
+async def _clean_work_queue(bus):
+    yield
+    await remove_built(bus, "ev-")
+
+
+@pytest.fixture(scope="module")
+def calc_src(tmp_path_factory):
+    return calc_repo.write_repo(tmp_path_factory.mktemp("calc") / "repo")
+
+
+@pytest.fixture(scope="module")
+def fix_diff(tmp_path_factory):
+    return calc_repo.fix_diff(tmp_path_factory.mktemp("diff"))
+
+
+async def drain(service: EvaluatorService) -> None:
+    for c in consumers(service):
+        await c.run(drain=True)
+
+
+def task(task_id: str, n: int = 1, evaluator: EvaluatorSpec | None = None, **kw) -> TaskRequest:
+    return TaskRequest(
+        task_id=task_id,
+        instruction="fix add",
+        num_samples=n,
+        evaluator=evaluator or EvaluatorSpec(),
+        **kw,
+    )
+
+
+def calc_runtime(src) -> LocalRuntime:
+    return LocalRuntime(prepare=[UploadDir(src=str(src))])
+
+
+def calc_tests_spec(runtime="fresh", **config) -> EvaluatorSpec:
+    cfg = {
+        "test_command": calc_repo.TEST_COMMAND,
+        "env": calc_repo.TEST_ENV,
+        "expected": calc_repo.EXPECTED_FIXED,
+        **config,
+    }
+    return EvaluatorSpec(name="test_on_output", runtime=runtime, config=cfg, timeout_seconds=60)
+
+
+async def one(bus, task_id: str):
+    (t,) = await delivered(bus, task_id)
+    return t
+
+
+async def test_session_completed_rewards_by_outcome_and_exactly_once(bus, registry, service):
+    sids = await new_sessions(registry, task("ev-basic", 3))
+    cases = [(Outcome.COMPLETED, True), (Outcome.TIMEOUT, True), (Outcome.ERROR, False)]
+    scored = await bus.nc.subscribe(S.SESSIONS_SCORED)
+    for sid, (outcome, intact) in zip(sids, cases, strict=True):
+        await announce(bus, unscored(sid, "ev-basic", outcome, intact=intact))
+    await drain(service)
+    got = {t.session_id: t for t in await delivered(bus, "ev-basic")}
+    assert len(got) == 3
+    assert [got[s].reward for s in sids] == [1.0, 0.0, 0.0]
+    assert [got[s].traces[0].reward for s in sids] == [1.0, 0.0, 0.0]
+    assert got[sids[2]].traces[0].loss_mask == [0, 0, 0, 0]  # not intact: stays masked
+    assert got[sids[1]].eval_reason == "session ended timeout: reward 0 by rule"
+    assert all(t.eval_status == "ok" and t.metadata["num_samples"] == 3 for t in got.values())
+    assert sorted(t.metadata["sample_index"] for t in got.values()) == [0, 1, 2]
+    states = [(s.state, s.reward) for s in await registry.task_sessions("ev-basic")]
+    assert states == [
+        (SessionState.COMPLETED, 1.0),
+        (SessionState.TIMEOUT, 0.0),
+        (SessionState.ERROR, 0.0),
+    ]
+    events = [decode((await scored.next_msg(timeout=5)).data, SessionScored) for _ in sids]
+    assert sorted(e.reward for e in events) == [0.0, 0.0, 1.0]
+    await scored.unsubscribe()
+
+    # The same TrajectoryBuilt again (past the sessions stream's dedupe): nothing new.
+    for sid in sids:
+        await announce(bus, unscored(sid, "ev-basic"), msg_id=f"again:{sid}")
+    await drain(service)
+    assert len(await delivered(bus, "ev-basic")) == 3
+    assert await registry.redis.keys("polar:eval:ev-basic-*") == []
+
+
+async def test_waits_for_the_builder_to_advance_the_session(bus, registry, service):
+    (sid,) = await new_sessions(
+        registry, task("ev-wait"), to=("INITIALIZING", "READY", "RUNNING", "POSTRUN", "BUILDING")
+    )
+    await announce(bus, unscored(sid, "ev-wait"))
+    consumer = consumers(service)[0]
+    run = asyncio.create_task(consumer.run())
+    await asyncio.sleep(0.5)
+    assert await delivered(bus, "ev-wait") == []
+    assert (await registry.transition(sid, SessionState.EVALUATING)).ok
+    deadline = time.monotonic() + 10
+    while not await delivered(bus, "ev-wait") and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    consumer.stop()
+    await run
+    assert (await one(bus, "ev-wait")).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg", "reason"),
+    [
+        (f"{P}:Crashing", {}, f"evaluator '{P}:Crashing' raised ValueError: grader exploded"),
+        (f"{P}:Sleeping", {"sleep": 30}, f"evaluator '{P}:Sleeping' timed out after 0.5s"),
+        (
+            f"{P}:Nope",
+            {},
+            f"custom evaluator '{P}:Nope': tests.unit.evaluators.plugins has no callable 'Nope'",
+        ),
+        ("no_such_module_q:Grader", {}, "cannot import 'no_such_module_q'"),
+        ("command", {"reward_from": "stdout"}, "config `command` must be a command line"),
+    ],
+)
+async def test_failures_are_explicit_errors(bus, registry, service, name, cfg, reason):
+    task_id = f"ev-fail-{random.randrange(10**9)}"
+    spec = EvaluatorSpec(name=name, config=cfg, timeout_seconds=0.5)
+    (sid,) = await new_sessions(registry, task(task_id, evaluator=spec))
+    await announce(bus, unscored(sid, task_id))
+    await drain(service)
+    t = await one(bus, task_id)
+    assert (t.eval_status, t.reward, t.traces[0].reward) == ("error", None, None)
+    assert reason in t.eval_reason
+    s = await registry.get_session(sid)
+    assert s.state == SessionState.COMPLETED and s.reward is None
+    assert s.reason.startswith("evaluator error: ") and reason in s.reason
+
+
+async def test_test_on_output_fresh_runtime_applies_the_diff(
+    bus, registry, service, calc_src, fix_diff
+):
+    t_fix = task("ev-toofix", evaluator=calc_tests_spec(), runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t_fix)
+    await announce(bus, unscored(sid, "ev-toofix"), artifacts=Artifacts(diff=fix_diff))
+    t_none = task(
+        "ev-toonone", evaluator=calc_tests_spec(match="fraction"), runtime=calc_runtime(calc_src)
+    )
+    (sid2,) = await new_sessions(registry, t_none)
+    await announce(bus, unscored(sid2, "ev-toonone"))  # the agent changed nothing
+    await drain(service)
+
+    fixed = await one(bus, "ev-toofix")
+    assert (fixed.eval_status, fixed.reward) == ("ok", 1.0), fixed.eval_reason
+    d = fixed.metadata["eval_details"]
+    assert d["applied"] == "diff" and d["tests_matched"] == 3 and d["mismatches"] == {}
+    unchanged = await one(bus, "ev-toonone")
+    assert unchanged.eval_status == "ok" and unchanged.reward == pytest.approx(2 / 3)
+    assert unchanged.metadata["eval_details"]["mismatches"] == {
+        "test_calc.py::test_add": {"expected": "PASSED", "actual": "FAILED"}
+    }
+    sessions_dir = service.config.work_dir + "/sessions"
+    assert not list_dir(sessions_dir, sid) and not list_dir(sessions_dir, sid2)
+
+
+def list_dir(root: str, sid: str) -> list[str]:
+    from pathlib import Path
+
+    p = Path(root)
+    return sorted(x.name for x in p.iterdir() if x.name.startswith(sid)) if p.exists() else []
+
+
+async def test_a_diff_that_does_not_apply_is_an_error(bus, registry, service, calc_src, fix_diff):
+    bad = fix_diff.replace("return a - b", "return a - b - 0")
+    t = task("ev-baddiff", evaluator=calc_tests_spec(), runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t)
+    await announce(bus, unscored(sid, "ev-baddiff"), artifacts=Artifacts(diff=bad))
+    await drain(service)
+    got = await one(bus, "ev-baddiff")
+    assert got.eval_status == "error" and got.reward is None
+    assert "the session's diff does not apply" in got.eval_reason
+    assert "calc.py" in got.eval_reason  # git's own words name the file
+
+
+async def test_no_parseable_results_is_an_error(bus, registry, service, calc_src):
+    spec = calc_tests_spec(test_command="echo all good")
+    t = task("ev-noparse", evaluator=spec, runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t)
+    await announce(bus, unscored(sid, "ev-noparse"))
+    await drain(service)
+    got = await one(bus, "ev-noparse")
+    assert got.eval_status == "error"
+    assert "no test results in the test command's output (exit 0): all good" in got.eval_reason
+
+
+async def live_runtime(config, spec: LocalRuntime, sid: str, fixed: bool = True):
+    """What the executor leaves for a live evaluation: the prepared runtime, changed by
+    the agent, still running."""
+    rt = node_runtime(config, spec, sid, role="main")
+    await rt.start()
+    assert all(a.ok for a in await run_prepare(rt, spec.prepare))
+    if fixed:
+        await rt.upload_file("calc.py", calc_repo.FIXED.encode())
+    return rt
+
+
+async def test_test_on_output_in_the_live_runtime_then_stops_it(bus, registry, service, calc_src):
+    t = task("ev-live", evaluator=calc_tests_spec("live"), runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t)
+    rt = await live_runtime(service.config, t.runtime, sid)
+    assert list_dir(service.config.work_dir + "/sessions", sid) == [rt.runtime_id]
+    await announce(bus, unscored(sid, "ev-live"), eval_runtime_id=rt.runtime_id)
+    await drain(service)
+    got = await one(bus, "ev-live")
+    assert (got.eval_status, got.reward) == ("ok", 1.0), got.eval_reason
+    assert got.metadata["eval_details"]["applied"] == "none"
+    assert list_dir(service.config.work_dir + "/sessions", sid) == []  # stopped and removed
+
+
+async def test_prewarmed_fresh_runtime_is_adopted(bus, registry, service, calc_src, fix_diff):
+    spec = EvaluatorSpec(name=f"{P}:WorkdirProbe", runtime="fresh", prewarm=True)
+    t = task("ev-prewarm", evaluator=spec, runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t)
+    rt = await live_runtime(service.config, t.runtime, sid, fixed=False)
+    await rt.upload_file("PREWARMED", b"1")  # a mark: only the prewarmed runtime has it
+    await announce(bus, unscored(sid, "ev-prewarm"), eval_runtime_id=rt.runtime_id)
+    await drain(service)
+    d = (await one(bus, "ev-prewarm")).metadata["eval_details"]
+    assert d["kind"] == "fresh" and d["prewarmed"] is True and d["runtime_id"] == rt.runtime_id
+    assert "PREWARMED" in d["files"] and "calc.py" in d["files"]
+    assert list_dir(service.config.work_dir + "/sessions", sid) == []
+
+
+async def test_live_wanted_but_not_kept_falls_back_to_fresh(
+    bus, registry, service, calc_src, fix_diff
+):
+    t = task("ev-nolive", evaluator=calc_tests_spec("live"), runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t)
+    await announce(bus, unscored(sid, "ev-nolive"), artifacts=Artifacts(diff=fix_diff))
+    await drain(service)
+    got = await one(bus, "ev-nolive")
+    assert got.reward == 1.0, got.eval_reason
+    assert got.metadata["eval_details"]["runtime"] == "fresh: the live runtime was not kept"
+    assert got.metadata["eval_details"]["applied"] == "diff"
+
+
+async def test_command_evaluator_stdout_and_json_file(bus, registry, service, calc_src):
+    py = sys.executable
+    by_stdout = EvaluatorSpec(
+        name="command",
+        runtime="live",
+        config={"command": f"{py} -c 'import calc; print(\"scoring\"); print(calc.add(1, 1) / 4)'"},
+    )
+    by_file = EvaluatorSpec(
+        name="command",
+        runtime="live",
+        config={
+            "command": [
+                py,
+                "-c",
+                "import json; json.dump({'score': {'total': 0.25}}, open('out.json', 'w'))",
+            ],
+            "reward_from": "json_file",
+            "json_path": "out.json",
+            "json_key": "score.total",
+        },
+    )
+    for task_id, spec in (("ev-cmd-out", by_stdout), ("ev-cmd-json", by_file)):
+        t = task(task_id, evaluator=spec, runtime=calc_runtime(calc_src))
+        (sid,) = await new_sessions(registry, t)
+        rt = await live_runtime(service.config, t.runtime, sid)
+        await announce(bus, unscored(sid, task_id), eval_runtime_id=rt.runtime_id)
+    await drain(service)
+    out = await one(bus, "ev-cmd-out")
+    assert (out.eval_status, out.reward) == ("ok", 0.5), out.eval_reason
+    assert (await one(bus, "ev-cmd-json")).reward == 0.25
+
+
+async def test_swebench_grading_in_a_fresh_runtime(bus, registry, service, calc_src, fix_diff):
+    pytest.importorskip("swebench")
+    spec = EvaluatorSpec(
+        name="swebench",
+        runtime="fresh",
+        config={"instance": calc_repo.swebench_instance()},
+        timeout_seconds=120,
+    )
+    for task_id, diff in (("ev-swe-fix", fix_diff), ("ev-swe-none", "")):
+        t = task(task_id, evaluator=spec, runtime=calc_runtime(calc_src))
+        (sid,) = await new_sessions(registry, t)
+        await announce(bus, unscored(sid, task_id), artifacts=Artifacts(diff=diff))
+    await drain(service)
+    fixed = await one(bus, "ev-swe-fix")
+    assert (fixed.eval_status, fixed.reward) == ("ok", 1.0), fixed.eval_reason
+    d = fixed.metadata["eval_details"]
+    assert d["resolution"] == "RESOLVED_FULL" and d["instance_id"] == "calc__calc-1"
+    assert d["fail_to_pass"] == {"success": ["test_calc.py::test_add"], "failure": []}
+    unfixed = await one(bus, "ev-swe-none")
+    assert (unfixed.eval_status, unfixed.reward) == ("ok", 0.0)
+    assert unfixed.eval_reason == "swebench: RESOLVED_NO"
+
+
+async def test_large_trajectory_goes_by_claim_check(bus, registry, service):
+    (sid,) = await new_sessions(registry, task("ev-large"))
+    big = unscored(sid, "ev-large", tokens=120_000)  # ~1.5 MB of JSON
+    await announce(bus, big)
+    await drain(service)
+    msg = await bus.js.get_msg(
+        S.STREAM_TRAJECTORIES, 1, subject=S.trajectories("ev-large"), next=True
+    )
+    assert msg.headers[CLAIM_HEADER] and not msg.data
+    got = await one(bus, "ev-large")
+    assert got.traces[0].response_ids == big.traces[0].response_ids and got.reward == 1.0
+
+
+@pytest.mark.slow
+async def test_kill_9_mid_run_every_trajectory_arrives_exactly_once(
+    bus, registry, nats_url, redis_url, state_dir
+):
+    """100 sessions; the service process is killed with SIGKILL at random moments,
+    three times, and restarted; each session's trajectory is on the subject once."""
+    n, task_id = 100, "ev-kill9"
+    spec = EvaluatorSpec(name=f"{P}:Jitter", config={"max_sleep": 0.3})
+    sids = await new_sessions(registry, task(task_id, n, evaluator=spec))
+    for sid in sids:
+        await announce(bus, unscored(sid, task_id))
+    cfg = {
+        "nats_url": nats_url,
+        "redis_url": redis_url,
+        "work_dir": str(state_dir / "evwork-kill"),
+        "ack_wait_seconds": 1.0,
+        "concurrency": 4,
+    }
+    proc = ServiceProcess("services.evaluator.main:create_app", cfg, state_dir / "logs")
+    rng = random.Random(7)
+    kills = 0
+    try:
+        while kills < 3:
+            proc.start()
+            await asyncio.sleep(rng.uniform(0.2, 0.8))
+            done = len({t.session_id for t in await delivered(bus, task_id)})
+            proc.kill()
+            kills += 1
+            assert done < n, "the run ended before the kill: nothing was tested"
+        proc.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            states = [s.state for s in await registry.task_sessions(task_id)]
+            if all(s == SessionState.COMPLETED for s in states):
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        proc.stop()
+    got = await delivered(bus, task_id)
+    per_session = {sid: sum(t.session_id == sid for t in got) for sid in sids}
+    assert [k for k, v in per_session.items() if v != 1] == []
+    assert len(got) == n and all(t.reward == 1.0 for t in got)
+    assert {s.state for s in await registry.task_sessions(task_id)} == {SessionState.COMPLETED}
+    assert await registry.redis.keys(f"polar:eval:{task_id}-*") == []
