@@ -29,7 +29,7 @@ from msgspec import Struct
 
 from proxy.backends.embedded.model import CausalLM
 from proxy.backends.embedded.prefixcache import PrefixCache
-from proxy.backends.embedded.sampling import choose_tokens
+from proxy.backends.embedded.sampling import banned_ids, choose_tokens
 from proxy.backends.embedded.sequence import GenerationRequest, GenerationResult, Sequence
 
 log = logging.getLogger(__name__)
@@ -276,7 +276,9 @@ class Engine:
             rows = torch.stack([lg for lg, done in zip(logits, completes, strict=True) if done])
             forced = [s.forced_token() for s in sampling]
             uniforms = [s.rng.random() for s in sampling]
-            tokens, logprobs = choose_tokens(rows, [s.params for s in sampling], uniforms, forced)
+            banned = [banned_ids(s.params, len(s.output_ids), self.eos_ids) for s in sampling]
+            params = [s.params for s in sampling]
+            tokens, logprobs = choose_tokens(rows, params, uniforms, forced, banned)
             for seq, token, logprob in zip(sampling, tokens, logprobs, strict=True):
                 seq.append(token, logprob, self.version)
                 seq.update_finish(self.decode, self.eos_ids, self.context_limit)

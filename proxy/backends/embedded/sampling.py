@@ -88,12 +88,21 @@ def choose_tokens(
     params: list[SamplingParams],
     uniforms: list[float],
     forced: list[int | None],
+    banned: list[list[int]] | None = None,
 ) -> tuple[list[int], list[float]]:
     """One next token per row and its raw logprob.
 
     A row with a forced token (scripted policy) takes it; temperature 0 is greedy; other
     rows draw by inverse CDF with their uniform in [0, 1) over the filtered distribution.
+    ``banned`` ids of a row cannot be chosen (stop ids before ``min_new_tokens``); they
+    change the choice, never the reported logprobs.
     """
+    raw = logits
+    if banned and any(banned):
+        logits = logits.clone()
+        for row, ids in enumerate(banned):
+            if ids:
+                logits[row, ids] = float("-inf")
     tokens: list[int | None] = list(forced)
     greedy = [i for i, p in enumerate(params) if tokens[i] is None and p.temperature == 0]
     if greedy:
@@ -107,8 +116,15 @@ def choose_tokens(
             drawn = _draw(logits[group], [params[i] for i in group], [uniforms[i] for i in group])
             for i, token in zip(group, drawn, strict=True):
                 tokens[i] = token
-    chosen = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None])
+    chosen = torch.log_softmax(raw, dim=-1).gather(1, torch.tensor(tokens)[:, None])
     return tokens, chosen[:, 0].tolist()
+
+
+def banned_ids(params: SamplingParams, produced: int, eos_ids: list[int]) -> list[int]:
+    """Stop ids a request may not sample yet (it has fewer than ``min_new_tokens``)."""
+    if produced >= params.min_new_tokens:
+        return []
+    return list(params.stop_token_ids) + ([] if params.ignore_eos else list(eos_ids))
 
 
 def stop_token_hit(token: int, produced: int, params: SamplingParams, eos_ids: list[int]) -> bool:

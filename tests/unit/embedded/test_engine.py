@@ -119,6 +119,18 @@ def test_stop_token_ids_and_stop_strings(make_engine, tok):
     )[0]
     assert by_id.output_ids == base.output_ids[: first + 1]
     assert by_id.finish_reason == {"type": "stop", "matched": stop_id}
+    held = run(
+        engine,
+        request(
+            prompt,
+            temperature=0,
+            max_new_tokens=30,
+            stop_token_ids=[base.output_ids[0]],
+            min_new_tokens=3,
+        ),
+    )[0]
+    assert base.output_ids[0] not in held.output_ids[:3] and len(held.output_ids) >= 3
+    assert max_diff(engine.model, held) <= 1e-4
     stop_text = tok.decode(base.output_ids[8:10]).strip() or tok.decode(base.output_ids[8:10])
     by_text = run(engine, request(prompt, temperature=0, max_new_tokens=30, stop=[stop_text]))[0]
     assert by_text.finish_reason == {"type": "stop", "matched": stop_text}

@@ -5,6 +5,7 @@ import torch
 
 from proxy.backends.embedded.sampling import (
     SamplingParams,
+    banned_ids,
     choose_tokens,
     filtered_distribution,
     stop_string_hit,
@@ -94,6 +95,15 @@ def test_validation_messages():
     assert "temperature" in validate(SamplingParams(temperature=-1))
     assert "max_new_tokens" in validate(SamplingParams(max_new_tokens=-1))
     assert "top_k" in validate(SamplingParams(top_k=-5))
+
+
+def test_banned_ids_change_the_choice_not_the_logprob():
+    raw = torch.log_softmax(LOGITS[0], -1)
+    tokens, logprobs = choose_tokens(LOGITS, [SamplingParams(temperature=0)], [0.0], [None], [[0]])
+    assert tokens == [1] and logprobs[0] == pytest.approx(raw[1].item(), abs=1e-6)
+    p = SamplingParams(min_new_tokens=2, stop_token_ids=[7])
+    assert banned_ids(p, 1, [2]) == [7, 2] and banned_ids(p, 2, [2]) == []
+    assert banned_ids(SamplingParams(min_new_tokens=3, ignore_eos=True), 0, [2]) == []
 
 
 def test_stop_tokens_respect_min_new_tokens_and_ignore_eos():
