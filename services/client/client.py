@@ -1,0 +1,231 @@
+"""The trainer-side client: scored trajectories from ``polar.trajectories.<task>``.
+
+A durable pull consumer on the trajectories stream with explicit acks. Nothing is acked
+until the trainer calls ``commit()``: until then every held item is kept alive with
+``in_progress``, and a trainer that dies (or closes without committing) gets the items
+again. Claim-checked payloads are fetched from the object store; a trajectory seen twice
+(same session and attempt) is handed out once.
+
+    async with TrajectoryClient(nats_url, durable="trainer-1") as client:
+        async for group in client.groups():          # all num_samples of one task
+            train_on(group.trajectories)
+            await group.commit()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+import nats
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from schemas import ContractError, Trajectory, decode
+from schemas import subjects as S
+from services.client.groups import GroupBuffer, Key, expected_size
+from services.common.bus import Bus
+
+COMMITTED_MEMORY = 100_000  # keys remembered after commit, to drop late duplicates
+
+
+@dataclass
+class Delivered:
+    trajectory: Trajectory
+    msg: Msg
+    seq: int
+    _client: TrajectoryClient
+    committed: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.trajectory.session_id, self.trajectory.attempt)
+
+    async def commit(self) -> None:
+        """The trainer has stored what it needs: ack (and wait for the server to confirm)."""
+        await self._client._commit([self])
+
+
+@dataclass
+class Group:
+    task_id: str
+    items: list[Delivered]
+    complete: bool = True  # False: handed out by ``partial_after``, members are missing
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [i.trajectory for i in self.items]
+
+    async def commit(self) -> None:
+        """Commit every member at once (the group was trained on as a whole)."""
+        if self.items:
+            await self.items[0]._client._commit(self.items)
+
+
+class TrajectoryClient:
+    def __init__(
+        self,
+        nats_url: str,
+        *,
+        durable: str = "trainer",
+        task_ids: Iterable[str] | None = None,
+        ack_wait: float = 60.0,
+        batch: int = 64,
+        max_ack_pending: int = 20_000,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self.nats_url, self.durable = nats_url, durable
+        self.task_ids = list(task_ids) if task_ids else None
+        self.ack_wait, self.batch, self.max_ack_pending = ack_wait, batch, max_ack_pending
+        self.poll_seconds = poll_seconds
+        self.bus: Bus | None = None
+        self._sub = None
+        self._held: dict[Key, Delivered] = {}
+        self._committed: OrderedDict[Key, None] = OrderedDict()
+        self._keepalive: asyncio.Task | None = None
+        self._groups: GroupBuffer[Delivered] = GroupBuffer()  # survives between groups() calls
+
+    # -- connection ---------------------------------------------------------------------
+    def consumer_config(self) -> ConsumerConfig:
+        cfg = ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.ack_wait,
+            max_deliver=-1,  # a trajectory is never given up on
+            max_ack_pending=self.max_ack_pending,
+        )
+        subjects = [S.trajectories(t) for t in self.task_ids or []]
+        if len(subjects) == 1:
+            cfg.filter_subject = subjects[0]
+        elif subjects:
+            cfg.filter_subjects = subjects
+        else:
+            cfg.filter_subject = S.trajectories(">")
+        return cfg
+
+    async def connect(self) -> TrajectoryClient:
+        nc = await nats.connect(self.nats_url, name=f"polar-client-{self.durable}")
+        self.bus = Bus(nc, nc.jetstream(timeout=10))
+        await self.bus.js.add_consumer(S.STREAM_TRAJECTORIES, self.consumer_config())
+        self._sub = await self.bus.js.pull_subscribe_bind(self.durable, S.STREAM_TRAJECTORIES)
+        self._keepalive = asyncio.create_task(self._keep_alive())
+        return self
+
+    async def close(self, *, release: bool = True) -> None:
+        """Disconnect. ``release``: nak what is held but not committed, so it is redelivered
+        at once (otherwise after ``ack_wait``)."""
+        if self._keepalive:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+        if release:
+            for item in list(self._held.values()):
+                with contextlib.suppress(Exception):
+                    await item.msg.nak()
+        self._held.clear()
+        self._groups = GroupBuffer()
+        if self.bus and not self.bus.nc.is_closed:
+            await self.bus.nc.close()
+
+    async def __aenter__(self) -> TrajectoryClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def delete_consumer(self) -> None:
+        """Forget this durable's position on the server (a trainer that is done for good)."""
+        assert self.bus is not None
+        await self.bus.js.delete_consumer(S.STREAM_TRAJECTORIES, self.durable)
+
+    # -- iteration ----------------------------------------------------------------------
+    async def trajectories(self, *, stop_when_idle: bool = False) -> AsyncIterator[Delivered]:
+        """Each trajectory once; call ``commit()`` on it when it is safely stored."""
+        async for item in self._deliveries(stop_when_idle):
+            if item is not None:
+                yield item
+
+    async def groups(
+        self,
+        num_samples: int | None = None,
+        *,
+        partial_after: float | None = None,
+        stop_when_idle: bool = False,
+    ) -> AsyncIterator[Group]:
+        """Whole GRPO groups: all ``num_samples`` trajectories of a task (default: the
+        ``num_samples`` the evaluator wrote into each trajectory's metadata). With
+        ``partial_after``, a group that got no new member for that long is handed out
+        incomplete (``complete=False``), e.g. when early stop cancelled the rest."""
+        buffer = self._groups
+        async for item in self._deliveries(stop_when_idle):
+            now = time.monotonic()
+            if item is not None:
+                t = item.trajectory
+                size = expected_size(t.metadata, num_samples)
+                whole = buffer.add(t.task_id, item.key, item, size, now)
+                if whole is not None:
+                    yield Group(t.task_id, whole)
+            if partial_after is not None:
+                for task_id, members in buffer.stale(now, partial_after):
+                    yield Group(task_id, members, complete=False)
+
+    async def _deliveries(self, stop_when_idle: bool) -> AsyncIterator[Delivered | None]:
+        """New deliveries; ``None`` when a poll found nothing (a tick for timers)."""
+        assert self._sub is not None, "call connect() first"
+        while True:
+            try:
+                msgs = await self._sub.fetch(self.batch, timeout=self.poll_seconds)
+            except (TimeoutError, NatsTimeout):
+                if stop_when_idle:
+                    return
+                yield None
+                continue
+            for msg in msgs:
+                item = await self._accept(msg)
+                if item is not None:
+                    yield item
+
+    async def _accept(self, msg: Msg) -> Delivered | None:
+        """A new item, or None for a duplicate (acked, or merged into the held one)."""
+        try:
+            trajectory = decode(await self.bus.payload(msg), Trajectory)
+        except (ContractError, LookupError):
+            await msg.term()  # not a trajectory, or its claim-checked payload is gone
+            return None
+        seq = msg.metadata.sequence.stream
+        key = (trajectory.session_id, trajectory.attempt)
+        held = self._held.get(key)
+        if key in self._committed or (held is not None and held.seq != seq):
+            await msg.ack()  # the same trajectory published twice
+            return None
+        if held is not None:  # redelivered while held: ack through the newest delivery
+            held.msg = msg
+            return None
+        item = Delivered(trajectory, msg, seq, self)
+        self._held[key] = item
+        return item
+
+    async def _commit(self, items: list[Delivered]) -> None:
+        for item in items:
+            if item.committed:
+                continue
+            await item.msg.ack_sync(timeout=10)
+            item.committed = True
+            self._held.pop(item.key, None)
+            self._committed[item.key] = None
+            if len(self._committed) > COMMITTED_MEMORY:
+                self._committed.popitem(last=False)
+
+    async def _keep_alive(self) -> None:
+        period = max(self.ack_wait / 3, 0.2)
+        while True:
+            await asyncio.sleep(period)
+            for item in list(self._held.values()):
+                with contextlib.suppress(Exception):
+                    await item.msg.in_progress()

@@ -1,0 +1,216 @@
+"""The trainer-side client against real NATS JetStream (and, end to end, the evaluator)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+
+from schemas import EvaluatorSpec, Outcome, TaskRequest, Trajectory, encode
+from schemas import subjects as S
+from services.client import TrajectoryClient
+from services.client.groups import GroupBuffer, expected_size
+from services.common.registry import Registry
+from services.evaluator.config import EvaluatorConfig
+from services.evaluator.handlers import EvaluatorService
+from services.evaluator.logic import trajectory_msg_id
+from services.evaluator.main import consumers
+from tests.unit.evaluators.sessions import announce, new_sessions, remove_built, unscored
+
+
+def scored(task_id: str, i: int, n: int, *, tokens: int = 4, attempt: int = 0) -> Trajectory:
+    t = unscored(f"{task_id}-{i:04d}", task_id, tokens=tokens)
+    return msgspec.structs.replace(
+        t,
+        attempt=attempt,
+        reward=1.0,
+        eval_status="ok",
+        metadata={**t.metadata, "num_samples": n, "sample_index": i},
+    )
+
+
+async def publish(bus, t: Trajectory, msg_id: str | None = None) -> None:
+    mid = msg_id or trajectory_msg_id(t.session_id, t.attempt)
+    await bus.publish(S.trajectories(t.task_id), encode(t), msg_id=mid)
+
+
+@pytest.fixture
+async def clients(nats_url):
+    """Clients made by a test, closed and their durables deleted afterwards."""
+    made: list[TrajectoryClient] = []
+
+    async def make(durable: str, task_ids, **kw) -> TrajectoryClient:
+        c = TrajectoryClient(nats_url, durable=durable, task_ids=task_ids, poll_seconds=0.3, **kw)
+        made.append(await c.connect())
+        return c
+
+    yield make
+    for c in made:
+        if c.bus.nc.is_closed:
+            continue
+        await c.delete_consumer()
+        await c.close()
+
+
+async def take(agen, n: int, timeout: float = 10.0) -> list:
+    out = []
+
+    async def run():
+        async for x in agen:
+            out.append(x)
+            if len(out) == n:
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return out
+
+
+async def test_groups_complete_only_when_every_sample_arrived(bus, clients):
+    c = await clients("cl-groups", ["cl-groups"])
+    for i in range(2):
+        await publish(bus, scored("cl-groups", i, 3))
+    assert [g async for g in c.groups(stop_when_idle=True)] == []  # 2 of 3: no group yet
+    await publish(bus, scored("cl-groups", 2, 3))
+    (group,) = [g async for g in c.groups(stop_when_idle=True)]
+    assert group.complete and group.task_id == "cl-groups"
+    assert sorted(t.session_id for t in group.trajectories) == [
+        f"cl-groups-{i:04d}" for i in range(3)
+    ]
+    await group.commit()
+    await c.close()
+    again = await clients("cl-groups", ["cl-groups"])
+    assert [t async for t in again.trajectories(stop_when_idle=True)] == []
+
+
+async def test_nothing_is_acked_before_commit(bus, clients):
+    for i in range(3):
+        await publish(bus, scored("cl-commit", i, 3))
+    first = await clients("cl-commit", ["cl-commit"], ack_wait=1.0)
+    items = await take(first.trajectories(), 3)
+    await items[0].commit()  # one committed, two not
+    await first.bus.nc.close()  # the trainer dies: no nak, no ack
+    second = await clients("cl-commit", ["cl-commit"], ack_wait=1.0)
+    started = time.monotonic()
+    again = await take(second.trajectories(), 2)
+    assert time.monotonic() - started >= 0.5  # redelivered after ack_wait, not before
+    assert sorted(i.trajectory.session_id for i in again) == ["cl-commit-0001", "cl-commit-0002"]
+    for item in again:
+        await item.commit()
+    await second.close()
+    third = await clients("cl-commit", ["cl-commit"], ack_wait=1.0)
+    assert [t async for t in third.trajectories(stop_when_idle=True)] == []
+
+
+async def test_held_items_stay_held_past_ack_wait(bus, clients):
+    """The keepalive holds uncommitted items: no redelivery to this client or another."""
+    for i in range(2):
+        await publish(bus, scored("cl-hold", i, 2))
+    holder = await clients("cl-hold", ["cl-hold"], ack_wait=1.0)
+    (group,) = await take(holder.groups(), 1)
+    other = TrajectoryClient(
+        holder.nats_url, durable="cl-hold", task_ids=["cl-hold"], ack_wait=1.0, poll_seconds=0.3
+    )
+    await other.connect()
+    try:
+        got = await asyncio.wait_for(_collect_for(other, 3.0), 10)
+        assert got == []  # 3 ack_waits later, nothing came back
+        assert [t async for t in holder.trajectories(stop_when_idle=True)] == []
+    finally:
+        await other.close()
+    await group.commit()
+
+
+async def _collect_for(client: TrajectoryClient, seconds: float) -> list:
+    out, end = [], time.monotonic() + seconds
+    async for item in client._deliveries(stop_when_idle=False):
+        if item is not None:
+            out.append(item)
+        if time.monotonic() > end:
+            return out
+    return out
+
+
+async def test_a_closed_client_releases_what_it_held(bus, clients):
+    await publish(bus, scored("cl-release", 0, 1))
+    a = await clients("cl-release", ["cl-release"], ack_wait=30.0)
+    (item,) = await take(a.trajectories(), 1)
+    await a.close()  # naks: redelivered at once, not after 30 s
+    b = await clients("cl-release", ["cl-release"], ack_wait=30.0)
+    (again,) = await take(b.trajectories(), 1, timeout=5)
+    assert again.trajectory == item.trajectory
+    await again.commit()
+
+
+async def test_duplicates_are_handed_out_once_and_claim_checks_resolved(bus, clients):
+    big = scored("cl-dup", 0, 2, tokens=120_000)  # over the NATS payload limit
+    await publish(bus, big)
+    await publish(bus, big, msg_id="republished-by-hand")  # a real second copy in the stream
+    await publish(bus, scored("cl-dup", 1, 2))
+    c = await clients("cl-dup", ["cl-dup"])
+    items = [i async for i in c.trajectories(stop_when_idle=True)]
+    assert sorted(i.trajectory.session_id for i in items) == ["cl-dup-0000", "cl-dup-0001"]
+    got_big = next(i for i in items if i.trajectory.session_id == "cl-dup-0000")
+    assert got_big.trajectory.traces[0].response_ids == big.traces[0].response_ids
+    for i in items:
+        await i.commit()
+
+
+async def test_task_filter_and_explicit_group_size(bus, clients):
+    for task_id in ("cl-fa", "cl-fb", "cl-fc"):
+        for i in range(2):
+            await publish(bus, scored(task_id, i, 2))
+    c = await clients("cl-filter", ["cl-fa", "cl-fc"])
+    groups = [g async for g in c.groups(num_samples=1, stop_when_idle=True)]
+    assert sorted(g.task_id for g in groups) == ["cl-fa", "cl-fa", "cl-fc", "cl-fc"]
+    assert all(len(g.items) == 1 for g in groups)
+    for g in groups:
+        await g.commit()
+
+
+async def test_partial_groups_after_a_quiet_period(bus, clients):
+    await publish(bus, scored("cl-partial", 0, 4))  # the other 3 were cancelled
+    c = await clients("cl-partial", ["cl-partial"])
+    (group,) = await take(c.groups(partial_after=0.5), 1)
+    assert not group.complete and len(group.items) == 1
+    await group.commit()
+
+
+async def test_end_to_end_evaluator_to_trainer_groups(bus, redis_client, state_dir, clients):
+    reg = Registry(redis_client)
+    task = TaskRequest(task_id="cl-e2e", instruction="x", num_samples=4, evaluator=EvaluatorSpec())
+    sids = await new_sessions(reg, task)
+    outcomes = [Outcome.COMPLETED, Outcome.COMPLETED, Outcome.TIMEOUT, Outcome.COMPLETED]
+    for sid, outcome in zip(sids, outcomes, strict=True):
+        await announce(bus, unscored(sid, "cl-e2e", outcome))
+    service = EvaluatorService(bus, reg, EvaluatorConfig(work_dir=str(state_dir / "clwork")))
+    try:
+        for c in consumers(service):
+            await c.run(drain=True)
+    finally:
+        await remove_built(bus, "cl-")
+    client = await clients("cl-e2e", ["cl-e2e"])
+    (group,) = [g async for g in client.groups(stop_when_idle=True)]
+    assert sorted((t.session_id, t.reward) for t in group.trajectories) == [
+        (sids[0], 1.0),
+        (sids[1], 1.0),
+        (sids[2], 0.0),
+        (sids[3], 1.0),
+    ]
+    await group.commit()
+
+
+def test_group_buffer():
+    buf: GroupBuffer[str] = GroupBuffer()
+    assert buf.add("t", ("s0", 0), "a", 2, now=0.0) is None
+    assert buf.add("t", ("s0", 0), "a2", 2, now=1.0) is None  # same member again
+    assert buf.has("t", ("s0", 0)) and buf.held() == 1
+    assert buf.add("t", ("s1", 0), "b", 2, now=2.0) == ["a2", "b"]
+    assert buf.held() == 0
+    buf.add("u", ("s0", 0), "x", None, now=0.0)  # size unknown: waits
+    assert buf.stale(now=1.0, after=5.0) == []
+    assert buf.stale(now=6.0, after=5.0) == [("u", ["x"])] and buf.held() == 0
+    assert expected_size({"num_samples": 8}, None) == 8
+    assert expected_size({"num_samples": 8}, 2) == 2
+    assert expected_size({}, None) is None and expected_size({"num_samples": "8"}, None) is None
