@@ -11,9 +11,23 @@ class BackendConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     model: str = "default"
 
 
+class TopologyBackend(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A ``backends:`` entry of topology.yaml (see infra/topology.py)."""
+
+    name: str = "default"
+    kind: str = "sglang"
+    url: str | None = None  # None: the embedded model server the stack runs
+    model: str | None = None
+    settings: dict[str, object] = {}
+
+
+EMBEDDED_URL = "http://127.0.0.1:30000"
+
+
 class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     port: int = 8200
     backend: BackendConfig = BackendConfig()
+    backends: list[TopologyBackend] = []  # from topology.yaml; overrides `backend` when set
     mode: str = "token"  # token (TITO: proxy templates, sends ids) | chat (engine templates)
     model_dir: str | None = None  # tokenizer + chat template for token mode
     grace_seconds: float = 30.0  # a token stays valid this long after RUNNING ends
@@ -21,3 +35,25 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     max_body_bytes: int = 64 * 1024 * 1024
     keepalive_seconds: float = 10.0
     probe_backend: bool = True  # refuse to start when the engine cannot return token ids
+    probe_timeout_seconds: float = 120.0  # the engine may still be starting
+
+    def engine(self) -> BackendConfig:
+        """The backend to use: the topology's first kind (all its URLs), else ``backend``."""
+        if not self.backends:
+            return self.backend
+        kind = self.backends[0].kind
+        group = [b for b in self.backends if b.kind == kind]
+        return BackendConfig(
+            kind=kind, urls=[b.url or EMBEDDED_URL for b in group],
+            model=group[0].model or "default",
+        )
+
+    def tokenizer_dir(self) -> str | None:
+        """Token mode needs the served model's tokenizer; the embedded one is known."""
+        if self.model_dir:
+            return self.model_dir
+        if self.engine().kind == "embedded":
+            from proxy.backends.embedded.server import DEFAULT_MODEL_DIR
+
+            return str(DEFAULT_MODEL_DIR)
+        return None

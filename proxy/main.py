@@ -88,22 +88,41 @@ def admin_routes(gate: WeightGate, state: dict) -> list:
     return [pause, resume, update_weights, weight_version]
 
 
+async def probe_until_up(backend, timeout: float) -> None:
+    """Probe the engine, waiting while it is still starting; a capability refusal is final."""
+    import asyncio
+
+    from proxy.backends.base import BackendCapabilityError, BackendError
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await backend.probe()
+            return
+        except BackendCapabilityError:
+            raise
+        except BackendError as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            log.info("engine not up yet (%s); retrying", exc)
+            await asyncio.sleep(1.0)
+
+
 def create_app(config: ProxyConfig | None = None) -> Litestar:
     cfg = config or load(ProxyConfig)
     host = ServiceHost("proxy", cfg)
     gate, late, state = WeightGate(), _Late(), {}
     mode = UpstreamMode(cfg.mode)
-    if cfg.model_dir:
-        late.tokenizer = ChatTokenizer.load(cfg.model_dir)
+    engine = cfg.engine()
+    if cfg.tokenizer_dir():
+        late.tokenizer = ChatTokenizer.load(cfg.tokenizer_dir())
 
     @asynccontextmanager
     async def lifespan(app: Litestar):
         await host.start()
-        backend = make_pool(
-            cfg.backend.kind, cfg.backend.urls, model=cfg.backend.model, modes=(mode,)
-        )
-        if cfg.probe_backend:
-            await backend.probe()  # refuses an engine that cannot return token ids
+        backend = make_pool(engine.kind, engine.urls, model=engine.model, modes=(mode,))
+        if cfg.probe_backend:  # refuses an engine that cannot return token ids
+            await probe_until_up(backend, cfg.probe_timeout_seconds)
         backend.start()
         state["backend"] = backend
         late.resolver = SessionResolver(host.registry, grace_seconds=cfg.grace_seconds)

@@ -219,13 +219,13 @@ def cancel(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def serve(
     ctx: typer.Context,
-    service: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVICES)}, model")],
+    service: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVICES)}")],
     host: Annotated[str | None, typer.Option(help="listen address")] = None,
     port: Annotated[int | None, typer.Option(help="listen port (0: any free one)")] = None,
     topology: TopologyOpt = None,
 ) -> None:
     """Run one service in the foreground (what `polar up` starts, one process each)."""
-    if service == "model" and service not in SERVICES:
+    if service == "model" and (ctx.args or service not in SERVICES):  # engine flags given
         extra = [
             *(["--host", host] if host else []),
             *(["--port", str(port)] if port is not None else []),
@@ -236,7 +236,7 @@ def serve(
         raise _fail(f"unexpected arguments: {' '.join(ctx.args)}")
     kind = SERVICES.get(service)
     if kind is None:
-        raise _fail(f"unknown service {service!r}; known: {', '.join(SERVICES)}, model")
+        raise _fail(f"unknown service {service!r}; known: {', '.join(SERVICES)}")
     config = _serve_config(service, topology, host, port)
     os.environ["POLAR_CONFIG"] = json.dumps(config)  # the factory reads its settings here
     from services.common.http import serve as serve_asgi

@@ -84,7 +84,8 @@ def test_example_topology_parses_and_plans():
     plans = plan_services(topo)
     expected = [f"{n}-node0" if k.per_node else n for n, k in SERVICES.items()]
     assert [p.name for p in plans] == expected
-    assert plans[0].port == 8100 and plans[0].config["reconcile_interval_seconds"] == 5.0
+    sched = next(p for p in plans if p.name == "scheduler")
+    assert sched.port == 8100 and sched.config["reconcile_interval_seconds"] == 5.0
 
 
 def test_plan_defaults_one_process_per_service():

@@ -1,0 +1,31 @@
+"""The embedded model server as a dev-stack service (``polar up``): settings from
+``POLAR_CONFIG`` like every Polar service, plus the ops routes the stack waits on."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+from litestar import Litestar
+
+from proxy.backends.embedded.app import create_app as create_engine_app
+from proxy.backends.embedded.server import ServeConfig, ensure_model_dir
+from services.common.http import ops_routes
+
+_STACK_KEYS = ("nats_url", "redis_url", "node")  # every stack service gets these; unused here
+
+
+def create_app() -> Litestar:
+    raw = msgspec.json.decode(os.environ.get("POLAR_CONFIG", "{}"))
+    for key in _STACK_KEYS:
+        raw.pop(key, None)
+    config = msgspec.convert(raw, ServeConfig)
+    ensure_model_dir(config.model_dir)
+    app = create_engine_app(config)
+
+    async def healthy() -> dict[str, object]:
+        return {"engine": True}
+
+    for handler in ops_routes("model", healthy):
+        app.register(handler)
+    return app
