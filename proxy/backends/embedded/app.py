@@ -19,10 +19,11 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from proxy.backends.embedded import protocol
+from proxy.backends.embedded.config import ServeConfig, config_from_env
 from proxy.backends.embedded.engine import PAUSE_MODES, EngineStopped, QueueFull, RequestRejected
 from proxy.backends.embedded.modelconfig import ModelLoadError
 from proxy.backends.embedded.sequence import GenerationRequest
-from proxy.backends.embedded.server import ServeConfig, ServerState, config_from_env
+from proxy.backends.embedded.server import ServerState
 from proxy.backends.embedded.weights import load_model
 from proxy.tokenization import TemplateRenderError
 

@@ -12,8 +12,13 @@ from typing import Annotated
 
 import typer
 
-from proxy.backends.embedded.engine import EngineConfig
-from proxy.backends.embedded.server import CONFIG_ENV, DEFAULT_MODEL_DIR, ServeConfig, config_to_env
+from proxy.backends.embedded.config import (
+    CONFIG_ENV,
+    DEFAULT_MODEL_DIR,
+    EngineConfig,
+    ServeConfig,
+    config_to_env,
+)
 
 app = typer.Typer(help="Polar's embedded CPU model server.", no_args_is_help=True)
 

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
-from msgspec import Struct
 
+from proxy.backends.embedded.config import EngineConfig
 from proxy.backends.embedded.model import CausalLM
 from proxy.backends.embedded.prefixcache import PrefixCache
 from proxy.backends.embedded.sampling import banned_ids, choose_tokens
@@ -47,14 +47,6 @@ class EngineStopped(Exception):
 
 class RequestRejected(ValueError):
     """The request cannot run at all (empty prompt, over the context limit): a 400."""
-
-
-class EngineConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    max_batch: int = 32  # sequences generating together
-    max_queue: int = 256  # requests waiting for a batch slot
-    max_prefill_tokens: int = 4096  # prompt tokens computed per step (chunked prefill)
-    prefix_cache_tokens: int = 65536  # 0 disables reuse of finished sequences' caches
-    context_limit: int = 0  # 0: the model's max_position_embeddings
 
 
 class Engine:

@@ -14,7 +14,7 @@ from msgspec import Struct
 
 from proxy.backends.embedded.sampling import SamplingParams, validate
 from proxy.backends.embedded.sequence import GenerationResult
-from proxy.tokenization import ChatTokenizer, ParsedReply
+from proxy.tokenization import ChatTokenizer, ParsedReply, split_reasoning
 
 
 class ProtocolError(ValueError):
@@ -270,8 +270,6 @@ def chat_choice(
 
 
 def _plain_reply(result: GenerationResult, tokenizer: ChatTokenizer) -> ParsedReply:
-    from proxy.tokenization import split_reasoning
-
     reasoning, rest = split_reasoning(result.text)
     return ParsedReply(content=rest, reasoning=reasoning, tool_calls=[], errors=[])
 

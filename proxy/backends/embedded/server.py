@@ -4,46 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from concurrent.futures import Future
 from pathlib import Path
 
 import torch
-from msgspec import Struct
 
-from proxy.backends.embedded.engine import Engine, EngineConfig
+from proxy.backends.embedded.config import (  # noqa: F401 - re-exported for the stack
+    CONFIG_ENV,
+    DEFAULT_MODEL_DIR,
+    ServeConfig,
+    config_from_env,
+    config_to_env,
+)
+from proxy.backends.embedded.engine import Engine
 from proxy.backends.embedded.modelconfig import ModelLoadError
 from proxy.backends.embedded.policy import Policy, load_policy, messages_from_prompt, scripted_ids
 from proxy.backends.embedded.sequence import GenerationRequest, GenerationResult
 from proxy.backends.embedded.weights import load_model
 from proxy.tokenization import ChatTokenizer
-
-CONFIG_ENV = "POLAR_EMBEDDED_CONFIG"
-DEFAULT_MODEL_DIR = Path.home() / ".cache" / "polar" / "models" / "tiny"
-
-
-class ServeConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    model_dir: str = str(DEFAULT_MODEL_DIR)
-    host: str = "127.0.0.1"
-    port: int = 30000
-    policy: str | None = None  # scripted policy YAML
-    served_model_name: str = ""  # default: the directory name
-    weight_version: str = "1"
-    threads: int = 1  # torch intra-op threads for the engine
-    default_max_tokens: int = 256
-    engine: EngineConfig = EngineConfig()
-
-
-def config_from_env() -> ServeConfig:
-    import msgspec
-
-    return msgspec.json.decode(os.environ.get(CONFIG_ENV, "{}").encode(), type=ServeConfig)
-
-
-def config_to_env(config: ServeConfig) -> str:
-    import msgspec
-
-    return msgspec.json.encode(config).decode()
 
 
 def ensure_model_dir(model_dir: str | Path) -> Path:
