@@ -195,7 +195,16 @@ class Engine:
                 batch = [] if self.paused else list(self._running)
             if batch:
                 self._step_safely(batch)
-        self._abort(None, "server shutting down")
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            while self._commands:  # let late control calls resolve rather than hang
+                self._commands.popleft()()
+            if self._swap is not None:
+                self._swap[2].set_exception(EngineStopped("engine stopped before the weight swap"))
+                self._swap = None
+            self._abort(None, "server shutting down")
 
     def _has_work(self) -> bool:
         if self._commands:

@@ -309,3 +309,17 @@ def test_abort_one_request_by_id(make_engine):
     assert engine.abort("drop").result(timeout=10) == 1
     assert drop.result(timeout=10).finish_reason["type"] == "abort"
     assert keep.result(timeout=20).finish_reason["type"] == "length"
+
+
+def test_stop_resolves_everything_in_flight(model, tok, checkpoint_v2):
+    engine = Engine(model, tok.decode, tok.eos_token_ids).start()
+    running = engine.submit(request([1, 2], rid="run", max_new_tokens=5000, ignore_eos=True))
+    wait_for(lambda: engine.stats()["generated_tokens"] > 3)
+    swap = engine.swap_weights(load_model(checkpoint_v2))  # waits for the drain, never comes
+    engine.stop()
+    assert running.result(timeout=10).finish_reason == {
+        "type": "abort",
+        "message": "server shutting down",
+    }
+    with pytest.raises(Exception, match="stopped before the weight swap"):
+        swap.result(timeout=10)
