@@ -169,7 +169,6 @@ def init_model_dir(model_dir: str | Path, seed: int = 0, dims: dict | None = Non
             "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
         },
     )
-    _write_json(out / "config.json", config)
     _write_json(
         out / "generation_config.json",
         {
@@ -181,6 +180,7 @@ def init_model_dir(model_dir: str | Path, seed: int = 0, dims: dict | None = Non
         },
     )
     save_tensors(init_weights(config, seed), out)
+    _write_json(out / "config.json", config)  # last: its presence marks a complete directory
     return out
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import tempfile
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -25,17 +28,30 @@ from proxy.tokenization import ChatTokenizer
 
 
 def ensure_model_dir(model_dir: str | Path) -> Path:
-    """The default tiny model is created on first use; any other directory must exist."""
+    """The default tiny model is created on first use; any other directory must exist.
+
+    Creation is atomic (built beside the target, then renamed), so several servers
+    starting at once never read a half-written directory."""
     path = Path(model_dir).expanduser()
     if (path / "config.json").exists():
         return path
-    if path == DEFAULT_MODEL_DIR:
-        from proxy.backends.embedded.modelinit import init_model_dir
+    if path != DEFAULT_MODEL_DIR:
+        raise ModelLoadError(
+            f"{path} is not a model directory (no config.json); run `polar model init {path}`"
+        )
+    from proxy.backends.embedded.modelinit import init_model_dir
 
-        return init_model_dir(path)
-    raise ModelLoadError(
-        f"{path} is not a model directory (no config.json); run `polar model init {path}`"
-    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        init_model_dir(building)
+        os.rename(building, path)
+    except OSError:
+        if not (path / "config.json").exists():  # not a lost race: a real failure
+            raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return path
 
 
 class ServerState:
