@@ -313,3 +313,19 @@ def test_full_queue_answers_503(servers):
     queued.join(timeout=30)
     assert box["value"].status_code == 200
     assert box["value"].json()["text"] == "Hello! How can I help?"
+
+
+def test_client_disconnect_aborts_its_generation(servers):
+    url, _ = servers
+    body = {
+        "input_ids": [7, 8, 9],
+        "sampling_params": {"max_new_tokens": 20000, "ignore_eos": True},
+    }
+    before = httpx.get(url + "/server_info").json()["internal_states"][0]["generated_tokens"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/generate", json=body, timeout=0.5)  # gives up and closes the connection
+    deadline = time.monotonic() + 10
+    while (state := httpx.get(url + "/server_info").json()["internal_states"][0])["running"]:
+        assert time.monotonic() < deadline, "the abandoned request kept running"
+        time.sleep(0.05)
+    assert state["generated_tokens"] - before < 20000

@@ -69,9 +69,36 @@ async def generate(request: Request) -> Response:
         )
         for ids, rid in zip(prompts, rids, strict=True)
     ]
-    results = await state.run(requests)
+    results = await _run_while_connected(state, request, requests)
     out = [protocol.generate_response(r, body, state.tokenizer) for r in results]
     return _json(out if batch else out[0])
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _run_while_connected(
+    state: ServerState, request: Request, requests: list[GenerationRequest]
+) -> list:
+    """Run the requests; a client that disconnects first aborts them (as SGLang does)."""
+    run = asyncio.ensure_future(state.run(requests))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({run, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not run.done():
+            run.cancel()  # ServerState.run aborts its engine requests
+            await asyncio.wait({run})
+    if run.cancelled():
+        raise _ClientGone
+    return run.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _chat_prompt(state: ServerState, body: protocol.ChatBody) -> list[int]:
@@ -105,7 +132,7 @@ async def chat_completions(request: Request) -> Response:
         )
         for i in range(body.n)
     ]
-    results = await state.run(requests)
+    results = await _run_while_connected(state, request, requests)
     return _json(protocol.chat_response(results, body, state.tokenizer))
 
 
@@ -284,6 +311,7 @@ def _internal_error(_: Request, exc: Exception) -> Response:
 
 
 EXCEPTION_HANDLERS = {
+    _ClientGone: lambda _, __: Response(b"", status_code=499),
     protocol.ProtocolError: _error_handler(400, "BadRequest"),
     RequestRejected: _error_handler(400, "BadRequest"),
     TemplateRenderError: _error_handler(400, "BadRequest"),

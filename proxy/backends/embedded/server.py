@@ -99,6 +99,7 @@ class ServerState:
             return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
         except BaseException:
             for request, future in zip(requests, futures, strict=False):
-                if not future.done():
+                # a cancelled await cancels the engine's future too: that one must go
+                if not future.done() or future.cancelled():
                     self.engine.abort(request.rid)
             raise
