@@ -41,6 +41,8 @@ SERVICES: dict[str, ServiceKind] = {
     ),
     # POSTRUN: completions -> trajectories
     "builder": ServiceKind("services.builder.main:create_app", 8130),
+    # rewards, then exactly-once delivery to polar.trajectories.<task>
+    "evaluator": ServiceKind("services.evaluator.main:create_app", 8140),
 }
 
 

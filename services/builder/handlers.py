@@ -93,7 +93,7 @@ class Builder:
         start = time.perf_counter()
         trajectory = await self.make(event)
         await self.store(trajectory)
-        await self.announce(trajectory)
+        await self.announce(trajectory, event)
         await self.advance(event)
         seconds = time.perf_counter() - start
         metrics.observe(trajectory, seconds)
@@ -135,13 +135,15 @@ class Builder:
         name = logic.object_name(trajectory.session_id, trajectory.attempt)
         await store.put(name, encode(trajectory))
 
-    async def announce(self, trajectory: Trajectory) -> None:
+    async def announce(self, trajectory: Trajectory, finished: SessionFinished) -> None:
         event = TrajectoryBuilt(
             ts=time.time(),
             session_id=trajectory.session_id,
             task_id=trajectory.task_id,
             outcome=trajectory.outcome,
             attempt=trajectory.attempt,
+            artifacts=finished.artifacts,  # the evaluator applies the diff, reads files
+            eval_runtime_id=finished.eval_runtime_id,
         )
         msg_id = logic.built_msg_id(trajectory.session_id, trajectory.attempt)
         await self.bus.publish(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)

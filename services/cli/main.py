@@ -294,6 +294,14 @@ def model(ctx: typer.Context) -> None:
     _run_embedded(list(ctx.args) or ["--help"])
 
 
+@app.command()
+def demo(keep: Annotated[bool, typer.Option(help="leave the stack running")] = False) -> None:
+    """Run the whole system end to end on embedded defaults, then stop it."""
+    from services.cli.demo import run
+
+    raise typer.Exit(run(out, keep=keep))
+
+
 def main() -> None:
     app()
 

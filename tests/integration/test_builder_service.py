@@ -184,7 +184,7 @@ async def test_crash_after_announce_before_advance_rebuilds_once(bus, registry, 
     assert (await builder.take(event)).action == logic.Action.BEGIN
     first = await builder.make(event)
     await builder.store(first)
-    await builder.announce(first)
+    await builder.announce(first, event)
     assert await state_of(registry, sid) == SessionState.BUILDING
     # The SessionFinished is redelivered: found BUILDING, rebuilt, announced once.
     await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-crash"))
