@@ -90,7 +90,7 @@ def run(console: Console, keep: bool = False) -> int:
         "tiny model's real tokenizer, with logprobs from its (random) weights."
     )
     t0 = time.monotonic()
-    state = devstack.up(topo, log=lambda m: console.print(f"  {m}", highlight=False))
+    devstack.up(topo, log=lambda m: console.print(f"  {m}", highlight=False))
     console.print(f"stack up in {time.monotonic() - t0:.1f}s; state in {state_dir}")
     try:
         return asyncio.run(_run_task(console, topo, state_dir))
