@@ -1,0 +1,150 @@
+"""Load generator: ``concurrency`` keep-alive connections, a fixed number of requests.
+
+    python -m tests.bench.proxy_bench.client '<json spec>'   -> one JSON line on stdout
+
+Spec: ``port``, ``paths`` (one per session; each gets its own connection and
+``per_path`` requests), ``concurrency`` (sessions at once; default all), ``body`` (the
+JSON request), ``headers`` (extra), ``stream`` (expect SSE ending in ``[DONE]``). A raw asyncio protocol, so the client costs a few µs a call
+and never limits what is measured. Latency is send -> last byte of the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+
+class Response:
+    __slots__ = ("status", "body")
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self.body = status, body
+
+
+def parse_response(buf: bytes) -> tuple[Response | None, int]:
+    """(a complete response, bytes it used) or (None, 0): Content-Length or chunked."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None, 0
+    head = buf[:end].lower()
+    status = int(head[9:12])
+    start = end + 4
+    at = head.find(b"\r\ncontent-length:")
+    if at >= 0:
+        stop = head.find(b"\r\n", at + 2)
+        length = int(head[at + 17 : stop if stop > 0 else None].strip())
+        if len(buf) < start + length:
+            return None, 0
+        return Response(status, buf[start : start + length]), start + length
+    if b"transfer-encoding: chunked" not in head:
+        return Response(status, b""), start
+    return _chunked(buf, start, status)
+
+
+def _chunked(buf: bytes, pos: int, status: int) -> tuple[Response | None, int]:
+    parts = []
+    while True:
+        line_end = buf.find(b"\r\n", pos)
+        if line_end < 0:
+            return None, 0
+        size = int(buf[pos:line_end].split(b";", 1)[0], 16)
+        if size == 0:
+            if len(buf) < line_end + 4:
+                return None, 0
+            return Response(status, b"".join(parts)), line_end + 4
+        data_end = line_end + 2 + size
+        if len(buf) < data_end + 2:
+            return None, 0
+        parts.append(buf[line_end + 2 : data_end])
+        pos = data_end + 2
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = b""
+        self.waiter: asyncio.Future | None = None
+        self.transport = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is None or self.waiter.done():
+            return
+        resp, used = parse_response(self.buf)
+        if resp is not None:
+            self.buf = self.buf[used:]
+            self.waiter.set_result(resp)
+
+    def connection_lost(self, exc) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("server closed the connection"))
+
+    async def call(self, request: bytes) -> Response:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return await self.waiter
+
+
+def build_request(path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "host: 127.0.0.1", "content-type: application/json"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines.append(f"content-length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def ok(resp: Response, stream: bool) -> bool:
+    if resp.status != 200:
+        return False
+    return b"[DONE]" in resp.body if stream else b'"choices"' in resp.body
+
+
+async def session(port: int, request: bytes, n: int, stream: bool, out: list, bad: list) -> None:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(Connection, "127.0.0.1", port)
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            resp = await conn.call(request)
+            out.append(time.perf_counter() - t0)
+            if not ok(resp, stream):
+                bad.append(resp.status)
+                if len(bad) == 1:
+                    sys.stderr.write(f"bad answer {resp.status}: {resp.body[:300]!r}\n")
+    finally:
+        conn.transport.close()
+
+
+async def run(spec: dict) -> dict:
+    body = json.dumps(spec["body"]).encode()
+    headers = spec.get("headers", {})
+    requests = iter([build_request(p, body, headers) for p in spec["paths"]])
+    latencies: list[float] = []
+    bad: list[int] = []
+
+    async def lane() -> None:  # one session after another
+        for request in requests:
+            await session(spec["port"], request, spec["per_path"], spec["stream"], latencies, bad)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(spec.get("concurrency", len(spec["paths"])))))
+    wall = time.perf_counter() - t0
+    return {"latencies": latencies, "wall": wall, "bad": len(bad), "statuses": sorted(set(bad))}
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    print(json.dumps(runner(run(spec))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The processes under test, each pinned: NATS, Valkey, the instant backend, the Polar
+proxy (granian, one worker) and LiteLLM's proxy (uvicorn, one worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra import localservers
+from tests.bench.proxy_bench import procs
+from tests.bench.proxy_bench.backend import MODEL
+
+ROOT = Path(__file__).resolve().parents[3]
+LITELLM_KEY = "sk-bench"
+# LiteLLM pins rich<14 and other versions the project's venv is newer on, so it lives in
+# a venv of its own (see docs/benchmarks.md); LITELLM_BIN overrides.
+LITELLM_VENV = ROOT / ".bench" / "litellm-venv"
+
+
+@dataclass
+class Stack:
+    work: Path
+    proxy_cpus: set[int]
+    other_cpus: set[int]
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    nats_url: str = ""
+    redis_url: str = ""
+    bus_pgids: list[int] = field(default_factory=list)
+
+    def start_infra(self) -> None:
+        nport, rport = localservers.free_port(), localservers.free_port()
+        nats = localservers.start_nats(nport, self.work / "nats")
+        valkey = localservers.start_valkey(rport, self.work / "valkey")
+        for p in (nats, valkey):
+            procs.pin(p.pid, self.other_cpus)
+            self.procs.append(p)
+            self.bus_pgids.append(p.pid)
+        self.nats_url, self.redis_url = f"nats://127.0.0.1:{nport}", f"redis://127.0.0.1:{rport}/0"
+
+    def bus_cpu(self) -> float:
+        return sum(procs.cpu_seconds(pgid) for pgid in self.bus_pgids)
+
+    def start_backend(self, token_ids: list[int]) -> int:
+        port = localservers.free_port()
+        argv = [sys.executable, "-m", "tests.bench.proxy_bench.backend", "--port", str(port)]
+        argv += ["--token-ids", ",".join(map(str, token_ids))]
+        log = self.work / "backend.log"
+        proc = procs.spawn(argv, log, self.other_cpus, cwd=str(ROOT))
+        self.procs.append(proc)
+        procs.wait_http(f"http://127.0.0.1:{port}/health", proc, log)
+        return port
+
+    def start_polar(
+        self, backend_port: int, mode: str, model_dir: Path, loop: str, src: Path = ROOT
+    ):
+        """``src``: the checkout whose proxy runs (A/B against another commit)."""
+        port = localservers.free_port()
+        cfg = {
+            "nats_url": self.nats_url,
+            "redis_url": self.redis_url,
+            "port": port,
+            "mode": mode,
+            "model_dir": str(model_dir),
+            "backend": {"kind": "sglang", "urls": [f"http://127.0.0.1:{backend_port}"]},
+        }
+        env = {**os.environ, "POLAR_CONFIG": json.dumps(cfg), "PYTHONPATH": str(src)}
+        argv = [sys.executable, "-c", _granian_code(port, loop)]
+        log = self.work / f"polar-{mode}.log"
+        proc = procs.spawn(argv, log, self.proxy_cpus, env=env, cwd=str(src))
+        self.procs.append(proc)
+        procs.wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
+        procs.pin_group(proc.pid, self.proxy_cpus)
+        return proc, port
+
+    def start_litellm(self, backend_port: int):
+        port = localservers.free_port()
+        cfg = self.work / "litellm.yaml"
+        cfg.write_text(litellm_config(backend_port))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "LITELLM"))}
+        env.update(LITELLM_TELEMETRY="False", LITELLM_LOG="ERROR", NO_DOCS="True")
+        argv = [litellm_bin(), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--num_workers", "1", "--telemetry", "False"]
+        log = self.work / "litellm.log"
+        proc = procs.spawn(argv, log, self.proxy_cpus, env=env, cwd=str(self.work))
+        self.procs.append(proc)
+        procs.wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, log, timeout=180)
+        procs.pin_group(proc.pid, self.proxy_cpus)
+        return proc, port
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            procs.stop(p)
+        self.procs.clear()
+
+
+def _granian_code(port: int, loop: str) -> str:
+    """The proxy as ``polar serve proxy`` runs it; ``loop`` other than asyncio is an
+    experiment with granian's loop setting."""
+    if loop == "asyncio":
+        return (
+            "from services.common.http import serve; "
+            f"serve('proxy.main:create_app', '127.0.0.1', {port})"
+        )
+    return textwrap.dedent(
+        f"""
+        from granian import Granian
+        from granian.constants import Interfaces, Loops
+        Granian('proxy.main:create_app', address='127.0.0.1', port={port},
+                interface=Interfaces.ASGI, workers=1, factory=True,
+                loop=Loops.{loop}, log_access=False).serve()
+        """
+    )
+
+
+def litellm_bin() -> str:
+    explicit = os.environ.get("LITELLM_BIN")
+    if explicit:
+        return explicit
+    for candidate in (LITELLM_VENV / "bin" / "litellm", Path(sys.prefix) / "bin" / "litellm"):
+        if candidate.exists():
+            return str(candidate)
+    raise FileNotFoundError(
+        "litellm not found: python -m venv .bench/litellm-venv && "
+        ".bench/litellm-venv/bin/pip install 'litellm[proxy]' (or set LITELLM_BIN)"
+    )
+
+
+def litellm_config(backend_port: int) -> str:
+    """An OpenAI-compatible passthrough to the instant backend; no DB, a static key."""
+    return textwrap.dedent(
+        f"""
+        model_list:
+          - model_name: {MODEL}
+            litellm_params:
+              model: openai/{MODEL}
+              api_base: http://127.0.0.1:{backend_port}/v1
+              api_key: none
+        litellm_settings:
+          telemetry: false
+          drop_params: true
+          set_verbose: false
+        general_settings:
+          master_key: {LITELLM_KEY}
+        """
+    )
