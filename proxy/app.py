@@ -9,6 +9,8 @@ Streams: the reply waits up to ``keepalive_seconds`` for the answer, so fast fai
 still get a real status; after that the stream starts and sends protocol-legal
 keep-alives until the answer is there (a failure then becomes the protocol's in-stream
 error). A client that goes away cancels the handler task (it sees ``CancelledError``).
+The protocols' POST routes are answered by ``proxy.asgi`` before litestar's router (the
+same logic, fewer layers); litestar serves everything else.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from litestar.exceptions import HTTPException
 from litestar.response import Stream
 from msgspec import Struct
 
+from proxy.asgi import SSE, HotRoutes, ProxyApp, Reply
 from proxy.conversation import AssistantTurn, Conversation, TextPart
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
@@ -35,7 +38,7 @@ log = logging.getLogger("polar.proxy")
 
 SESSION_PREFIX = "/s/{token:str}"
 PROBE_PATHS = ("/", "/api/hello")
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+QUICK_SECONDS = 0.05  # most answers are back sooner: no disconnect watcher for those
 
 
 class SessionInfo(Struct, frozen=True, kw_only=True):
@@ -78,13 +81,15 @@ def create_app(
     handlers += [
         _probe_handler(prefix + path) for path in PROBE_PATHS for prefix in ("", SESSION_PREFIX)
     ]
-    return Litestar(
+    app = ProxyApp(
         [*handlers, *route_handlers],
         request_max_body_size=None,  # enforced here, so the 413 is in the caller's protocol
         openapi_config=None,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected_exception},
         lifespan=list(lifespan),
     )
+    app.hot = HotRoutes(proxy.serve, protocols)  # the same routes, without litestar's layers
+    return app
 
 
 class _Proxy:
@@ -111,12 +116,12 @@ class _Proxy:
 
     def route_handler(self, spec: ProtocolSpec, r: Route, prefix: str) -> Any:
         async def endpoint(request: Request) -> Response[Any]:
-            return await self.serve(spec, r, request)
+            return to_litestar(await self.serve(spec, r, request))
 
         name = f"{spec.name}:{r.method}:{prefix}{r.path}"
         return route(prefix + r.path, http_method=[r.method], name=name)(endpoint)
 
-    async def serve(self, spec: ProtocolSpec, r: Route, request: Request) -> Response[Any]:
+    async def serve(self, spec: ProtocolSpec, r: Route, request: Request) -> Reply:
         try:
             endpoint = (
                 r.endpoint if isinstance(r.endpoint, Endpoint) else r.endpoint(request.path_params)
@@ -126,7 +131,7 @@ class _Proxy:
         except ProxyError as e:
             return error_response(spec, e.kind, e.message, e.param)
         except _ClientGone:
-            return Response(b"", status_code=499)
+            return Reply(499)
         except Exception:
             log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
             return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
@@ -172,9 +177,7 @@ class _Proxy:
             conv = msgspec.structs.replace(conv, model=session.model)
         return conv, raw
 
-    async def generate(
-        self, spec: ProtocolSpec, session: SessionInfo, request: Request
-    ) -> Response[Any]:
+    async def generate(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
         conv, raw = await self.conversation(spec, session, request)
         ids = ReplyIds.new()
         task = asyncio.ensure_future(self.handler(session, conv, spec.name, raw, request.headers))
@@ -186,12 +189,8 @@ class _Proxy:
             return json_response(200, spec.render_response(turn_of(task), conv, ids))
         if await wait_for_task(task, request, self.keepalive):
             turn_of(task)  # a quick failure still gets its real status
-        return Stream(
-            self.frames(spec, conv, ids, task),
-            status_code=200,
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
+            return Reply(200, stream_body(spec, conv, ids, task), SSE)  # all of it at once
+        return Reply(200, media_type=SSE, stream=self.frames(spec, conv, ids, task))
 
     async def frames(
         self,
@@ -211,17 +210,13 @@ class _Proxy:
             if not task.done():  # the client went away (litestar cancelled us)
                 task.cancel()
 
-    async def count(
-        self, spec: ProtocolSpec, session: SessionInfo, request: Request
-    ) -> Response[Any]:
+    async def count(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
         conv, _ = await self.conversation(spec, session, request)
         n = await self.counter(session, conv) if self.counter else estimate_tokens(conv)
         assert spec.render_count_tokens is not None
         return json_response(200, spec.render_count_tokens(n))
 
-    async def models(
-        self, spec: ProtocolSpec, session: SessionInfo, request: Request
-    ) -> Response[Any]:
+    async def models(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
         assert spec.render_models is not None
         return json_response(200, spec.render_models(session.model, request.path_params))
 
@@ -257,10 +252,16 @@ async def wait_for_task(
 ) -> bool:
     """Wait for the handler (up to ``timeout``); True if it finished. A client that
     disconnects meanwhile cancels it."""
+    quick = QUICK_SECONDS if timeout is None else min(QUICK_SECONDS, timeout)
+    await asyncio.wait({task}, timeout=quick)
+    if task.done():
+        return True
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         done, _ = await asyncio.wait(
-            {task, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            {task, watcher},
+            timeout=None if timeout is None else timeout - quick,
+            return_when=asyncio.FIRST_COMPLETED,
         )
     finally:
         watcher.cancel()
@@ -316,13 +317,21 @@ def estimate_tokens(conv: Conversation) -> int:
     return chars // 4 + 1
 
 
-def json_response(status: int, body: Any) -> Response[Any]:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+def json_response(status: int, body: Any) -> Reply:
+    return Reply(status, orjson.dumps(body))
+
+
+def to_litestar(reply: Reply) -> Response[Any]:
+    if reply.stream is not None:
+        return Stream(reply.stream, status_code=reply.status, media_type=SSE, headers=reply.headers)
+    return Response(
+        reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers
+    )
 
 
 def error_response(
     spec: ProtocolSpec, kind: ErrorKind, message: str, param: str | None = None
-) -> Response[Any]:
+) -> Reply:
     status, body = spec.error_body(kind, message, param)
     return json_response(status, body)
 
@@ -335,13 +344,13 @@ def _http_exception(request: Request, exc: HTTPException) -> Response[Any]:
     kind = _KIND_OF_HTTP.get(
         exc.status_code, ErrorKind.BAD_REQUEST if exc.status_code < 500 else ErrorKind.INTERNAL
     )
-    return json_response(*generic.error_body(kind, exc.detail, None, exc.status_code))
+    return to_litestar(json_response(*generic.error_body(kind, exc.detail, None, exc.status_code)))
 
 
 def _unexpected_exception(request: Request, exc: Exception) -> Response[Any]:
     log.error("unexpected error outside a protocol handler", exc_info=exc)
     status, body = generic.error_body(ErrorKind.INTERNAL, "internal error in the proxy", None)
-    return json_response(status, body)
+    return to_litestar(json_response(status, body))
 
 
 def _probe_handler(path: str) -> Any:
