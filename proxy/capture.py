@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import msgspec
 import orjson
-import redis.asyncio as aioredis
 
 from proxy.backends.base import Generation
 from proxy.errors import ErrorKind, UpstreamError
+from proxy.resp import Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
 from schemas import subjects as S
@@ -25,6 +25,12 @@ from services.common.bus import Bus
 STATE_TTL_SECONDS = 7 * 24 * 3600
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TurnState)
+# LPUSH, LTRIM, EXPIRE in one atomic command (one round trip, one reply to parse)
+_REMEMBER = Script(
+    "redis.call('LPUSH', KEYS[1], ARGV[1]); "
+    "redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2])); "
+    "redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3])); return 1"
+)
 
 
 @dataclass(frozen=True)
@@ -44,28 +50,26 @@ class CallContext:
 
 
 class SessionStore:
-    """Per-session call numbering and TITO states, in Redis."""
+    """Per-session call numbering and TITO states, in Redis (``proxy.resp``: these are
+    three commands of every call, on the proxy's hot path)."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: Resp) -> None:
         self.redis = redis
 
     def _key(self, session_id: str, attempt: int) -> str:
         return f"polar:tito:{session_id}:{attempt}"
 
     async def next_seq(self, session_id: str) -> int:
-        return int(await self.redis.incr(f"polar:seq:{session_id}")) - 1
+        return int(await self.redis.call("INCR", f"polar:seq:{session_id}")) - 1
 
     async def states(self, session_id: str, attempt: int) -> list[TurnState]:
-        raw = await self.redis.lrange(self._key(session_id, attempt), 0, MAX_STATES - 1)
+        raw = await self.redis.call("LRANGE", self._key(session_id, attempt), 0, MAX_STATES - 1)
         return [_decoder.decode(r) for r in raw]
 
     async def remember(self, session_id: str, attempt: int, state: TurnState) -> None:
         key = self._key(session_id, attempt)
-        async with self.redis.pipeline(transaction=True) as p:
-            p.lpush(key, _encoder.encode(state))
-            p.ltrim(key, 0, MAX_STATES - 1)
-            p.expire(key, STATE_TTL_SECONDS)
-            await p.execute()
+        args = [_encoder.encode(state), MAX_STATES - 1, STATE_TTL_SECONDS]
+        await self.redis.script(_REMEMBER, [key], args)
 
 
 def build_record(

@@ -21,6 +21,7 @@ from proxy.config import ProxyConfig
 from proxy.conversation import Conversation
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
+from proxy.resp import Resp
 from proxy.sessions import SessionResolver
 from proxy.tokenization import ChatTokenizer
 from schemas import UpstreamMode
@@ -126,9 +127,10 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         backend.start()
         state["backend"] = backend
         late.resolver = SessionResolver(host.registry, grace_seconds=cfg.grace_seconds)
+        store = SessionStore(Resp.from_url(cfg.redis_url))  # its own pipelined connection
         late.handler = CompletionHandler(
             bus=host.bus,
-            store=SessionStore(host.registry.redis),
+            store=store,
             backend=backend,
             gate=gate,
             mode=mode,
@@ -139,6 +141,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
             yield
         finally:
             await backend.aclose()
+            await store.redis.aclose()
             await host.stop()
 
     app = create_proxy_app(

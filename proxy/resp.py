@@ -1,0 +1,160 @@
+"""A small pipelined Redis client for the proxy's per-call session state.
+
+Each model call does three Redis commands (read the TITO states, number the call,
+remember the new state). Through redis-py's pool each costs ~3x the CPU of the round
+trip itself, which made Redis the largest share of the proxy's per-call cost. This
+client keeps one connection, writes commands as they come (concurrent calls share
+round trips) and matches replies in order with hiredis' C parser.
+
+Errors: a Redis error reply raises ``RedisReplyError``; a lost or refused connection
+raises ``RedisUnavailable`` for every command in flight, and the next command
+reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import ssl
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import hiredis
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class RedisUnavailable(ConnectionError):
+    pass
+
+
+class RedisReplyError(RuntimeError):
+    pass
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader()
+        self.waiting: collections.deque[asyncio.Future] = collections.deque()
+        self.transport: asyncio.Transport | None = None
+        self.lost: Exception | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_result(reply)
+
+    def connection_lost(self, exc) -> None:
+        self.lost = RedisUnavailable(f"redis connection lost: {exc or 'closed'}")
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(self.lost)
+
+    def send(self, payload: bytes) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        self.transport.write(payload)
+        return future
+
+
+class Resp:
+    """``await client.call("INCR", key)``; ``await client.script(sha_source, keys, args)``."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        tls: bool = False,
+    ) -> None:
+        self.host, self.port, self.db = host, port, db
+        self.username, self.password, self.tls = username, password, tls
+        self._proto: _Protocol | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> Resp:
+        u = urlsplit(url)
+        if u.scheme not in ("redis", "rediss"):
+            raise ValueError(f"unsupported Redis URL scheme {u.scheme!r} (redis:// or rediss://)")
+        path = u.path.strip("/")
+        return cls(
+            u.hostname or "127.0.0.1",
+            u.port or 6379,
+            db=int(path) if path else 0,
+            username=unquote(u.username) if u.username else None,
+            password=unquote(u.password) if u.password else None,
+            tls=u.scheme == "rediss",
+        )
+
+    async def call(self, *args: Any) -> Any:
+        proto = self._proto
+        if proto is None or proto.lost is not None:
+            proto = await self._connect()
+        reply = await proto.send(hiredis.pack_command(args))
+        if isinstance(reply, hiredis.ReplyError):
+            raise RedisReplyError(str(reply))
+        return reply
+
+    async def script(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except RedisReplyError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return await self.call("EVAL", script.source, len(keys), *keys, *args)
+
+    async def _connect(self) -> _Protocol:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._proto is not None and self._proto.lost is None:
+                return self._proto
+            loop = asyncio.get_running_loop()
+            try:
+                _, proto = await asyncio.wait_for(
+                    loop.create_connection(
+                        _Protocol, self.host, self.port, ssl=ssl.create_default_context() if self.tls else None
+                    ),
+                    CONNECT_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError) as exc:
+                raise RedisUnavailable(f"cannot reach redis at {self.host}:{self.port}: {exc}") from exc
+            await self._hello(proto)
+            self._proto = proto
+            return proto
+
+    async def _hello(self, proto: _Protocol) -> None:
+        setup: list[tuple] = []
+        if self.password is not None:
+            setup.append(("AUTH", self.username, self.password) if self.username else ("AUTH", self.password))
+        if self.db:
+            setup.append(("SELECT", self.db))
+        for command in setup:
+            reply = await proto.send(hiredis.pack_command(command))
+            if isinstance(reply, hiredis.ReplyError):
+                proto.transport.close()
+                raise RedisUnavailable(f"redis refused {command[0]}: {reply}")
+
+    async def aclose(self) -> None:
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.close()
+        self._proto = None
+
+
+class Script:
+    """A Lua script, run by its SHA1 (loaded on first NOSCRIPT)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
