@@ -80,6 +80,7 @@ def build_record(
     *,
     aborted: bool = False,
     error: str | None = None,
+    queue_ms: float = 0.0,
 ) -> CompletionRecord:
     previous = None
     if plan.base is not None:
@@ -107,6 +108,7 @@ def build_record(
             upstream_start=gen.upstream_start,
             upstream_end=gen.upstream_end,
             captured=time.time(),
+            queue_ms=queue_ms,
         ),
         user_agent=ctx.user_agent,
         side_call=ctx.side_call,

@@ -36,6 +36,9 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     keepalive_seconds: float = 10.0
     probe_backend: bool = True  # refuse to start when the engine cannot return token ids
     probe_timeout_seconds: float = 120.0  # the engine may still be starting
+    # /admin/* (pause, weights) needs `Authorization: Bearer <admin_token>` when set: a
+    # harness can reach this port, and must not be able to pause it or swap the weights.
+    admin_token: str | None = None
 
     def engine(self) -> BackendConfig:
         """The backend to use: the topology's first kind (all its URLs), else ``backend``."""
@@ -44,7 +47,8 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
         kind = self.backends[0].kind
         group = [b for b in self.backends if b.kind == kind]
         return BackendConfig(
-            kind=kind, urls=[b.url or EMBEDDED_URL for b in group],
+            kind=kind,
+            urls=[b.url or EMBEDDED_URL for b in group],
             model=group[0].model or "default",
         )
 

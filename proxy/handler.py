@@ -21,10 +21,17 @@ from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingP
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.capture import CallContext, SessionStore
 from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
-from proxy.errors import ErrorKind, UpstreamError
+from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
-from proxy.tito import TurnState, judge_chat_prompt, pack, plan_token_prompt, tools_key
-from proxy.tokenization import ChatTokenizer
+from proxy.tito import (
+    PromptPlan,
+    TurnState,
+    judge_chat_prompt,
+    pack,
+    plan_token_prompt,
+    tools_key,
+)
+from proxy.tokenization import ChatTokenizer, TemplateRenderError
 from schemas import Protocol, UpstreamMode
 from services.common.bus import Bus
 
@@ -76,64 +83,71 @@ class CompletionHandler:
             side_call=sidecalls.classify(protocol, conv),
             received=time.time(),
         )
-        async with self.gate.call():
-            states = await self.store.states(sid, attempt)
-            try:
+        capturing = False
+        try:
+            async with self.gate.call():
+                queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
+                states = await self.store.states(sid, attempt)
                 plan, gen = await self._generate(sid, conv, messages, tools, states)
-            except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
-                await asyncio.shield(self._record_abort(ctx, messages, tools, states))
-                raise
-            except BackendError as exc:
-                metrics.CALLS.labels(protocol, "backend_error").inc()
-                raise UpstreamError(
-                    exc.status or 503, str(exc), _KIND.get(exc.kind, ErrorKind.UNAVAILABLE)
-                ) from exc
-            turn = self._turn(gen, tools)
-            seq = await self.store.next_seq(sid)
-            record = capture.build_record(ctx, seq, plan, gen)
-            try:
-                await asyncio.shield(capture.commit(self.bus, record))
-            except UpstreamError:
-                metrics.CAPTURE_FAILURES.labels(protocol).inc()
-                raise
-            reply = _reply_message(turn)
-            await self.store.remember(
-                sid,
-                attempt,
-                TurnState(
-                    seq=seq,
-                    messages=messages,
-                    reply=reply,
-                    tools_key=tools_key(tools),
-                    prompt=pack(plan.prompt_ids),
-                    output=pack(gen.output_ids),
-                ),
-            )
+                turn = self._turn(gen, tools)
+                # Once sampled, a call is captured in full even if the harness leaves now.
+                capturing = True
+                await asyncio.shield(self._capture(ctx, plan, gen, turn, messages, tools, queue_ms))
+        except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
+            if not capturing:
+                await asyncio.shield(self._record_abort(ctx, messages, tools))
+            raise
+        except BackendError as exc:
+            metrics.CALLS.labels(protocol, "backend_error").inc()
+            raise UpstreamError(
+                exc.status or 503, str(exc), _KIND.get(exc.kind, ErrorKind.UNAVAILABLE)
+            ) from exc
         metrics.observe_call(protocol, ctx, gen, plan)
         return turn
 
-    async def _record_abort(self, ctx: CallContext, messages, tools, states) -> None:
-        metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
-        plan = (
-            plan_token_prompt(self.tok, messages, tools, states)
-            if self.mode == UpstreamMode.TOKEN
-            else judge_chat_prompt([], messages, tools, [])
-        )
-        empty = Generation(
-            prompt_ids=plan.prompt_ids, output_ids=[], output_logprobs=[], finish_reason="abort"
-        )
-        seq = await self.store.next_seq(ctx.session_id)
+    async def _capture(self, ctx, plan, gen, turn, messages, tools, queue_ms: float) -> None:
+        """Number, commit and remember one answered call; a failed commit is the caller's
+        error (and the TITO state is not advanced, so the retry re-extends the old one)."""
+        sid = ctx.session_id
+        seq = await self.store.next_seq(sid)
+        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
         try:
-            await capture.commit(
-                self.bus, capture.build_record(ctx, seq, plan, empty, aborted=True)
-            )
+            await capture.commit(self.bus, record)
         except UpstreamError:
-            log.warning("could not record aborted call of %s", ctx.session_id)
+            metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
+            raise
+        state = TurnState(
+            seq=seq,
+            messages=messages,
+            reply=_reply_message(turn),
+            tools_key=tools_key(tools),
+            prompt=pack(plan.prompt_ids),
+            output=pack(gen.output_ids),
+        )
+        await self.store.remember(sid, ctx.attempt, state)
+
+    async def _record_abort(self, ctx: CallContext, messages, tools) -> None:
+        """The harness left before an answer: record the call, aborted, with its prompt."""
+        metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
+        try:
+            if self.mode == UpstreamMode.TOKEN:
+                states = await self.store.states(ctx.session_id, ctx.attempt)
+                plan = self._plan(messages, tools, states)
+            else:  # the engine templates the prompt and only says what it was when done
+                plan = PromptPlan([], None, None, None)
+            empty = Generation(
+                prompt_ids=plan.prompt_ids, output_ids=[], output_logprobs=[], finish_reason="abort"
+            )
+            seq = await self.store.next_seq(ctx.session_id)
+            record = capture.build_record(ctx, seq, plan, empty, aborted=True)
+            await capture.commit(self.bus, record)
+        except ProxyError as exc:
+            log.warning("could not record an aborted call of %s: %s", ctx.session_id, exc.message)
 
     async def _generate(self, sid, conv, messages, tools, states):
         sampling = self._sampling(conv)
         if self.mode == UpstreamMode.TOKEN:
-            plan = plan_token_prompt(self.tok, messages, tools, states)
+            plan = self._plan(messages, tools, states)
             sampling = _with_stop_ids(sampling, self.tok.eos_token_ids)
             gen = await self.backend.generate(
                 TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
@@ -149,6 +163,14 @@ class CompletionHandler:
             )
         )
         return judge_chat_prompt(gen.prompt_ids, messages, tools, states), gen
+
+    def _plan(self, messages, tools, states) -> PromptPlan:
+        try:
+            return plan_token_prompt(self.tok, messages, tools, states)
+        except TemplateRenderError as exc:  # e.g. image parts for a text-only template
+            raise ProtocolError(
+                400, f"the model's chat template rejects this request: {exc}"
+            ) from exc
 
     def _sampling(self, conv: Conversation) -> SamplingParams:
         s = conv.sampling

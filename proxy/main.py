@@ -2,7 +2,7 @@
 
 Admin (for trainers, per replica): ``POST /admin/pause``, ``POST /admin/resume``,
 ``POST /admin/update_weights {"model_path": ...}`` (pause, drain, update, resume),
-``GET /admin/weight_version``.
+``GET /admin/weight_version``; with ``admin_token`` set they need it as a Bearer token.
 """
 
 from __future__ import annotations
@@ -10,20 +10,27 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from litestar import Litestar, Request, Response, get, post
+import msgspec
+from litestar import Litestar, Request, Response, Router, get, post
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers import BaseRouteHandler
 
 from proxy import metrics
-from proxy.app import SessionInfo
+from proxy.app import SessionInfo, estimate_tokens
 from proxy.app import create_app as create_proxy_app
+from proxy.backends.base import BackendError
+from proxy.backends.base import ErrorKind as BackendKind
 from proxy.backends.factory import make_pool
 from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
 from proxy.conversation import Conversation
+from proxy.errors import ProtocolError
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.resp import Resp
 from proxy.sessions import SessionResolver
-from proxy.tokenization import ChatTokenizer
+from proxy.tokenization import ChatTokenizer, TemplateRenderError
 from schemas import UpstreamMode
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
@@ -47,10 +54,31 @@ class _Late:
 
     async def count(self, session: SessionInfo, conv: Conversation) -> int:
         if self.tokenizer is None:
-            return sum(len(str(m)) for m in conv.messages) // 4
-        return len(
-            self.tokenizer.render_ids(conv.to_openai_messages(), conv.to_openai_tools() or None)
-        )
+            return estimate_tokens(conv)
+        try:
+            ids = self.tokenizer.render_ids(
+                conv.to_openai_messages(), conv.to_openai_tools() or None
+            )
+        except TemplateRenderError as exc:
+            raise ProtocolError(
+                400, f"the model's chat template rejects this request: {exc}"
+            ) from exc
+        return len(ids)
+
+
+class WeightUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model_path: str
+    version: str | None = None
+
+
+def admin_guard(token: str | None):
+    """A litestar guard: admin routes need the configured admin token (when there is one)."""
+
+    def guard(connection: ASGIConnection, _handler: BaseRouteHandler) -> None:
+        if token is not None and connection.headers.get("authorization") != f"Bearer {token}":
+            raise NotAuthorizedException("admin routes need the proxy's admin token")
+
+    return guard
 
 
 def admin_routes(gate: WeightGate, state: dict) -> list:
@@ -67,16 +95,17 @@ def admin_routes(gate: WeightGate, state: dict) -> list:
 
     @post("/admin/update_weights", status_code=200)
     async def update_weights(request: Request) -> Response:
-        body = await request.json()
-        backend = state["backend"]
+        try:
+            body = msgspec.json.decode(await request.body(), type=WeightUpdate)
+        except msgspec.DecodeError as exc:
+            return Response({"ok": False, "error": f"bad request: {exc}"}, status_code=400)
         await gate.pause()
         metrics.PAUSED.set(1)
         try:
-            version = await backend.update_weights_from_disk(
-                body["model_path"], body.get("version")
-            )
-        except Exception as exc:  # noqa: BLE001 - report it; the gate reopens either way
-            return Response({"ok": False, "error": str(exc)}, status_code=502)
+            version = await state["backend"].update_weights_from_disk(body.model_path, body.version)
+        except BackendError as exc:  # the engine's refusal is the caller's 4xx
+            status = 400 if exc.kind == BackendKind.BAD_REQUEST else 502
+            return Response({"ok": False, "error": exc.message}, status_code=status)
         finally:
             gate.resume()
             metrics.PAUSED.set(0)
@@ -150,7 +179,12 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         count_tokens=late.count,
         max_body_bytes=cfg.max_body_bytes,
         keepalive_seconds=cfg.keepalive_seconds,
-        route_handlers=[*ops_routes("proxy", host.health), *admin_routes(gate, state)],
+        route_handlers=[
+            *ops_routes("proxy", host.health),
+            Router(
+                "/", route_handlers=admin_routes(gate, state), guards=[admin_guard(cfg.admin_token)]
+            ),
+        ],
         lifespan=[lifespan],
     )
     return app

@@ -211,4 +211,32 @@ def judge_chat_prompt(
     prefix = base.prompt_ids + base.output_ids
     if prompt_ids[: len(prefix)] == prefix and len(prompt_ids) > len(prefix):
         return PromptPlan(prompt_ids, base, True, None)
-    return PromptPlan(prompt_ids, base, False, "template_rerender_mismatch")
+    return PromptPlan(prompt_ids, base, False, rerender_reason(prompt_ids, messages, base))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _raw_args(message: dict[str, Any]) -> list[str]:
+    return [str(c.get("function", c).get("arguments")) for c in message.get("tool_calls") or []]
+
+
+def rerender_reason(prompt_ids: list[int], messages: list[dict[str, Any]], base: TurnState) -> str:
+    """Chat mode: why the engine's templating of a continued history is not the sampled
+    prefix. The first differing token says where; the echoed answer says how."""
+    at = _common_prefix(prompt_ids, base.prompt_ids + base.output_ids)
+    if at < len(base.prompt_ids):
+        return "history_rerendered"  # an earlier turn renders differently this time
+    echoed, reply = messages[len(base.messages)], base.reply
+    if reply.get("reasoning_content") and not echoed.get("reasoning_content"):
+        return "reasoning_dropped"  # the client did not send the model's thinking back
+    if _raw_args(echoed) != _raw_args(reply):
+        return "tool_arguments_reserialized"  # same JSON, other spacing or key order
+    if _text(echoed.get("content")) != _text(reply.get("content")):
+        return "assistant_text_changed"  # e.g. stripped whitespace
+    return "template_rerender_mismatch"  # the template renders the answer otherwise

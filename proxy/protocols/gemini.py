@@ -70,6 +70,12 @@ def endpoint_for(path_params: Mapping[str, Any]) -> Endpoint:
 # ---------------------------------------------------------------- request
 
 
+def _object(d: dict[str, Any], camel: str) -> dict[str, Any]:
+    """An optional object field: absent or null is {}, any other non-object a 400."""
+    v = get(d, camel)
+    return {} if v is None else as_dict(v, camel)
+
+
 def parse_request(
     body: dict[str, Any], path_params: Mapping[str, Any], query: Mapping[str, str]
 ) -> Conversation:
@@ -79,7 +85,7 @@ def parse_request(
     raw = body.get("contents")
     if not isinstance(raw, list):
         raise bad("contents must be an array", "contents")
-    config = as_dict(get(body, "generationConfig") or {}, "generationConfig")
+    config = _object(body, "generationConfig")
     system = system_text(get(body, "systemInstruction"))
     messages, dropped = parse_contents(raw)
     return Conversation(
@@ -87,9 +93,9 @@ def parse_request(
         system=system,
         messages=fill_tool_names(messages),
         tools=parse_tools(opt_list(body, "tools")),
-        tool_choice=parse_tool_config(as_dict(get(body, "toolConfig") or {}, "toolConfig")),
+        tool_choice=parse_tool_config(_object(body, "toolConfig")),
         sampling=parse_sampling(config),
-        reasoning=parse_thinking(as_dict(get(config, "thinkingConfig") or {}, "thinkingConfig")),
+        reasoning=parse_thinking(_object(config, "thinkingConfig")),
         response_format=response_format(config),
         stream=action == "streamGenerateContent" and query.get("alt") == "sse",
         metadata=metadata(action, query, dropped),

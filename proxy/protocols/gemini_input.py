@@ -25,6 +25,7 @@ from proxy.conversation import (
 from proxy.protocols.base import as_dict, bad, data_url, json_text, req_str
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+USER_ROLES = (None, "", "user", "function")  # "function": older clients' functionResponse turns
 
 
 def get(d: dict[str, Any], camel: str) -> Any:
@@ -53,10 +54,13 @@ def parse_contents(raw: list[Any]) -> tuple[list[Message], list[str]]:
         if not isinstance(parts, list):
             raise bad(f"contents[{i}].parts must be an array", f"contents[{i}].parts")
         at = f"contents[{i}]."
-        if c.get("role") == "model":
+        role = c.get("role")
+        if role == "model":
             reader.model_turn(parts, at)
-        else:
+        elif role in USER_ROLES:
             reader.user_turn(parts, at)
+        else:  # e.g. "assistant" from an OpenAI-shaped client: never silently a user turn
+            raise bad(f"{at}role must be 'user' or 'model', got {role!r}", at + "role")
     return reader.messages, reader.dropped
 
 
@@ -75,10 +79,9 @@ class _Reader:
             fc = get(p, "functionCall")
             if isinstance(fc, dict):
                 calls.append(self.call(fc, where + "functionCall."))
-            elif isinstance(p.get("text"), str):
-                content.append(
-                    ReasoningPart(p["text"]) if p.get("thought") else TextPart(p["text"])
-                )
+            elif p.get("text") is not None:
+                text = req_str(p, "text", where)  # a text that is no string is a 400
+                content.append(ReasoningPart(text) if p.get("thought") else TextPart(text))
             else:
                 self.media(p, content)
         self.messages.append(Message(role="assistant", content=content, tool_calls=calls))
@@ -104,8 +107,8 @@ class _Reader:
                     self.messages.append(Message(role="user", content=pending))
                     pending = []
                 self.messages.append(self.result(fr, where + "functionResponse."))
-            elif isinstance(p.get("text"), str):
-                pending.append(TextPart(p["text"]))
+            elif p.get("text") is not None:
+                pending.append(TextPart(req_str(p, "text", where)))
             else:
                 self.media(p, pending)
         if pending or not parts:

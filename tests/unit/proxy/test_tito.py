@@ -166,6 +166,6 @@ def test_chat_mode_drift_is_judged(tok):
     nxt = [*messages, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "and?"}]
     rerendered = tok.render_ids(nxt, None)  # what a server-side template would send
     plan = judge_chat_prompt(rerendered, nxt, None, [st])
-    assert plan.extends is False and plan.drift_reason == "template_rerender_mismatch"
+    assert plan.extends is False and plan.drift_reason == "reasoning_dropped"
     exact = plan_token_prompt(tok, nxt, None, [st]).prompt_ids
     assert judge_chat_prompt(exact, nxt, None, [st]).extends is True

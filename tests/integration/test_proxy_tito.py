@@ -1,0 +1,177 @@
+"""TITO exactness end to end: 30-turn tool-using sessions through every protocol's SDK,
+the real proxy process and the embedded engine, checked from the captured records.
+
+Token mode: every prompt extends the previous prompt + sampled output token for token,
+and the captured logprobs equal a teacher-forced recomputation under the model's weights.
+Chat mode (the engine templates): the same sessions report where re-templating drifted,
+with a reason, in the records and in ``polar_proxy_prompt_breaks_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from proxy.backends.embedded.weights import load_model
+from schemas.completion import reconstruct_prompts
+from services.common.registry import Registry
+from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
+from tests.integration.proxy_agents import AGENTS, TOOL, captured, run_loop
+from tests.unit.embedded.tiny import tiny_model_dir
+
+pytestmark = pytest.mark.asyncio
+TURNS = 30
+LOGPROB_TOLERANCE = 1e-4  # float32 forward, batched and cached vs. one full pass
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    srv = EmbeddedServer(
+        tiny_model_dir(), policy=POLICIES / "tool_loop.yaml", log_dir=tmp_path_factory.mktemp("e")
+    ).wait()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def token_proxy(engine, nats_url, redis_url, tmp_path_factory):
+    p = start_proxy(nats_url, redis_url, engine.url, tiny_model_dir(), tmp_path_factory.mktemp("t"))
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def chat_proxy(engine, nats_url, redis_url, tmp_path_factory):
+    p = start_proxy(
+        nats_url,
+        redis_url,
+        engine.url,
+        tiny_model_dir(),
+        tmp_path_factory.mktemp("c"),
+        mode="chat",
+    )
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(tiny_model_dir())
+
+
+async def run_sessions(proxy, redis_client, bus, task_id: str, **agent_kw):
+    """One 30-turn session per protocol, all at once; (agent, steps, records) each."""
+    reg = Registry(redis_client)
+    sessions = await running_session(reg, task_id, n=len(AGENTS))
+    agents = [cls(proxy.url, s.token, **agent_kw) for cls, s in zip(AGENTS, sessions, strict=True)]
+    runs = await asyncio.gather(*(run_loop(a, TURNS) for a in agents))
+    out = []
+    for agent, steps, session in zip(agents, runs, sessions, strict=True):
+        recs = await captured(bus, session.session_id, expect=TURNS)
+        out.append((agent, steps, recs))
+    return out
+
+
+def assert_loop_ran(agent, steps) -> None:
+    assert len(steps) == TURNS, agent.protocol
+    assert all(s.call and s.call[0] == TOOL and "cmd" in s.call[1] for s in steps[:-1])
+    assert steps[-1].call is None and "All checks pass" in steps[-1].text
+    assert steps[0].reasoning and steps[-1].reasoning  # the policy's reasoning reached the SDK
+
+
+def max_logprob_diff(model, recs, prompts) -> float:
+    """Largest |captured - teacher-forced| logprob over every output token of ``recs``.
+
+    The prompts extend each other exactly, so one forward pass over the last call's
+    prompt + output scores every earlier call's output at the same positions.
+    """
+    last = recs[-1]
+    full = prompts[last.seq] + last.output_ids
+    start = len(prompts[recs[0].seq])
+    truth = model.teacher_forced_logprobs(full, start)
+    worst = 0.0
+    for r in recs:
+        at = len(prompts[r.seq])
+        assert full[at : at + len(r.output_ids)] == r.output_ids
+        expected = truth[at - start : at - start + len(r.output_ids)]
+        assert len(expected) == len(r.output_logprobs) == len(r.output_ids) > 0
+        worst = max(worst, *(abs(a - b) for a, b in zip(expected, r.output_logprobs, strict=True)))
+    return worst
+
+
+async def test_token_mode_thirty_turns_every_protocol_zero_drift(
+    token_proxy, model, redis_client, bus
+):
+    t0 = time.monotonic()
+    results = await run_sessions(token_proxy, redis_client, bus, "tito-token")
+    print(f"\n{len(results)} sessions x {TURNS} calls in {time.monotonic() - t0:.1f}s")
+    report = {}
+    for agent, steps, recs in results:
+        assert_loop_ran(agent, steps)
+        assert [r.seq for r in recs] == list(range(TURNS)), agent.protocol
+        assert all(r.protocol == agent.protocol and r.mode == "token" for r in recs)
+        assert recs[0].extends_previous is None
+        drift = [(r.seq, r.drift_reason) for r in recs[1:] if r.extends_previous is not True]
+        assert drift == [], (agent.protocol, drift)
+        prompts = reconstruct_prompts(recs)
+        for prev, cur in zip(recs, recs[1:], strict=False):
+            head = prompts[prev.seq] + prev.output_ids
+            assert prompts[cur.seq][: len(head)] == head, (agent.protocol, cur.seq)
+            assert cur.prompt_base_seq == prev.seq and len(cur.prompt_ids) < 200
+        diff = max_logprob_diff(model, recs, prompts)
+        assert diff <= LOGPROB_TOLERANCE, (agent.protocol, diff)
+        report[agent.protocol] = (len(prompts[TURNS - 1]), diff)
+    print("\ntoken mode (final prompt tokens, max |logprob diff|):", report)
+
+
+def break_counts(metrics_text: str) -> dict[tuple[str, str], float]:
+    out = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("polar_proxy_prompt_breaks_total{"):
+            labels, value = line[len("polar_proxy_prompt_breaks_total{") :].split("} ")
+            kv = dict(p.split("=", 1) for p in labels.split(","))
+            out[(kv["protocol"].strip('"'), kv["reason"].strip('"'))] = float(value)
+    return out
+
+
+def expected_drift(protocol: str, steps) -> dict[str, int]:
+    """Where the engine's re-templating must differ from what the model sampled: after a
+    turn with reasoning (the client dropped it), and after a tool call whose arguments
+    the protocol carries as an object (Anthropic ``input``, Gemini ``args``: re-serialized
+    compactly, while the model wrote them with spaces)."""
+    out: dict[str, int] = {}
+    for step in steps[:-1]:
+        if step.reasoning:
+            reason = "reasoning_dropped"
+        elif protocol in ("anthropic_messages", "gemini"):
+            reason = "tool_arguments_reserialized"
+        else:
+            continue
+        out[reason] = out.get(reason, 0) + 1
+    return out
+
+
+async def test_chat_mode_same_sessions_report_drift_with_reasons(chat_proxy, redis_client, bus):
+    results = await run_sessions(chat_proxy, redis_client, bus, "tito-chat", echo_reasoning=False)
+    async with httpx.AsyncClient() as http:
+        metrics = break_counts((await http.get(chat_proxy.url + "/metrics")).text)
+    report = {}
+    for agent, steps, recs in results:
+        assert_loop_ran(agent, steps)
+        assert [r.seq for r in recs] == list(range(TURNS)), agent.protocol
+        assert all(r.mode == "chat" for r in recs)
+        reasons: dict[str, int] = {}
+        for r in recs[1:]:
+            if r.extends_previous is False:
+                assert r.drift_reason, (agent.protocol, r.seq)
+                reasons[r.drift_reason] = reasons.get(r.drift_reason, 0) + 1
+            else:
+                assert r.extends_previous is True and r.drift_reason is None
+        assert reasons == expected_drift(agent.protocol, steps), agent.protocol
+        for reason, n in reasons.items():
+            assert metrics[(agent.protocol, reason)] == n, (agent.protocol, reason)
+        report[agent.protocol] = reasons
+    print("\nchat mode drift by reason:", report)
