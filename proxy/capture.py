@@ -32,6 +32,12 @@ _REMEMBER = Script(
     "redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3])); return 1"
 )
 
+# DECR the session's call counter only if ``seq`` is still the last number handed out
+_RELEASE = Script(
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DECR', KEYS[1]); return 1 end; "
+    "return 0"
+)
+
 
 @dataclass(frozen=True)
 class CallContext:
@@ -61,6 +67,11 @@ class SessionStore:
 
     async def next_seq(self, session_id: str) -> int:
         return int(await self.redis.call("INCR", f"polar:seq:{session_id}")) - 1
+
+    async def release_seq(self, session_id: str, seq: int) -> bool:
+        """Give back a number whose record was never committed, if no call took a later
+        one meanwhile: a failed capture then leaves no gap for builders to report as lost."""
+        return bool(await self.redis.script(_RELEASE, [f"polar:seq:{session_id}"], [seq + 1]))
 
     async def states(self, session_id: str, attempt: int) -> list[TurnState]:
         raw = await self.redis.call("LRANGE", self._key(session_id, attempt), 0, MAX_STATES - 1)

@@ -23,6 +23,7 @@ from proxy.capture import CallContext, SessionStore
 from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
+from proxy.resp import RedisReplyError, RedisUnavailable
 from proxy.tito import (
     PromptPlan,
     TurnState,
@@ -102,6 +103,9 @@ class CompletionHandler:
             raise UpstreamError(
                 exc.status or 503, str(exc), _KIND.get(exc.kind, ErrorKind.UNAVAILABLE)
             ) from exc
+        except (RedisUnavailable, RedisReplyError) as exc:  # session state: a 503, not a 500
+            metrics.CALLS.labels(protocol, "state_error").inc()
+            raise UpstreamError(503, f"session state unavailable: {exc}") from exc
         metrics.observe_call(protocol, ctx, gen, plan)
         return turn
 
@@ -115,6 +119,7 @@ class CompletionHandler:
             await capture.commit(self.bus, record)
         except UpstreamError:
             metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
+            await self.store.release_seq(sid, seq)
             raise
         state = TurnState(
             seq=seq,
@@ -140,9 +145,13 @@ class CompletionHandler:
             )
             seq = await self.store.next_seq(ctx.session_id)
             record = capture.build_record(ctx, seq, plan, empty, aborted=True)
-            await capture.commit(self.bus, record)
-        except ProxyError as exc:
-            log.warning("could not record an aborted call of %s: %s", ctx.session_id, exc.message)
+            try:
+                await capture.commit(self.bus, record)
+            except UpstreamError:
+                await self.store.release_seq(ctx.session_id, seq)
+                raise
+        except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
+            log.warning("could not record an aborted call of %s: %s", ctx.session_id, exc)
 
     async def _generate(self, sid, conv, messages, tools, states):
         sampling = self._sampling(conv)

@@ -1,9 +1,13 @@
-"""Bad input against the real proxy process: every endpoint, generated requests.
+"""The real proxy process under bad input and long calls.
 
-A RUNNING session with captured calls, then hypothesis-generated bad requests at every
-endpoint with that session's token (malformed JSON, wrong JSON types, missing fields,
-out-of-range values, huge bodies, unknown tokens): every answer is a 4xx, the process
-stays up, the engine is never called and the session's records are byte-identical.
+Bad input: a RUNNING session with captured calls, then hypothesis-generated bad requests
+at every endpoint with that session's token (malformed JSON, wrong JSON types, missing
+fields, out-of-range values, huge bodies, unknown tokens): every answer is a 4xx, the
+process stays up, the engine is never called and the session's records are byte-identical.
+
+Long calls (the policy's SLOW REPLY, ~1,600 tokens): keep-alives flow while the engine
+works, so a client whose idle timeout is shorter than the call still gets its answer; a
+client that hangs up cancels the engine request, and the call is recorded as aborted.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from tests.integration.proxy_agents import ChatAgent, captured, run_loop
 from tests.unit.embedded.tiny import tiny_model_dir
 
 LIMIT = 64 * 1024
+KEEPALIVE = 0.25  # seconds between keep-alives while the engine works
 ADMIN = "admin-secret"
 FUZZ = settings(
     max_examples=100,
@@ -312,6 +317,7 @@ def proxy(engine, nats_url, redis_url, tmp_path_factory):
         tmp_path_factory.mktemp("p"),
         max_body_bytes=LIMIT,
         admin_token=ADMIN,
+        keepalive_seconds=KEEPALIVE,
     )
     yield p
     p.stop()
@@ -388,3 +394,109 @@ def test_bad_input_at_every_endpoint_is_a_4xx_and_leaves_records_untouched(
     client = openai.OpenAI(base_url=f"{proxy.url}/s/{session.token}/v1", api_key="x", max_retries=0)
     ok = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert ok.choices[0].message.tool_calls
+
+
+# -- long calls ---------------------------------------------------------------------------
+SLOW = [{"role": "user", "content": "SLOW REPLY please"}]
+
+
+def engine_state(engine) -> dict:
+    return httpx.get(engine.url + "/server_info").json()["internal_states"][0]
+
+
+async def new_session(redis_client, task_id: str):
+    (session,) = await running_session(Registry(redis_client), task_id)
+    return session
+
+
+async def raw_stream_timeline(url: str, body: dict) -> list[tuple[float, bytes]]:
+    """(seconds since the request, chunk) for every chunk of an SSE answer."""
+    out = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=1.0)) as client:
+        t0 = asyncio.get_running_loop().time()
+        async with client.stream("POST", url, json=body) as r:
+            assert r.status_code == 200
+            async for chunk in r.aiter_raw():
+                out.append((asyncio.get_running_loop().time() - t0, chunk))
+    return out
+
+
+async def test_keepalives_outlast_client_idle_timeouts(proxy, redis_client, bus):
+    a, b = await new_session(redis_client, "slow-a"), await new_session(redis_client, "slow-b")
+    anthropic_body = {"model": "m", "max_tokens": 900, "stream": True, "messages": SLOW}
+    sdk = openai.AsyncOpenAI(
+        base_url=f"{proxy.url}/s/{b.token}/v1",
+        api_key="x",
+        max_retries=0,
+        timeout=httpx.Timeout(60, read=1.0),  # idle timeout: far shorter than the call
+    )
+    stream = sdk.chat.completions.create(model="m", messages=SLOW, max_tokens=900, stream=True)
+    timeline, chunks = await asyncio.gather(
+        raw_stream_timeline(f"{proxy.url}/s/{a.token}/v1/messages", anthropic_body),
+        _collect(stream),
+    )
+    took = timeline[-1][0]
+    gaps = [t2 - t1 for (t1, _), (t2, _) in zip(timeline, timeline[1:], strict=False)]
+    pings = sum(c.count(b"event: ping") for _, c in timeline)
+    assert took > 2.0 and max([timeline[0][0], *gaps]) < 1.0, (took, max(gaps))
+    assert pings >= 4 and b"event: message_stop" in timeline[-1][1]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.count("\N{TURTLE}") > 100
+    for session in (a, b):
+        (rec,) = await captured(bus, session.session_id, expect=1)
+        assert rec.finish_reason == "length" and len(rec.output_ids) == 900 and not rec.aborted
+    print(f"\nslow call: {took:.1f}s, {pings} pings, longest silence {max(gaps):.2f}s")
+
+
+async def _collect(stream_coro) -> list:
+    return [c async for c in await stream_coro]
+
+
+async def wait_idle(engine, timeout: float = 5.0) -> dict:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        async with httpx.AsyncClient() as c:
+            state = (await c.get(engine.url + "/server_info")).json()["internal_states"][0]
+        if state["running"] == 0 and state["waiting"] == 0:
+            return state
+        assert asyncio.get_running_loop().time() < deadline, state
+        await asyncio.sleep(0.1)
+
+
+async def test_hanging_up_cancels_the_engine_request_and_records_an_abort(
+    proxy, engine, redis_client, bus
+):
+    streamed, plain = (
+        await new_session(redis_client, "hangup-a"),
+        await new_session(redis_client, "hangup-b"),
+    )
+    before = (await wait_idle(engine))["generated_tokens"]
+    body = {"model": "m", "stream": True, "messages": SLOW}
+    keepalives = 0
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream(
+            "POST", f"{proxy.url}/s/{streamed.token}/v1/chat/completions", json=body
+        ) as r,
+    ):
+        assert r.status_code == 200
+        async for chunk in r.aiter_raw():
+            keepalives += chunk.count(b": keep-alive")
+            if keepalives >= 2:
+                break  # the harness hangs up mid-call
+    with pytest.raises(httpx.ReadTimeout):  # a plain (non-streaming) call, abandoned
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            await client.post(
+                f"{proxy.url}/s/{plain.token}/v1/chat/completions",
+                json={"model": "m", "messages": SLOW},
+            )
+    after = (await wait_idle(engine))["generated_tokens"]
+    assert after - before < 1600  # both engine requests stopped early (1,600 tokens each)
+    for session in (streamed, plain):
+        (rec,) = await captured(bus, session.session_id, expect=1)
+        assert rec.aborted and rec.finish_reason == "abort" and rec.output_ids == []
+        assert len(rec.prompt_ids) > 10  # token mode knows the prompt it was serving
+    async with httpx.AsyncClient() as c:
+        text = (await c.get(proxy.url + "/metrics")).text
+    assert 'polar_proxy_calls_total{protocol="openai_chat",result="aborted"} 2.0' in text
+    print(f"\nengine tokens generated for two abandoned 1,600-token calls: {after - before}")
