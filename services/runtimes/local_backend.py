@@ -115,8 +115,8 @@ class LocalSandboxRuntime(Runtime):
         await asyncio.gather(*(p.kill(grace) for p in procs))
         await kill_tree(None, (TAG_RUNTIME, self.runtime_id), grace)
         await self._release()
-        if not self.keep_files:
-            shutil.rmtree(self.session_dir, ignore_errors=True)
+        if not self.keep_files:  # in a thread: removing a tree is slow on some disks
+            await asyncio.to_thread(shutil.rmtree, self.session_dir, ignore_errors=True)
 
     # -- processes ------------------------------------------------------------------
     def base_env(self) -> dict[str, str]:

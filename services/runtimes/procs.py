@@ -32,17 +32,33 @@ def environ_has(environ: bytes, name: str, value: str) -> bool:
 def tagged_pids(name: str, value: str, proc_root: Path = PROC_ROOT) -> list[int]:
     """Live processes whose environment holds `name=value` (this process excluded)."""
     me = os.getpid()
+    needle = f"{name}={value}".encode()
     found = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+    # Plain os calls, not pathlib: this scan runs on every kill and stop (hot path).
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit() or int(entry) == me:
             continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-        if environ_has(environ, name, value):
-            found.append(int(entry.name))
+        environ = _read_environ(f"{proc_root}/{entry}/environ")
+        if needle in environ and environ_has(environ, name, value):
+            found.append(int(entry))
     return found
+
+
+def _read_environ(path: str) -> bytes:
+    """The environ block; empty if the process is gone or not ours to read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def signal_pids(pids: Iterable[int], sig: int) -> None:
@@ -71,10 +87,12 @@ async def kill_tree(pgid: int | None, tag: tuple[str, str], grace: float) -> lis
     name, value = tag
     if grace > 0:
         signal_group(pgid, signal.SIGTERM)
-        signal_pids(tagged_pids(name, value), signal.SIGTERM)
+        pids = tagged_pids(name, value)
+        signal_pids(pids, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and tagged_pids(name, value):
+        while pids and time.monotonic() < deadline:  # nothing found: nothing to wait for
             await asyncio.sleep(_POLL_SECONDS)
+            pids = tagged_pids(name, value)
     signal_group(pgid, signal.SIGKILL)
     # A process may fork between a scan and a kill: sweep until nothing is left.
     deadline = time.monotonic() + _KILL_SWEEP_SECONDS
