@@ -12,9 +12,10 @@ GIT = "git -c user.name=polar -c user.email=polar@localhost -c core.hooksPath=/d
 
 
 def baseline_command() -> str:
-    """Snapshot the prepared workdir so the diff later shows only the agent's changes."""
+    """Snapshot the prepared workdir so the diff later shows only the agent's changes.
+    No template (sample hooks and the like): fewer files to create and remove per session."""
     return (
-        f"{GIT} init -q 2>/dev/null; {GIT} add -A && "
+        f"{GIT} init -q --template= 2>/dev/null; {GIT} add -A && "
         f"{GIT} commit -q --allow-empty --no-verify -m 'polar baseline'"
     )
 

@@ -18,9 +18,19 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
-from schemas import Artifacts, Outcome, ReadyWork, SessionState, decode
+from schemas import Artifacts, NodeHeartbeat, Outcome, ReadyWork, SessionState, decode
+from schemas import subjects as S
 from services.common.bus import Bus
-from services.common.node import SessionPaths, harness_context, node_runtime
+from services.common.node import (
+    STAGE_RESULTS,
+    STAGE_SECONDS,
+    STAGE_WAIT,
+    SessionPaths,
+    harness_context,
+    node_runtime,
+    node_stages,
+    send_heartbeat,
+)
 from services.common.plugins import Registry as PluginRegistry
 from services.common.registry import Registry
 from services.executor import artifacts as A
@@ -32,6 +42,11 @@ from services.runtimes.prepare import run_prepare
 
 log = logging.getLogger(__name__)
 ST = SessionState
+EXECUTOR_STAGES = {"RUNNING": ST.RUNNING, "POSTRUN": ST.POSTRUN}
+# A hand-over that finds its session in one of these states: the runtime waits for
+# nobody, stop it. (In any other state someone else holds it: a duplicate delivery while
+# it runs, a newer attempt, or an evaluator on the live runtime.)
+ABANDONED = (ST.CANCELLED, ST.ERROR)
 
 
 @dataclass
@@ -67,32 +82,55 @@ class Executor:
     # -- one session --------------------------------------------------------------------
     async def on_ready(self, msg: Msg) -> None:
         work = decode(msg.data, ReadyWork)
+        if work.session_id in self.running:  # a duplicate delivery while it runs here
+            return
         task = await self.registry.get_task(work.task_id)
         session = await self.registry.get_session(work.session_id)
-        if task is None or session is None:
-            return
+        if task is None or session is None or session.attempt != work.attempt:
+            return  # gone, or the hand-over of an earlier attempt (the runtime is not its)
         runtime = node_runtime(self.config, task.spec.runtime, work.session_id, work.runtime_id)
         started = await self.registry.transition(
             work.session_id, ST.RUNNING, from_=[ST.READY], expect_version=None
         )
-        if not started.ok:  # cancelled or ended while it waited in the READY buffer
-            await runtime.stop()
+        if not started.ok:
+            if started.from_state in ABANDONED:  # cancelled or ended in the READY buffer
+                await runtime.stop()
             return
-        await self.registry.hold([work.session_id], self.owner, self.config.lease_seconds)
         run = RunningSession(work.session_id, runtime)
-        self.running[work.session_id] = run
+        self.running[work.session_id] = run  # from here on a cancel message finds it
+        STAGE_WAIT.labels(self.node, "run").observe(max(0.0, time.time() - work.ts))
+        t0 = time.monotonic()
         try:
-            await self._run_session(run, task.spec, session, work)
+            await self.registry.hold([work.session_id], self.owner, self.config.lease_seconds)
+            await self._cancelled_meanwhile(run)
+            outcome = await self._run_session(run, task.spec, session, work)
         finally:
             self.running.pop(work.session_id, None)
             await self.registry.release(work.session_id)
+            STAGE_SECONDS.labels(self.node, "run").observe(time.monotonic() - t0)
+        STAGE_RESULTS.labels(self.node, "run", outcome.value).inc()
 
-    async def _run_session(self, run: RunningSession, spec, session, work: ReadyWork) -> None:
+    async def _cancelled_meanwhile(self, run: RunningSession) -> None:
+        """A cancel that landed between the RUNNING transition and ``self.running``."""
+        now = await self.registry.get_session(run.session_id)
+        if now is None or now.state != ST.RUNNING:
+            run.cancel_reason = (now.reason if now else None) or "cancelled"
+            run.cancelled.set()
+
+    async def _run_session(self, run: RunningSession, spec, session, work: ReadyWork) -> Outcome:
         paths = SessionPaths.of(self.config.work_dir, session.session_id)
         harness = self.harnesses.create(spec.agent.harness)
         ctx = harness_context(session, spec, run.runtime, self.config.proxy_url, paths)
         prewarm = self._start_prewarm(spec, session.session_id)
-        result = await self._run_harness(run, harness, ctx, spec, session)
+        t0 = time.monotonic()
+        try:
+            result = await self._run_harness(run, harness, ctx, spec, session)
+        except Exception as exc:  # noqa: BLE001 - it ends as ERROR; never stuck in RUNNING
+            log.warning("harness of %s could not run: %s", session.session_id, exc)
+            result = RunResult(
+                Outcome.ERROR, f"harness could not run: {exc}"[:2000], None, b"", b""
+            )
+        STAGE_SECONDS.labels(self.node, "harness").observe(time.monotonic() - t0)
         keep_live = spec.evaluator.runtime == "live" and spec.evaluator.name != "session_completed"
         arts = await self._collect(run.runtime, harness, ctx, result, spec, paths)
         eval_runtime_id = await _finish_prewarm(prewarm)
@@ -100,11 +138,13 @@ class Executor:
             eval_runtime_id = run.runtime.runtime_id  # the evaluator stops it
         else:
             await run.runtime.stop(self.config.kill_grace_seconds)
-        if result.outcome == Outcome.CANCELLED:
-            return  # the canceller already moved the session to CANCELLED
-        await self._finish(session, work, result, arts, eval_runtime_id)
+        if result.outcome != Outcome.CANCELLED:  # else the canceller moved it to CANCELLED
+            await self._finish(session, work, result, arts, eval_runtime_id)
+        return result.outcome
 
     async def _run_harness(self, run, harness, ctx: HarnessContext, spec, session) -> RunResult:
+        if run.cancelled.is_set():
+            return RunResult(Outcome.CANCELLED, run.cancel_reason, None, b"", b"")
         hrun = harness.run(ctx)
         if hrun is None:
             return RunResult(Outcome.COMPLETED, None, 0, b"", b"")
@@ -193,7 +233,11 @@ class Executor:
 
         return asyncio.create_task(prewarm())
 
-    # -- cancellation, leases, reaping ------------------------------------------------
+    # -- cancellation, leases, heartbeats ---------------------------------------------
+    async def subscribe(self) -> list:
+        """Core-NATS subscriptions the executor needs (the caller unsubscribes them)."""
+        return [await self.bus.nc.subscribe(S.session_cancel("*"), cb=self.on_cancel)]
+
     async def on_cancel(self, msg: Msg) -> None:
         sid = msg.subject.rsplit(".", 1)[-1]
         run = self.running.get(sid)
@@ -203,6 +247,16 @@ class Executor:
 
     async def renew_leases(self) -> None:
         await self.registry.hold(list(self.running), self.owner, self.config.lease_seconds)
+
+    async def heartbeat(self) -> None:
+        beat = NodeHeartbeat(
+            ts=time.time(),
+            node=self.node,
+            service="executor",
+            stages=await node_stages(self.registry, self.node, EXECUTOR_STAGES),
+            capacity={"RUNNING": self.config.max_run},
+        )
+        await send_heartbeat(self.bus, self.registry, beat)
 
 
 async def _finish_prewarm(task: asyncio.Task | None) -> str | None:

@@ -22,10 +22,13 @@ from services.executor.reaper import Reaper
 
 def ready_consumer(executor: Executor) -> Consumer:
     cfg = executor.config
+    # ack_wait follows the lease: the hand-overs a dead executor held come back to its
+    # successor about when the reaper ends or retries their sessions (the consumer keeps
+    # a live one's messages in progress every ack_wait / 3).
     config = work_consumer(
         S.consumer_executor(cfg.node),
         S.sessions_ready(cfg.node),
-        ack_wait=60,
+        ack_wait=max(cfg.lease_seconds, 1.0),
         max_deliver=3,
         max_ack_pending=cfg.max_run,
     )
@@ -43,9 +46,11 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
         await host.start()
         executor = Executor(host.bus, host.registry, cfg, default_registry())
         app.state.executor = executor
-        cancels = await host.bus.nc.subscribe("polar.control.cancel.*", cb=executor.on_cancel)
+        subs = await executor.subscribe()
         host.consume(ready_consumer(executor))
         host.every(cfg.lease_seconds / 3, executor.renew_leases, "leases")
+        await executor.heartbeat()
+        host.every(cfg.heartbeat_seconds, executor.heartbeat, "heartbeat")
         reaper = Reaper(
             host.registry, host.bus, partial(node_runtime, cfg), keep=executor.running.__contains__
         )
@@ -53,7 +58,8 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
         try:
             yield
         finally:
-            await cancels.unsubscribe()
+            for sub in subs:
+                await sub.unsubscribe()
             await host.stop()
 
     return Litestar(route_handlers=ops_routes("executor", host.health), lifespan=[lifespan])

@@ -4,7 +4,8 @@ A holder (pool during INIT and READY, executor during RUNNING) renews a lease in
 when it stops renewing, any pool or executor that notices takes the expired lease
 (exactly one wins), cleans the runtime if it can reach it, and retries the session if
 the task allows — otherwise a RUNNING session is finished as ERROR so what it captured
-is still built, and an earlier one ends as ERROR.
+is still built, and an earlier one ends as ERROR. A session that ended (cancelled, or
+ended by a deadline) while its holder still had it only has its runtime stopped.
 """
 
 from __future__ import annotations
@@ -94,13 +95,15 @@ class Reaper:
 
     async def _reap_one(self, sid: str) -> None:
         session = await self.registry.get_session(sid)
-        if session is None or session.state not in (ST.INITIALIZING, ST.READY, ST.RUNNING):
+        if session is None:
             return
         task = await self.registry.get_task(session.task_id)
-        raw = await self.registry.redis.hget(S.key_session(sid), "runtime_id")
-        runtime_id = raw.decode() if raw else f"{sid}-main"
-        with contextlib.suppress(Exception):  # clean what is reachable from this node
-            await self.runtime_for(task.spec.runtime, sid, runtime_id).stop()
+        if session.state in (ST.CANCELLED, ST.ERROR) and task is not None:
+            await self._stop_runtime(task, sid)  # ended while held, e.g. cancelled in READY
+            return
+        if task is None or session.state not in (ST.INITIALIZING, ST.READY, ST.RUNNING):
+            return
+        await self._stop_runtime(task, sid)
         reason = f"{session.state.lower()} holder lost (lease expired; node {session.node})"
         log.warning("reaping %s: %s", sid, reason)
         if session.attempt < task.spec.max_retries:
@@ -118,3 +121,9 @@ class Reaper:
             )
         else:
             await self.registry.transition(sid, ST.ERROR, from_=[session.state], reason=reason)
+
+    async def _stop_runtime(self, task, sid: str) -> None:
+        raw = await self.registry.redis.hget(S.key_session(sid), "runtime_id")
+        runtime_id = raw.decode() if raw else f"{sid}-main"
+        with contextlib.suppress(Exception):  # clean what is reachable from this node
+            await self.runtime_for(task.spec.runtime, sid, runtime_id).stop()

@@ -12,6 +12,7 @@ class NodeSettings(ServiceSettings, frozen=True, kw_only=True):
     ready_buffer: int = 4
     max_run: int = 8
     lease_seconds: float = 30.0
+    heartbeat_seconds: float = 5.0  # NodeHeartbeat on polar.nodes.heartbeat and in polar:nodes
     docker_host: str | None = None
 
 

@@ -17,10 +17,27 @@ import uuid
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 
-from schemas import InitWork, ReadyWork, SessionState, decode, encode
+from schemas import (
+    InitWork,
+    NodeHeartbeat,
+    ReadyWork,
+    SessionState,
+    SessionStateChanged,
+    decode,
+    encode,
+)
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer, work_consumer
-from services.common.node import SessionPaths, harness_context, node_runtime
+from services.common.node import (
+    STAGE_RESULTS,
+    STAGE_SECONDS,
+    STAGE_WAIT,
+    SessionPaths,
+    harness_context,
+    node_runtime,
+    node_stages,
+    send_heartbeat,
+)
 from services.common.plugins import Registry as PluginRegistry
 from services.common.registry import Registry
 from services.executor.artifacts import baseline_command
@@ -34,6 +51,10 @@ from services.runtimes.prepare import run_prepare
 
 log = logging.getLogger(__name__)
 ST = SessionState
+POOL_STAGES = {"INIT": ST.INITIALIZING, "READY": ST.READY}
+# A READY session that moves to one of these never reaches an executor: its runtime,
+# prepared and detached by this pool, is the pool's to stop.
+LEFT_READY = (ST.CANCELLED, ST.ERROR)
 
 
 class RuntimePool:
@@ -74,6 +95,8 @@ class RuntimePool:
             keepalive.cancel()
             if self._jobs:
                 await asyncio.gather(*self._jobs, return_exceptions=True)
+            with contextlib.suppress(Exception):  # a pull sub left behind blocks drain()
+                await sub.unsubscribe()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -139,6 +162,7 @@ class RuntimePool:
         if not t.ok:  # cancelled, already taken by an earlier delivery, or gone
             await msg.ack()
             return False
+        STAGE_WAIT.labels(self.node, "init").observe(max(0.0, time.time() - item.ts))
         await self.registry.hold([item.session_id], self.owner, self.config.lease_seconds)
         job = asyncio.create_task(self._init(item, msg))
         self._jobs.add(job)
@@ -149,7 +173,7 @@ class RuntimePool:
     async def _init(self, item: InitWork, msg: Msg) -> None:
         sid = item.session_id
         keepalive = asyncio.create_task(_keep_alive(msg))
-        runtime = None
+        runtime, result, started = None, "failed", time.monotonic()
         try:
             task = await self.registry.get_task(item.task_id)
             session = await self.registry.get_session(sid)
@@ -161,6 +185,7 @@ class RuntimePool:
                 sid, ST.READY, from_=[ST.INITIALIZING], runtime_id=runtime.runtime_id
             )
             if not ready.ok:  # cancelled while preparing
+                result = "cancelled"
                 await runtime.cancel()
                 return
             work = ReadyWork(
@@ -176,11 +201,14 @@ class RuntimePool:
             await self.bus.publish(
                 S.sessions_ready(self.node), encode(work), msg_id=f"ready:{sid}:{item.attempt}"
             )
+            result = "ready"
         except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
             await self._init_failed(item, runtime, exc)
         finally:
             keepalive.cancel()
             self.initializing.pop(sid, None)
+            STAGE_SECONDS.labels(self.node, "init").observe(time.monotonic() - started)
+            STAGE_RESULTS.labels(self.node, "init", result).inc()
             with contextlib.suppress(Exception):
                 await msg.ack()
             await self.dispatch()
@@ -221,18 +249,64 @@ class RuntimePool:
                 item.session_id, ST.ERROR, from_=[ST.INITIALIZING], reason=reason
             )
 
-    # -- cancellation and reaping -------------------------------------------------------
+    # -- cancellation, leases, heartbeats ---------------------------------------------
+    async def subscribe(self) -> list:
+        """Core-NATS subscriptions the pool needs (the caller unsubscribes them)."""
+        nc = self.bus.nc
+        return [
+            await nc.subscribe(S.session_cancel("*"), cb=self.on_cancel),
+            *[await nc.subscribe(S.session_event(st), cb=self.on_left_ready) for st in LEFT_READY],
+        ]
+
     async def on_cancel(self, msg: Msg) -> None:
+        """A session cancelled while this pool prepares it: stop its runtime now."""
         sid = msg.subject.rsplit(".", 1)[-1]
         runtime = self.initializing.get(sid)
         if runtime is not None:
             await runtime.cancel()
+
+    async def on_left_ready(self, msg: Msg) -> None:
+        """A session of this node left READY for good (cancelled, or ended by the
+        deadline check): its prepared runtime waits for nobody, stop it. (If this message
+        is missed, the executor stops it on hand-over, and the reaper when the lease the
+        pool no longer renews expires.)"""
+        try:
+            ev = decode(msg.data, SessionStateChanged)
+        except ValueError:
+            return
+        if ev.from_state != ST.READY:
+            return
+        node, raw = await self.registry.redis.hmget(
+            S.key_session(ev.session_id), ["node", "runtime_id"]
+        )
+        task = await self.registry.get_task(ev.task_id)
+        if node != self.node.encode() or raw is None or task is None:
+            return
+        with contextlib.suppress(Exception):
+            rt = node_runtime(self.config, task.spec.runtime, ev.session_id, raw.decode())
+            await rt.cancel()
+        await self.registry.release(ev.session_id)
 
     async def renew_leases(self) -> None:
         """The pool holds its node's INITIALIZING and READY sessions."""
         ready = await self.registry.node_sessions(self.node, ST.READY)
         held = [*self.initializing, *ready]
         await self.registry.hold(held, self.owner, self.config.lease_seconds)
+
+    async def heartbeat(self) -> None:
+        cfg = self.config
+        stages = {
+            "QUEUED": len(self.queue),
+            **await node_stages(self.registry, self.node, POOL_STAGES),
+        }
+        beat = NodeHeartbeat(
+            ts=time.time(),
+            node=self.node,
+            service="pool",
+            stages=stages,
+            capacity={"INIT": cfg.max_init, "READY": cfg.ready_buffer},
+        )
+        await send_heartbeat(self.bus, self.registry, beat)
 
 
 async def _keep_alive(msg: Msg, period: float = 15.0) -> None:

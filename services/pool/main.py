@@ -27,9 +27,11 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
         await host.start()
         pool = RuntimePool(host.bus, host.registry, cfg, default_registry())
         app.state.pool = pool
-        cancels = await host.bus.nc.subscribe("polar.control.cancel.*", cb=pool.on_cancel)
+        subs = await pool.subscribe()
         host._spawn(pool.run, "pool")
         host.every(cfg.lease_seconds / 3, pool.renew_leases, "leases")
+        await pool.heartbeat()
+        host.every(cfg.heartbeat_seconds, pool.heartbeat, "heartbeat")
         reaper = Reaper(
             host.registry, host.bus, partial(node_runtime, cfg), keep=pool.initializing.__contains__
         )
@@ -39,7 +41,8 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
             yield
         finally:
             pool.stop()
-            await cancels.unsubscribe()
+            for sub in subs:
+                await sub.unsubscribe()
             await host.stop()
 
     return Litestar(route_handlers=ops_routes("pool", host.health), lifespan=[lifespan])
