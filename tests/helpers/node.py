@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from schemas import SessionFinished, SessionStateChanged, decode
+import orjson
+
+from schemas import SessionFinished, SessionStateChanged, TaskRequest, decode
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.registry import Registry
@@ -16,6 +22,7 @@ from services.executor.harnesses import default_registry
 from services.executor.main import ready_consumer
 from services.pool.config import PoolConfig
 from services.pool.handlers import RuntimePool
+from services.runtimes.procs import TAG_SESSION, tagged_pids
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.handlers import Scheduler
 
@@ -31,17 +38,22 @@ class Node:
     finished: dict[str, SessionFinished] = field(default_factory=dict)
 
     @classmethod
-    async def start(cls, nats_url: str, redis_url: str, work_dir, **limits) -> Node:
+    async def start(
+        cls, nats_url: str, redis_url: str, work_dir, *, executor: dict | None = None, **limits
+    ) -> Node:
+        """``limits``: node settings for both services; ``executor``: executor-only ones."""
         bus = await Bus.open(nats_url, "test-node")
         reg = Registry.from_url(redis_url, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
         common = dict(nats_url=nats_url, redis_url=redis_url, work_dir=str(work_dir), **limits)
         pool = RuntimePool(bus, reg, PoolConfig(**common), default_registry())
-        executor = Executor(bus, reg, ExecutorConfig(**common), default_registry())
+        executor = Executor(
+            bus, reg, ExecutorConfig(**common, **(executor or {})), default_registry()
+        )
         sched = Scheduler(bus, reg, SchedulerConfig(nats_url=nats_url, redis_url=redis_url))
         node = cls(bus, reg, pool, executor, sched)
         await bus.nc.subscribe(S.SESSIONS_FINISHED, cb=node._on_finished)
-        await bus.nc.subscribe("polar.control.cancel.*", cb=pool.on_cancel)
-        await bus.nc.subscribe("polar.control.cancel.*", cb=executor.on_cancel)
+        await pool.subscribe()  # cancels, and READY sessions that ended (the pool stops them)
+        await executor.subscribe()
         consumer = ready_consumer(executor)
         node.consumer = consumer
         node.tasks = [asyncio.create_task(pool.run()), asyncio.create_task(consumer.run())]
@@ -70,8 +82,14 @@ class Node:
         return sorted(out, key=lambda e: e.seq)
 
     async def stop(self) -> None:
+        """Stop both services; runs and INITs still going are cancelled (runtimes stopped)."""
         self.pool.stop()
         self.consumer.stop()
+        for run in self.executor.running.values():
+            run.cancel_reason = "test node stopping"
+            run.cancelled.set()
+        for runtime in list(self.pool.initializing.values()):
+            await runtime.cancel()
         for t in self.tasks:
             t.cancel()
         for t in self.tasks:
@@ -79,3 +97,70 @@ class Node:
                 await t
         await self.registry.close()
         await self.bus.close()
+
+
+def task(task_id: str, n: int = 1, **spec) -> TaskRequest:
+    """A TaskRequest from plain JSON-like keyword arguments (validated like a submission)."""
+    raw = {"task_id": task_id, "instruction": "do the task", "num_samples": n, **spec}
+    return decode(orjson.dumps(raw), TaskRequest)
+
+
+def session_procs(session_id: str) -> list[int]:
+    """Live processes started for a session (found by its tag, wherever they moved)."""
+    return tagged_pids(TAG_SESSION, session_id)
+
+
+def dead(pid: int) -> bool:
+    """Gone, or a zombie (holds nothing but its pid until its new parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[object] | object], timeout: float, what: str = "condition"
+) -> object:
+    """Poll ``check`` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+def leftover_dirs(work_dir) -> list[str]:
+    """Session directories still on disk under a node's work dir."""
+    root = os.path.join(str(work_dir), "sessions")
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+# -- docker runtime tests (podman's Docker API; `eval "$(infra/podman/setup.sh)"`) -------
+PODMAN_SOCKET = Path(os.environ.get("POLAR_PODMAN_DIR", "/tmp/polar-podman")) / "podman.sock"
+DOCKER_HOST = os.environ.get("DOCKER_HOST") or (
+    f"unix://{PODMAN_SOCKET}" if PODMAN_SOCKET.exists() else None
+)
+IMAGE = os.environ.get("POLAR_TEST_IMAGE", "polar-test:latest")
+
+
+def containers(runtime_ids: list[str]) -> list[str]:
+    """Names of the containers (any state) labelled with these runtimes."""
+    if DOCKER_HOST is None:
+        return []
+    import docker
+
+    client = docker.DockerClient(base_url=DOCKER_HOST)
+    try:
+        return [
+            c.name
+            for rid in runtime_ids
+            for c in client.containers.list(all=True, filters={"label": f"polar.runtime={rid}"})
+        ]
+    finally:
+        client.close()

@@ -1,0 +1,132 @@
+"""Cancelling a session in INIT, READY and RUNNING through pool + executor: its runtime
+is stopped at once, and no process, session directory (or container) is left behind.
+
+Each stage has something running to leave behind: a prepare action still running (INIT),
+a background process a prepare action started (it survives the hand-over: READY), the
+harness and its children (RUNNING). Local runtime always; the same with the docker
+runtime against podman's Docker API when an engine is there.
+"""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from schemas import SessionState
+from services.scheduler import logic
+from tests.helpers.node import (
+    DOCKER_HOST,
+    IMAGE,
+    Node,
+    containers,
+    leftover_dirs,
+    session_procs,
+    task,
+    wait_until,
+)
+
+pytestmark = pytest.mark.asyncio
+ST = SessionState
+
+BACKENDS = [
+    "local",
+    pytest.param(
+        "docker",
+        marks=pytest.mark.skipif(DOCKER_HOST is None, reason="no Docker engine (podman setup)"),
+    ),
+]
+CLEAN_SECONDS = 5.0  # a cancelled runtime is gone well within this
+
+
+def runtime(backend: str, prepare: list[dict]) -> dict:
+    if backend == "docker":
+        return {"backend": "docker", "image": IMAGE, "network": "none", "prepare": prepare}
+    return {"backend": "local", "prepare": prepare}
+
+
+async def state_of(node: Node, sid: str) -> ST:
+    return (await node.registry.get_session(sid)).state
+
+
+async def left_behind(node: Node, work: Path, sids: list[str]) -> list[str]:
+    """What still exists for these sessions: processes, directories, containers."""
+    rids = [f"{sid}-main" for sid in sids]
+    procs = [f"pid {p}" for sid in sids for p in session_procs(sid)]
+    dirs = [d for d in leftover_dirs(work) if d in rids]
+    return procs + dirs + await asyncio.to_thread(containers, rids)
+
+
+async def gone(node: Node, work: Path, sids: list[str]) -> bool:
+    return not await left_behind(node, work, sids)
+
+
+@pytest.fixture
+async def node_of(fresh_servers, tmp_path):
+    nodes = []
+
+    async def start(backend: str, **limits) -> Node:
+        extra = {"docker_host": DOCKER_HOST} if backend == "docker" else {}
+        node = await Node.start(*fresh_servers, tmp_path / "work", **limits, **extra)
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        await node.stop()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_cancel_in_init(node_of, tmp_path, backend):
+    node = await node_of(backend)
+    work = tmp_path / "work"
+    prepare = [{"action": "exec", "command": "sleep 300 >/dev/null 2>&1 & sleep 200"}]
+    spec = task("cx-init", runtime=runtime(backend, prepare), agent={"command": "true"})
+    [s] = await node.scheduler.accept(logic.with_task_id(spec))
+
+    await wait_until(lambda: len(session_procs(s.session_id)) >= 2, 30, "prepare running")
+    assert await state_of(node, s.session_id) == ST.INITIALIZING
+    assert await node.scheduler.cancel_task("cx-init", "test cancel") == 1
+
+    await wait_until(lambda: gone(node, work, [s.session_id]), CLEAN_SECONDS, "INIT cleanup")
+    assert await state_of(node, s.session_id) == ST.CANCELLED
+    await wait_until(lambda: not node.pool.initializing, 5, "the INIT job to end")
+    events = [e.to_state for e in await node.events() if e.session_id == s.session_id]
+    assert events == [ST.INITIALIZING, ST.CANCELLED]  # never handed over
+    assert not node.finished
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_cancel_in_ready_and_running(node_of, tmp_path, backend):
+    node = await node_of(backend, max_init=1, ready_buffer=1, max_run=1)
+    work = tmp_path / "work"
+    prepare = [{"action": "exec", "command": "nohup sleep 400 >/dev/null 2>&1 &"}]
+    harness = {"command": "sleep 500 >/dev/null 2>&1 & sleep 200"}
+    spec = task("cx-run", 2, runtime=runtime(backend, prepare), agent=harness)
+    sids = [s.session_id for s in await node.scheduler.accept(logic.with_task_id(spec))]
+
+    async def by_state() -> dict[ST, str]:
+        return {await state_of(node, sid): sid for sid in sids}
+
+    states = await wait_until(
+        lambda: _both(by_state(), {ST.READY, ST.RUNNING}), 60, "one RUNNING, one READY"
+    )
+    ready, running = states[ST.READY], states[ST.RUNNING]
+    await wait_until(lambda: len(session_procs(running)) >= 3, 10, "the harness tree")
+    assert len(session_procs(ready)) >= 1  # the prepare's background process, still alive
+
+    assert await node.scheduler.cancel_session(ready, "cancel in READY")
+    await wait_until(lambda: gone(node, work, [ready]), CLEAN_SECONDS, "READY cleanup")
+    assert await state_of(node, running) == ST.RUNNING  # the other one is untouched
+    assert len(session_procs(running)) >= 3
+
+    assert await node.scheduler.cancel_session(running, "cancel in RUNNING")
+    await wait_until(lambda: gone(node, work, [running]), CLEAN_SECONDS, "RUNNING cleanup")
+    await wait_until(lambda: not node.executor.running, 5, "the run to end")
+    assert [await state_of(node, sid) for sid in sids] == [ST.CANCELLED, ST.CANCELLED]
+    assert not node.finished  # a cancelled run is not finished (nor built)
+    assert await left_behind(node, work, sids) == []
+
+
+async def _both(states, wanted: set) -> dict | None:
+    got = await states
+    return got if set(got) == wanted else None
