@@ -78,3 +78,42 @@ async def test_200_sessions_flow_within_bounds_and_priority(fresh_servers, tmp_p
         assert not os.listdir(tmp_path / "work" / "sessions")  # every runtime stopped
     finally:
         await node.stop()
+
+
+async def test_failures_end_the_session_never_leave_it_stuck(fresh_servers, tmp_path):
+    """A harness that cannot start ends as ERROR (not stuck in RUNNING); a failing
+    prepare is retried as the task allows, then ends as ERROR with its reason."""
+    from tests.helpers.node import leftover_dirs
+    from tests.helpers.node import task as node_task
+
+    nats_url, redis_url = fresh_servers
+    node = await Node.start(nats_url, redis_url, tmp_path / "work", **LIMITS)
+    try:
+        no_binary = node_task("nobin", agent={"command": ["/nonexistent/agent-cli"]})
+        bad_prepare = node_task(
+            "badprep",
+            max_retries=1,
+            runtime={
+                "backend": "local",
+                "prepare": [{"action": "exec", "command": "echo broken >&2; exit 3"}],
+            },
+            agent={"command": "true"},
+        )
+        [a] = await node.scheduler.accept(logic.with_task_id(no_binary))
+        [b] = await node.scheduler.accept(logic.with_task_id(bad_prepare))
+        await node.wait_finished(1, timeout=30)
+        ev = node.finished[a.session_id]
+        assert ev.outcome == Outcome.ERROR and "could not run" in ev.reason
+
+        async def errored():
+            s = await node.registry.get_session(b.session_id)
+            return s if s.state == SessionState.ERROR else None
+
+        for _ in range(200):
+            if s := await errored():
+                break
+            await asyncio.sleep(0.05)
+        assert s.attempt == 1 and "prepare action 0" in s.reason and "broken" in s.reason
+        assert leftover_dirs(tmp_path / "work") == []
+    finally:
+        await node.stop()
