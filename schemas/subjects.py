@@ -102,7 +102,7 @@ def key_token(token: str) -> str:
 
 KEY_STATE_COUNTS = "polar:counts"  # global hash state -> count
 KEY_TASKS_ACTIVE = "polar:tasks:active"  # set of task ids not yet finished
-KEY_NODES = "polar:nodes"  # hash node -> last heartbeat json
+KEY_NODES = "polar:nodes"  # hash "<node>/<service>" -> last NodeHeartbeat json
 
 
 def key_node_state(node: str, state: str) -> str:

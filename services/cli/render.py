@@ -75,12 +75,18 @@ def nodes_table(report: StatusReport) -> Table | str:
     if not report.nodes:
         return "nodes: none has sent a heartbeat" if report.nodes is not None else ""
     t = Table(title="nodes")
-    for col in ("node", "service", "last heartbeat", "stages", "capacity"):
+    for col in ("node", "service", "last heartbeat", "stages (in use / bound)"):
         t.add_column(col)
     for n in report.nodes:
         age = "?" if n.age_seconds is None else f"{n.age_seconds:.1f}s ago"
-        t.add_row(n.node, n.service, age, _kv(n.stages), _kv(n.capacity))
+        t.add_row(n.node, n.service, age, stage_usage(n.stages, n.capacity))
     return t
+
+
+def stage_usage(stages: dict[str, int], capacity: dict[str, int]) -> str:
+    """``INIT 3/4  READY 2/4  RUNNING 5/8``: a stage with a bound shows it."""
+    parts = [f"{k} {v}/{capacity[k]}" if k in capacity else f"{k} {v}" for k, v in stages.items()]
+    return "  ".join(parts) or "-"
 
 
 def _kv(d: dict[str, int]) -> str:

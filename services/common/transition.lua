@@ -29,7 +29,11 @@ redis.call('HINCRBY', tc, cur[1], -1)
 redis.call('HINCRBY', tc, ARGV[1], 1)
 redis.call('HINCRBY', KEYS[2], cur[1], -1)
 redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+-- per-node sets hold live sessions only (final states would grow without bound)
 local node = redis.call('HGET', KEYS[1], 'node')
-if node then redis.call('SADD', 'polar:node:' .. node .. ':' .. ARGV[1], sid) end
+local final = {COMPLETED = true, TIMEOUT = true, ERROR = true, CANCELLED = true}
+if node and not final[ARGV[1]] then
+  redis.call('SADD', 'polar:node:' .. node .. ':' .. ARGV[1], sid)
+end
 local seq = redis.call('INCR', 'polar:transition_seq')
 return {1, cur[1], v, seq}

@@ -69,7 +69,7 @@ def test_status_prints_every_part_and_errors():
     for expected in (
         "healthy",
         "unhealthy 503 {'nats': False}",
-        "READY=3",
+        "READY 3",
         "scheduler-submit",
         "not created",
         "cannot reach Redis",
@@ -93,3 +93,12 @@ def test_results_table_lists_every_session():
     text = printed(render.results_table(result))
     assert "task t1: completed, mean reward 0.5" in text
     assert "t1-0000" in text and "sandbox died" in text
+
+
+def test_stage_usage_shows_bounds():
+    from services.cli.render import stage_usage
+
+    assert stage_usage({"INIT": 3, "READY": 2, "QUEUED": 7}, {"INIT": 4, "READY": 4}) == (
+        "INIT 3/4  READY 2/4  QUEUED 7"
+    )
+    assert stage_usage({}, {}) == "-"
