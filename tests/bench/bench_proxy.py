@@ -1,14 +1,20 @@
 """Proxy overhead, side by side in one run: direct to the engine, through Polar's proxy
 (chat mode and token mode), through LiteLLM's proxy (plain script, issue 4).
 
-    python tests/bench/bench_proxy.py [--requests 2000] [--levels 1,16,64] [--no-litellm]
+    python tests/bench/bench_proxy.py [--requests 1000] [--levels 1,16,64] [--no-litellm]
 
 An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py) answers at once,
 so latency above the direct call is the proxy's own. Polar runs as ``polar serve
-proxy`` does (granian, one worker) with capture on: every call is committed to a real
-JetStream and its state written to a real Valkey before the reply. The proxy under
-test is pinned to one core; engine, load generator, NATS and Valkey to the other.
-"req per CPU-s" is requests / CPU seconds the proxy's processes spent in the run (in
+proxy`` does (granian, one worker, asyncio loop), and again under uvloop (``--loops``),
+with capture on: every call is committed to a real JetStream and its state written to a
+real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
+same OpenAI requests through to the same engine.
+
+All proxies run at once, pinned to one core (idle unless under load); the engine, the
+load generator, NATS and Valkey share the other. Each cell (streaming or not, number of
+concurrent sessions) is measured in ``--rounds`` rounds that take every path in turn,
+so load from anything else on the machine falls on all of them alike.
+"req per CPU-s" is requests / CPU seconds the proxy's processes spent in its rounds (in
 brackets: counting NATS and Valkey too): requests per second per fully used core.
 Memory per session: the proxy's RSS growth over ``--memory-sessions`` fresh sessions
 that each made two calls, divided by their number.
@@ -18,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -31,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from services.common.registry import Registry  # noqa: E402
 from tests.bench.proxy_bench import procs  # noqa: E402
 from tests.bench.proxy_bench.backend import MODEL, TEXT  # noqa: E402
-from tests.bench.proxy_bench.report import DIRECT, Run, latency_lines, table  # noqa: E402
+from tests.bench.proxy_bench.report import DIRECT, LITELLM, Run, table, verdicts  # noqa: E402
 from tests.bench.proxy_bench.stack import LITELLM_KEY, ROOT, Stack  # noqa: E402
 from tests.helpers.stack import running_session  # noqa: E402
 
@@ -66,48 +74,100 @@ def load(port: int, paths: list[str], per_path: int, stream: bool, cpus, **kw) -
     return result
 
 
+@dataclass
+class Target:
+    """One path to the engine: where to send, as whom, whose CPU to count."""
+
+    name: str
+    port: int
+    paths: list[str]  # one per session (enough for the highest level)
+    headers: dict[str, str] = field(default_factory=dict)
+    pgid: int | None = None  # the proxy's process group (None: direct)
+    with_bus: bool = False  # its capture costs NATS and Valkey CPU too
+
+
+@dataclass
+class Cell:
+    latencies: list[float] = field(default_factory=list)
+    wall: float = 0.0
+    bad: int = 0
+    cpu: float = 0.0
+    bus: float = 0.0
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, stack: Stack) -> None:
         self.args, self.stack = args, stack
+        self.targets: list[Target] = []
         self.runs: list[Run] = []
         self.notes: list[str] = []
 
-    def measure(self, target: str, port: int, paths_for, pgid: int | None, headers=None) -> None:
-        a, cpus = self.args, self.stack.other_cpus
+    def run_all(self) -> None:
         for stream in (False, True):
-            for c in a.levels:
-                paths = paths_for(c)
-                load(port, paths, max(1, a.warmup // c), stream, cpus, headers=headers or {})
-                cpu0, bus0 = self._cpu(pgid)
-                res = load(port, paths, a.requests // c, stream, cpus, headers=headers or {})
-                cpu1, bus1 = self._cpu(pgid)
-                run = Run(
-                    target, stream, c, res["latencies"], res["wall"], res["bad"],
-                    cpu=(cpu1 - cpu0) if pgid else None,
-                    cpu_with_bus=(cpu1 - cpu0 + bus1 - bus0) if pgid and target != "litellm"
-                    else None,
+            for c in self.args.levels:
+                self._cell(stream, c)
+
+    def _cell(self, stream: bool, c: int) -> None:
+        a, cpus = self.args, self.stack.other_cpus
+        cells = {t.name: Cell() for t in self.targets}
+        for t in self.targets:
+            load(t.port, t.paths[:c], max(1, a.warmup // c), stream, cpus, headers=t.headers)
+        per_round = max(1, a.requests // a.rounds // c)
+        for i in range(a.rounds):
+            shift = i % len(self.targets)  # a different order each round
+            for t in self.targets[shift:] + self.targets[:shift]:
+                self._round(t, cells[t.name], stream, c, per_round)
+        for t in self.targets:
+            cell = cells[t.name]
+            self.runs.append(
+                Run(
+                    t.name,
+                    stream,
+                    c,
+                    cell.latencies,
+                    cell.wall,
+                    cell.bad,
+                    cpu=cell.cpu if t.pgid else None,
+                    cpu_with_bus=cell.cpu + cell.bus if t.with_bus else None,
                 )  # fmt: skip
-                self.runs.append(run)
-                print(f"  {target:12} stream={stream!s:5} c={c:3} bad={run.bad} "
-                      f"rps={run.rps:.0f} per_cpu={run.per_cpu or 0:.0f}", flush=True)  # fmt: skip
+            )
+            r = self.runs[-1]
+            print(f"  stream={stream!s:5} c={c:3} {t.name:20} bad={r.bad} rps={r.rps:6.0f} "
+                  f"per_cpu={r.per_cpu or 0:5.0f}", flush=True)  # fmt: skip
 
-    def _cpu(self, pgid: int | None) -> tuple[float, float]:
-        if pgid is None:
+    def _round(self, t: Target, cell: Cell, stream: bool, c: int, per_path: int) -> None:
+        cpu0, bus0 = self._cpu(t)
+        res = load(t.port, t.paths[:c], per_path, stream, self.stack.other_cpus, headers=t.headers)
+        cpu1, bus1 = self._cpu(t)
+        cell.latencies += res["latencies"]
+        cell.wall += res["wall"]
+        cell.bad += res["bad"]
+        cell.cpu += cpu1 - cpu0
+        cell.bus += bus1 - bus0
+
+    def _cpu(self, t: Target) -> tuple[float, float]:
+        if t.pgid is None:
             return 0.0, 0.0
-        return procs.cpu_seconds(pgid), self.stack.bus_cpu()
+        return procs.cpu_seconds(t.pgid), self.stack.bus_cpu() if t.with_bus else 0.0
 
-    def direct(self, backend_port: int) -> None:
-        self.measure(DIRECT, backend_port, lambda c: [CHAT_PATH] * c, None)
+    # -- the paths ---------------------------------------------------------------------
 
-    def polar(self, backend_port: int, mode: str, model_dir: Path, src: Path, name: str) -> None:
-        a = self.args
-        proc, port = self.stack.start_polar(backend_port, mode, model_dir, a.loop, src)
-        try:
-            tokens = self._sessions(f"bench-{name}", max(a.levels))
-            self.measure(name, port, lambda c: [f"/s/{t}{CHAT_PATH}" for t in tokens[:c]], proc.pid)
-            self._memory(name, port, proc.pid)
-        finally:
-            procs.stop(proc)
+    def add_direct(self, backend_port: int) -> None:
+        self.targets.append(Target(DIRECT, backend_port, [CHAT_PATH] * max(self.args.levels)))
+
+    def add_polar(self, backend_port: int, mode: str, loop: str, model_dir: Path, src: Path):
+        name = ("base-" if src != ROOT else "polar-") + mode
+        name += "" if loop == "asyncio" else f"+{loop}"
+        proc, port = self.stack.start_polar(backend_port, mode, model_dir, loop, src)
+        tokens = self._sessions(f"bench-{name}", max(self.args.levels))
+        paths = [f"/s/{tok}{CHAT_PATH}" for tok in tokens]
+        self.targets.append(Target(name, port, paths, pgid=proc.pid, with_bus=True))
+
+    def add_litellm(self, backend_port: int) -> None:
+        proc, port = self.stack.start_litellm(backend_port)
+        auth = {"authorization": f"Bearer {LITELLM_KEY}"}
+        paths = [CHAT_PATH] * max(self.args.levels)
+        self.targets.append(Target(LITELLM, port, paths, auth, pgid=proc.pid))
 
     def _sessions(self, task_id: str, n: int) -> list[str]:
         async def make() -> list[str]:
@@ -119,27 +179,22 @@ class Bench:
 
         return asyncio.run(make())
 
-    def _memory(self, name: str, port: int, pgid: int) -> None:
+    def memory(self) -> None:
+        """RSS growth per fresh session (each making two calls), Polar targets only."""
         n = self.args.memory_sessions
-        if not n:
-            return
-        tokens = self._sessions(f"bench-mem-{name}", n)
-        before = procs.rss_bytes(pgid)
-        paths = [f"/s/{t}{CHAT_PATH}" for t in tokens]
-        load(port, paths, 2, False, self.stack.other_cpus, concurrency=64)
-        after = procs.rss_bytes(pgid)
-        self.notes.append(
-            f"{name}: RSS {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB over {n} "
-            f"new sessions x 2 calls = {(after - before) / n / 1024:.1f} KiB per session"
-        )
-
-    def litellm(self, backend_port: int) -> None:
-        proc, port = self.stack.start_litellm(backend_port)
-        try:
-            auth = {"authorization": f"Bearer {LITELLM_KEY}"}
-            self.measure("litellm", port, lambda c: [CHAT_PATH] * c, proc.pid, auth)
-        finally:
-            procs.stop(proc)
+        for t in self.targets:
+            if not n or not t.with_bus:
+                continue
+            tokens = self._sessions(f"bench-mem-{t.name}", n)
+            before = procs.rss_bytes(t.pgid)
+            paths = [f"/s/{tok}{CHAT_PATH}" for tok in tokens]
+            load(t.port, paths, 2, False, self.stack.other_cpus, concurrency=64)
+            after = procs.rss_bytes(t.pgid)
+            self.notes.append(
+                f"memory per session, {t.name}: RSS {before / 2**20:.1f} -> "
+                f"{after / 2**20:.1f} MiB over {n} new sessions x 2 calls = "
+                f"{(after - before) / n / 1024:.1f} KiB per session"
+            )
 
 
 def reply_token_ids(model_dir: Path) -> list[int]:
@@ -154,31 +209,38 @@ def machine(args) -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in lines if "model name" in ln), "?")
     return (
         f"{os.cpu_count()} cores ({cpu}), {platform.python_implementation()} "
-        f"{platform.python_version()}; proxy under test on CPU {sorted(args.proxy_cpus)}, "
+        f"{platform.python_version()}; proxies under test on CPU {sorted(args.proxy_cpus)}, "
         f"engine + load generator + NATS + Valkey on CPU {sorted(args.other_cpus)}; "
-        f"granian loop {args.loop}; {args.requests} requests per cell after {args.warmup} warm-up"
+        f"{args.requests} requests per cell in {args.rounds} rounds after {args.warmup} "
+        f"warm-up; load average (1 min) {args.load_before} before, {_load()} after"
     )
+
+
+def _load() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--levels", default="1,16,64")
     ap.add_argument("--modes", default="chat,token")
+    loops = "asyncio,uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    ap.add_argument("--loops", default=loops, help="granian loops to run Polar under")
     ap.add_argument("--memory-sessions", type=int, default=1000)
     ap.add_argument("--no-litellm", action="store_true")
-    ap.add_argument("--loop", default="asyncio", help="granian loop: asyncio | uvloop | rloop")
     ap.add_argument("--proxy-cpus", default="0")
     ap.add_argument("--other-cpus", default="1")
     ap.add_argument("--out", type=Path, help="also write the markdown here")
-    ap.add_argument(
-        "--baseline", type=Path, help="also run the proxy from this checkout (A/B, same run)"
-    )
+    ap.add_argument("--baseline", type=Path, help="also run the proxy from this checkout (A/B)")
     args = ap.parse_args()
     args.levels = [int(x) for x in args.levels.split(",")]
+    args.modes, args.loops = args.modes.split(","), args.loops.split(",")
     args.proxy_cpus = {int(x) for x in args.proxy_cpus.split(",")}
     args.other_cpus = {int(x) for x in args.other_cpus.split(",")}
+    args.load_before = _load()
     return args
 
 
@@ -193,24 +255,20 @@ def main() -> None:
         stack.start_infra()
         model_dir = tiny_model_dir()
         backend_port = stack.start_backend(reply_token_ids(model_dir))
-        bench.direct(backend_port)
-        for mode in args.modes.split(","):
-            if args.baseline:
-                bench.polar(backend_port, mode, model_dir, args.baseline, f"base-{mode}")
-            bench.polar(backend_port, mode, model_dir, ROOT, f"polar-{mode}")
+        bench.add_direct(backend_port)
+        for mode in args.modes:
+            for loop in args.loops:
+                for src in [args.baseline, ROOT] if args.baseline else [ROOT]:
+                    bench.add_polar(backend_port, mode, loop, model_dir, src)
         if not args.no_litellm:
-            bench.litellm(backend_port)
+            bench.add_litellm(backend_port)
+        bench.run_all()
+        bench.memory()
     finally:
         stack.stop_all()
-    targets = [
-        f"{who}-{m}"
-        for m in args.modes.split(",")
-        for who in (("base", "polar") if args.baseline else ("polar",))
-    ]
-    targets += [] if args.no_litellm else ["litellm"]
+    notes = bench.notes + verdicts(bench.runs)
     text = "\n\n".join(
-        [f"Machine: {machine(args)}", table(bench.runs, targets), latency_lines(bench.runs)]
-        + ["\n".join(f"- memory: {n}" for n in bench.notes)]
+        [f"Machine: {machine(args)}", table(bench.runs), "\n".join(f"- {n}" for n in notes)]
     )
     print("\n" + text)
     if args.out:

@@ -1,4 +1,4 @@
-"""Numbers -> the markdown table (pure)."""
+"""Numbers -> the markdown table and the verdicts on the issue's targets (pure)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import math
 from dataclasses import dataclass
 
 DIRECT = "direct"
+LITELLM = "litellm"
 
 
 @dataclass(frozen=True)
 class Run:
-    target: str  # direct | polar-chat | polar-token | litellm
+    target: str  # direct | polar-chat | polar-token[+uvloop] | litellm
     stream: bool
     sessions: int
     latencies: list[float]  # seconds
@@ -47,45 +48,66 @@ def added(run: Run, direct: Run, q: float) -> float:
     return percentile(run.latencies, q) - percentile(direct.latencies, q)
 
 
-def table(runs: list[Run], targets: list[str]) -> str:
-    """One row per (stream, sessions); per proxy: added p50/p99, req/s, req per CPU-s."""
-    by_key = {(r.target, r.stream, r.sessions): r for r in runs}
-    head = ["stream", "sessions", "direct p50 / p99 ms", "direct req/s"]
-    for t in targets:
-        head += [f"{t} added p50 / p99 ms", f"{t} req/s", f"{t} req per CPU-s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    keys = sorted({(r.stream, r.sessions) for r in runs})
-    for stream, sessions in keys:
-        direct = by_key.get((DIRECT, stream, sessions))
-        if direct is None:
-            continue
-        p50, p99 = percentile(direct.latencies, 50), percentile(direct.latencies, 99)
-        cells = ["yes" if stream else "no", str(sessions), f"{ms(p50)} / {ms(p99)}"]
-        cells.append(f"{direct.rps:.0f}")
-        for t in targets:
-            cells += _target_cells(by_key.get((t, stream, sessions)), direct)
-        lines.append("| " + " | ".join(cells) + " |")
+HEAD = (
+    "| stream | sessions | path | requests (bad) | p50 ms | p99 ms | added p50 ms | added p99 ms"
+    " | req/s | req per CPU-s (+NATS, Valkey) |"
+)
+
+
+def table(runs: list[Run]) -> str:
+    """One row per run, grouped by (stream, sessions), each next to its direct call."""
+    direct = {(r.stream, r.sessions): r for r in runs if r.target == DIRECT}
+    lines = [HEAD, "|" + "---|" * HEAD.count(" | ") + "---|"]
+    for r in sorted(runs, key=lambda r: (r.stream, r.sessions)):
+        base = direct.get((r.stream, r.sessions))
+        lines.append("| " + " | ".join(_cells(r, base)) + " |")
     return "\n".join(lines)
 
 
-def _target_cells(run: Run | None, direct: Run) -> list[str]:
-    if run is None:
-        return ["-", "-", "-"]
-    lat = f"{ms(added(run, direct, 50))} / {ms(added(run, direct, 99))}"
-    per_cpu = f"{run.per_cpu:.0f}" if run.per_cpu else "-"
-    if run.per_cpu_with_bus:
-        per_cpu += f" ({run.per_cpu_with_bus:.0f})"
-    return [lat, f"{run.rps:.0f}", per_cpu]
+def _cells(r: Run, base: Run | None) -> list[str]:
+    extra = ["-", "-"]
+    if base is not None and r.target != DIRECT:
+        extra = [ms(added(r, base, 50)), ms(added(r, base, 99))]
+    per_cpu = f"{r.per_cpu:.0f}" if r.per_cpu else "-"
+    if r.per_cpu_with_bus:
+        per_cpu += f" ({r.per_cpu_with_bus:.0f})"
+    return [
+        "yes" if r.stream else "no",
+        str(r.sessions),
+        r.target,
+        f"{len(r.latencies)} ({r.bad})",
+        ms(percentile(r.latencies, 50)),
+        ms(percentile(r.latencies, 99)),
+        *extra,
+        f"{r.rps:.0f}",
+        per_cpu,
+    ]
 
 
-def latency_lines(runs: list[Run]) -> str:
-    """Absolute p50/p99 of every run, for the record."""
-    out = ["| target | stream | sessions | requests | bad | p50 ms | p99 ms | req/s |"]
-    out.append("|---|---|---|---|---|---|---|---|")
+def verdicts(runs: list[Run]) -> list[str]:
+    """The issue's targets: added p50 <= 1 ms at one session; >= 10x LiteLLM's requests
+    per second on the same cores (best req per CPU-s of any cell, each side)."""
+    direct = {(r.stream, r.sessions): r for r in runs if r.target == DIRECT}
+    out = []
     for r in runs:
-        out.append(
-            f"| {r.target} | {'yes' if r.stream else 'no'} | {r.sessions} | {len(r.latencies)}"
-            f" | {r.bad} | {ms(percentile(r.latencies, 50))} | {ms(percentile(r.latencies, 99))}"
-            f" | {r.rps:.0f} |"
-        )
-    return "\n".join(out)
+        base = direct.get((r.stream, r.sessions))
+        if r.sessions == 1 and r.target != DIRECT and base is not None:
+            a = added(r, base, 50) * 1000
+            kind = "streaming" if r.stream else "non-streaming"
+            out.append(
+                f"added p50 at 1 session, {kind}, {r.target}: {a:.2f} ms "
+                f"({'meets' if a <= 1.0 else 'misses'} <= 1 ms)"
+            )
+    best = {}
+    for r in runs:
+        if r.per_cpu:
+            best[r.target] = max(best.get(r.target, 0.0), r.per_cpu)
+    if LITELLM in best:
+        for target, value in best.items():
+            if target != LITELLM:
+                ratio = value / best[LITELLM]
+                out.append(
+                    f"max req per CPU-s, {target}: {value:.0f} = {ratio:.1f}x LiteLLM's "
+                    f"{best[LITELLM]:.0f} ({'meets' if ratio >= 10 else 'misses'} >= 10x)"
+                )
+    return out
