@@ -214,3 +214,66 @@ def test_group_buffer():
     assert expected_size({"num_samples": 8}, None) == 8
     assert expected_size({"num_samples": 8}, 2) == 2
     assert expected_size({}, None) is None and expected_size({"num_samples": "8"}, None) is None
+
+
+async def test_export_reads_the_stored_trajectories(bus, nats_url, tmp_path):
+    """`polar export` over what is on polar.trajectories.<task>: claim-checked ones and a
+    duplicate included, exported once; failed evaluations left out."""
+    import orjson
+    import pyarrow.parquet as pq
+    import typer
+    from typer.testing import CliRunner
+
+    from services.export.cli import export_command
+
+    good = [scored("cl-export", i, 3) for i in range(2)]
+    big = scored("cl-export", 2, 3, tokens=80_000)  # claim-checked
+    failed = msgspec.structs.replace(
+        scored("cl-export", 3, 4), reward=None, eval_status="error", eval_reason="boom"
+    )
+    for t in (*good, big, failed):
+        await publish(bus, t)
+    await publish(bus, good[0], msg_id="a-second-copy")
+    await publish(bus, scored("cl-other", 0, 1))
+
+    app = typer.Typer()
+    app.command()(export_command)
+    runner = CliRunner()
+
+    sft = tmp_path / "sft.jsonl"
+    result = await asyncio.to_thread(
+        runner.invoke, app, ["--nats-url", nats_url, "--task", "cl-export", "--out", str(sft)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "3 rows from 3 of 4 trajectories" in result.output
+    rows = [orjson.loads(line) for line in sft.read_bytes().splitlines()]
+    assert sorted(r["session_id"] for r in rows) == [
+        "cl-export-0000",
+        "cl-export-0001",
+        "cl-export-0002",
+    ]
+    assert len(next(r for r in rows if r["session_id"] == "cl-export-0002")["tokens"]) == 160_000
+
+    slime = tmp_path / "slime.parquet"
+    args = [
+        "--nats-url",
+        nats_url,
+        "--task",
+        "cl-export",
+        "--layout",
+        "slime",
+        "--format",
+        "parquet",
+    ]
+    result = await asyncio.to_thread(runner.invoke, app, [*args, "--out", str(slime)])
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(slime).to_pylist()
+    assert sorted(r["rollout_id"] for r in table) == [
+        f"cl-export-000{i}:0:cl-export-000{i}/0" for i in range(3)
+    ]
+    assert all(r["group_id"] == "cl-export" and r["reward"] == 1.0 for r in table)
+
+    down = await asyncio.to_thread(
+        runner.invoke, app, ["--nats-url", "nats://127.0.0.1:1", "--out", str(tmp_path / "x")]
+    )
+    assert down.exit_code == 1 and "cannot reach NATS" in down.output

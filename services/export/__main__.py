@@ -1,0 +1,3 @@
+from services.export.cli import main
+
+main()

@@ -1,0 +1,89 @@
+"""The ``export`` command (``polar export``, or ``python -m services.export``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Literal
+
+import nats
+import typer
+
+from services.common.bus import Bus
+from services.common.settings import DEFAULT_NATS_URL
+from services.export.export import ExportStats, export
+from services.export.writers import ExportError
+
+
+async def _quiet(_: Exception) -> None:
+    pass  # reported once, as the ExportError below
+
+
+async def open_bus(url: str) -> Bus:
+    """Fail fast when NATS is not there (``max_reconnect_attempts=0`` would make nats-py
+    retry the first connection forever)."""
+    try:
+        nc = await asyncio.wait_for(
+            nats.connect(
+                url,
+                name="polar-export",
+                connect_timeout=2,
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.2,
+                error_cb=_quiet,
+            ),
+            10,
+        )
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        raise ExportError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+    return Bus(nc, nc.jetstream(timeout=10))
+
+
+async def _run(nats_url: str, out: Path, **kw) -> ExportStats:
+    bus = await open_bus(nats_url)
+    try:
+        return await export(bus, out, **kw)
+    finally:
+        await bus.close()
+
+
+def export_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="file to write")],
+    layout: Annotated[
+        Literal["sft", "slime"], typer.Option(help="sft: passed sessions; slime: samples")
+    ] = "sft",
+    fmt: Annotated[
+        Literal["jsonl", "parquet"], typer.Option("--format", help="file format")
+    ] = "jsonl",
+    task: Annotated[str | None, typer.Option("--task", help="one task id (default: all)")] = None,
+    min_reward: Annotated[
+        float | None, typer.Option(help="keep sessions with reward >= this (sft default 1.0)")
+    ] = None,
+    nats_url: Annotated[
+        str, typer.Option(envvar="POLAR_NATS_URL", help="NATS URL")
+    ] = DEFAULT_NATS_URL,
+) -> None:
+    """Export stored trajectories: an SFT corpus or Slime samples, as JSONL or Parquet."""
+    try:
+        stats = asyncio.run(
+            _run(nats_url, out, layout=layout, fmt=fmt, task_id=task, min_reward=min_reward)
+        )
+    except ExportError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        f"{stats.rows} rows from {stats.exported} of {stats.trajectories} trajectories -> {out}"
+    )
+    for problem in stats.unreadable:
+        typer.echo(f"unreadable: {problem}", err=True)
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("export")(export_command)
+    app(prog_name="polar-export")
+
+
+if __name__ == "__main__":
+    main()

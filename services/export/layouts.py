@@ -1,0 +1,91 @@
+"""Export layouts: trajectories -> rows (pure functions).
+
+``sft``: a supervised corpus from the sessions that passed their evaluator
+(``eval_status == "ok"`` and ``reward >= min_reward``): per trainable trace, the chat
+``messages`` plus ``tokens`` (prompt + response ids) and ``loss_mask`` over all of them
+(1 only on tokens the model sampled).
+
+``slime``: one Slime ``Sample`` per trainable trace of every scored trajectory:
+``tokens`` (prompt + response ids), ``response_length``, ``loss_mask`` and
+``rollout_log_probs`` over the response, ``reward``, ``rollout_id``, ``group_id`` (the
+task: a GRPO group), ``index`` (the sample in its group), ``status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from schemas import Outcome, Trace, Trajectory
+
+Row = dict[str, Any]
+SLIME_STATUS = {
+    Outcome.COMPLETED: "completed",
+    Outcome.TIMEOUT: "truncated",
+    Outcome.ERROR: "failed",
+    Outcome.CANCELLED: "aborted",
+}
+
+
+def _trainable(trace: Trace) -> bool:
+    return trace.trainable and any(trace.loss_mask)
+
+
+def passed(t: Trajectory, min_reward: float) -> bool:
+    return t.eval_status == "ok" and t.reward is not None and t.reward >= min_reward
+
+
+def sft_rows(t: Trajectory, min_reward: float = 1.0) -> list[Row]:
+    if not passed(t, min_reward):
+        return []
+    return [
+        {
+            "session_id": t.session_id,
+            "task_id": t.task_id,
+            "attempt": t.attempt,
+            "trace_id": tr.trace_id,
+            "reward": t.reward,
+            "messages": tr.messages,
+            "tokens": [*tr.prompt_ids, *tr.response_ids],
+            "loss_mask": [0] * len(tr.prompt_ids) + list(tr.loss_mask),
+            "prompt_length": len(tr.prompt_ids),
+        }
+        for tr in t.traces
+        if _trainable(tr)
+    ]
+
+
+def slime_rows(t: Trajectory, min_reward: float | None = None) -> list[Row]:
+    """Every scored trajectory (``min_reward`` filters, if given); an evaluation that
+    failed has no reward and is left out."""
+    if t.eval_status != "ok" or t.reward is None:
+        return []
+    if min_reward is not None and t.reward < min_reward:
+        return []
+    index = t.metadata.get("sample_index")
+    return [
+        {
+            "rollout_id": f"{t.session_id}:{t.attempt}:{tr.trace_id}",
+            "group_id": t.task_id,
+            "index": index if isinstance(index, int) else None,
+            "tokens": [*tr.prompt_ids, *tr.response_ids],
+            "response_length": len(tr.response_ids),
+            "loss_mask": list(tr.loss_mask),
+            # masked positions (tool output, template glue) have no logprob: 0.0, unused
+            "rollout_log_probs": [0.0 if lp is None else lp for lp in tr.response_logprobs],
+            "reward": t.reward,
+            "status": SLIME_STATUS.get(t.outcome, "completed"),
+            "weight_versions": list(tr.weight_versions),
+            "session_id": t.session_id,
+            "metadata": {
+                "chain_id": tr.chain_id,
+                "break_reason": tr.break_reason,
+                "builder": t.builder,
+            },
+        }
+        for tr in t.traces
+        if _trainable(tr)
+    ]
+
+
+LAYOUTS: dict[str, Callable[..., list[Row]]] = {"sft": sft_rows, "slime": slime_rows}
