@@ -212,15 +212,20 @@ class TrajectoryClient:
         return item
 
     async def _commit(self, items: list[Delivered]) -> None:
-        for item in items:
-            if item.committed:
+        todo = [i for i in items if not i.committed]
+        acks = [i.msg.ack_sync(timeout=10) for i in todo]  # each confirmed by the server
+        results = await asyncio.gather(*acks, return_exceptions=True)
+        for item, result in zip(todo, results, strict=True):
+            if isinstance(result, BaseException):
                 continue
-            await item.msg.ack_sync(timeout=10)
             item.committed = True
             self._held.pop(item.key, None)
             self._committed[item.key] = None
             if len(self._committed) > COMMITTED_MEMORY:
                 self._committed.popitem(last=False)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # the rest are committed; commit() again retries only these
+            raise failed[0]
 
     async def _keep_alive(self) -> None:
         period = max(self.ack_wait / 3, 0.2)

@@ -407,3 +407,32 @@ async def test_kill_9_mid_run_every_trajectory_arrives_exactly_once(
     assert len(got) == n and all(t.reward == 1.0 for t in got)
     assert {s.state for s in await registry.task_sessions(task_id)} == {SessionState.COMPLETED}
     assert await registry.redis.keys(f"polar:eval:{task_id}-*") == []
+
+
+async def test_builder_hands_the_artifacts_to_the_evaluator(
+    bus, registry, service, calc_src, fix_diff
+):
+    """SessionFinished (diff as the executor collects it) -> the real builder ->
+    TrajectoryBuilt -> test_on_output in a fresh runtime."""
+    from schemas import SessionFinished, encode
+    from services.builder.config import BuilderConfig
+    from services.builder.handlers import Builder
+    from services.builder.main import consumers as builder_consumers
+
+    t = task("ev-handoff", evaluator=calc_tests_spec(), runtime=calc_runtime(calc_src))
+    to_postrun = ("INITIALIZING", "READY", "RUNNING", "POSTRUN")
+    (sid,) = await new_sessions(registry, t, to=to_postrun)
+    finished = SessionFinished(
+        session_id=sid,
+        task_id="ev-handoff",
+        outcome=Outcome.COMPLETED,
+        artifacts=Artifacts(exit_code=0, diff=fix_diff, harness="shell"),
+    )
+    await bus.publish(S.SESSIONS_FINISHED, encode(finished), msg_id=f"finished:{sid}:0")
+    for c in builder_consumers(Builder(bus, registry, BuilderConfig())):
+        await c.run(drain=True)
+    await drain(service)
+    got = await one(bus, "ev-handoff")
+    assert (got.eval_status, got.reward, got.harness) == ("ok", 1.0, "shell"), got.eval_reason
+    assert got.metadata["eval_details"]["applied"] == "diff"
+    assert (await registry.get_session(sid)).state == SessionState.COMPLETED
