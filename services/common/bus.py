@@ -107,7 +107,8 @@ async def _log_error(exc: Exception) -> None:
 
 
 async def _log_disconnect() -> None:
-    log.warning("nats: disconnected, reconnecting")
+    # Also fires on a deliberate close; a real outage shows in error_cb and health checks.
+    log.info("nats: disconnected")
 
 
 async def ensure_streams(js: JetStreamContext, streams: tuple[StreamConfig, ...] = STREAMS) -> None:
