@@ -155,8 +155,8 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
             await probe_until_up(backend, cfg.probe_timeout_seconds)
         backend.start()
         state["backend"] = backend
-        late.resolver = SessionResolver(host.registry, grace_seconds=cfg.grace_seconds)
         store = SessionStore(Resp.from_url(cfg.redis_url))  # its own pipelined connection
+        late.resolver = SessionResolver(store.redis, grace_seconds=cfg.grace_seconds)
         late.handler = CompletionHandler(
             bus=host.bus,
             store=store,

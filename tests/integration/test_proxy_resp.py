@@ -1,4 +1,5 @@
-"""proxy.resp, the proxy's pipelined Redis client, against a real Valkey."""
+"""proxy.resp, the proxy's pipelined Redis client, against a real Valkey (and the session
+lookup built on it)."""
 
 import asyncio
 
@@ -6,6 +7,9 @@ import pytest
 
 from infra import localservers
 from proxy.resp import RedisReplyError, RedisUnavailable, Resp, Script
+from proxy.sessions import session_by_token
+from services.common.registry import Registry
+from tests.helpers.stack import running_session
 
 
 async def test_commands_pipeline_in_order_under_concurrency(redis_url, redis_client):
@@ -78,3 +82,15 @@ def test_url_parsing():
     )
     with pytest.raises(ValueError, match="scheme"):
         Resp.from_url("unix:///tmp/redis.sock")
+
+
+async def test_token_lookup_matches_the_registry(redis_url, redis_client):
+    reg = Registry(redis_client)
+    sessions = await running_session(reg, "resp-lookup", n=2)
+    r = Resp.from_url(redis_url)
+    try:
+        for s in sessions:
+            assert await session_by_token(r, s.token) == await reg.session_by_token(s.token)
+        assert await session_by_token(r, "ps_not_a_token") is None
+    finally:
+        await r.aclose()
