@@ -135,9 +135,10 @@ class Bench:
             print(f"  stream={stream!s:5} c={c:3} {t.name:20} bad={r.bad} rps={r.rps:6.0f} "
                   f"per_cpu={r.per_cpu or 0:5.0f}", flush=True)  # fmt: skip
 
-    def _round(self, t: Target, cell: Cell, stream: bool, c: int, per_path: int) -> None:
+    def _round(self, t: Target, cell: Cell, stream: bool, c: int, per_path: int, paths=None, **kw):
         cpu0, bus0 = self._cpu(t)
-        res = load(t.port, t.paths[:c], per_path, stream, self.stack.other_cpus, headers=t.headers)
+        paths = paths or t.paths[:c]
+        res = load(t.port, paths, per_path, stream, self.stack.other_cpus, headers=t.headers, **kw)
         cpu1, bus1 = self._cpu(t)
         cell.latencies += res["latencies"]
         cell.wall += res["wall"]
@@ -178,6 +179,26 @@ class Bench:
                 await reg.close()
 
         return asyncio.run(make())
+
+    def first_calls(self) -> None:
+        """Calls spaced like a real harness's: every call is a session's first, so the
+        session lookup misses the proxy's cache (one call at a time, one connection)."""
+        n, rounds = self.args.first_calls, self.args.rounds
+        polar = [t for t in self.targets if t.with_bus] if n else []
+        tokens = {t.name: self._sessions(f"first-{t.name}", n) for t in polar}
+        cells = {t.name: Cell() for t in polar}
+        for i in range(rounds):
+            shift = i % max(1, len(polar))
+            for t in polar[shift:] + polar[:shift]:
+                chunk = tokens[t.name][i * n // rounds : (i + 1) * n // rounds]
+                paths = [f"/s/{tok}{CHAT_PATH}" for tok in chunk]
+                self._round(t, cells[t.name], False, 1, 1, paths, one_connection=True)
+        for t in polar:
+            c = cells[t.name]
+            self.runs.append(
+                Run(f"{t.name} first calls", False, 1, c.latencies, c.wall, c.bad, cpu=c.cpu,
+                    cpu_with_bus=c.cpu + c.bus)
+            )  # fmt: skip
 
     def memory(self) -> None:
         """RSS growth per fresh session (each making two calls), Polar targets only."""
@@ -230,6 +251,7 @@ def parse_args() -> argparse.Namespace:
     loops = "asyncio,uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     ap.add_argument("--loops", default=loops, help="granian loops to run Polar under")
     ap.add_argument("--memory-sessions", type=int, default=1000)
+    ap.add_argument("--first-calls", type=int, default=300, help="first calls of fresh sessions")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--proxy-cpus", default="0")
     ap.add_argument("--other-cpus", default="1")
@@ -263,6 +285,7 @@ def main() -> None:
         if not args.no_litellm:
             bench.add_litellm(backend_port)
         bench.run_all()
+        bench.first_calls()
         bench.memory()
     finally:
         stack.stop_all()

@@ -4,8 +4,10 @@
 
 Spec: ``port``, ``paths`` (one per session; each gets its own connection and
 ``per_path`` requests), ``concurrency`` (sessions at once; default all), ``body`` (the
-JSON request), ``headers`` (extra), ``stream`` (expect SSE ending in ``[DONE]``). A raw asyncio protocol, so the client costs a few µs a call
-and never limits what is measured. Latency is send -> last byte of the response.
+JSON request), ``headers`` (extra), ``stream`` (expect SSE ending in ``[DONE]``),
+``one_connection`` (all sessions in turn over one connection). A raw asyncio protocol,
+so the client costs a few µs a call and never limits what is measured. Latency is send
+-> last byte of the response.
 """
 
 from __future__ import annotations
@@ -102,18 +104,20 @@ def ok(resp: Response, stream: bool) -> bool:
     return b"[DONE]" in resp.body if stream else b'"choices"' in resp.body
 
 
-async def session(port: int, request: bytes, n: int, stream: bool, out: list, bad: list) -> None:
+async def session(port: int, requests, n: int, stream: bool, out: list, bad: list) -> None:
+    """One connection: each of ``requests`` sent ``n`` times, one after another."""
     loop = asyncio.get_running_loop()
     _, conn = await loop.create_connection(Connection, "127.0.0.1", port)
     try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            resp = await conn.call(request)
-            out.append(time.perf_counter() - t0)
-            if not ok(resp, stream):
-                bad.append(resp.status)
-                if len(bad) == 1:
-                    sys.stderr.write(f"bad answer {resp.status}: {resp.body[:300]!r}\n")
+        for request in requests:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                resp = await conn.call(request)
+                out.append(time.perf_counter() - t0)
+                if not ok(resp, stream):
+                    bad.append(resp.status)
+                    if len(bad) == 1:
+                        sys.stderr.write(f"bad answer {resp.status}: {resp.body[:300]!r}\n")
     finally:
         conn.transport.close()
 
@@ -121,16 +125,21 @@ async def session(port: int, request: bytes, n: int, stream: bool, out: list, ba
 async def run(spec: dict) -> dict:
     body = json.dumps(spec["body"]).encode()
     headers = spec.get("headers", {})
-    requests = iter([build_request(p, body, headers) for p in spec["paths"]])
+    requests = [build_request(p, body, headers) for p in spec["paths"]]
     latencies: list[float] = []
     bad: list[int] = []
+    port, n, stream = spec["port"], spec["per_path"], spec["stream"]
+    pending = iter(requests)
 
-    async def lane() -> None:  # one session after another
-        for request in requests:
-            await session(spec["port"], request, spec["per_path"], spec["stream"], latencies, bad)
+    async def lane() -> None:  # one session after another, each on its own connection
+        for request in pending:
+            await session(port, [request], n, stream, latencies, bad)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(spec.get("concurrency", len(spec["paths"])))))
+    if spec.get("one_connection"):  # sessions in turn over one kept-alive connection
+        await session(port, requests, n, stream, latencies, bad)
+    else:
+        await asyncio.gather(*(lane() for _ in range(spec.get("concurrency", len(requests)))))
     wall = time.perf_counter() - t0
     return {"latencies": latencies, "wall": wall, "bad": len(bad), "statuses": sorted(set(bad))}
 
