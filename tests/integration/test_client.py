@@ -220,12 +220,12 @@ async def test_export_reads_the_stored_trajectories(bus, nats_url, tmp_path):
     """`polar export` over what is on polar.trajectories.<task>: claim-checked ones and a
     duplicate included, exported once; failed evaluations left out."""
     import orjson
-    import pyarrow.parquet as pq
     import typer
     from typer.testing import CliRunner
 
     from services.export.cli import export_command
 
+    pq = pytest.importorskip("pyarrow.parquet")
     good = [scored("cl-export", i, 3) for i in range(2)]
     big = scored("cl-export", 2, 3, tokens=80_000)  # claim-checked
     failed = msgspec.structs.replace(
