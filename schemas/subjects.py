@@ -27,7 +27,9 @@ def sessions_ready(node: str) -> str:
 
 SESSIONS_FINISHED = "polar.sessions.finished"  # SessionFinished, consumed by builders
 SESSIONS_BUILT = "polar.sessions.built"  # TrajectoryBuilt, consumed by evaluators
-SESSIONS_SCORED = "polar.sessions.scored"  # SessionScored, consumed by the scheduler
+# SessionScored: a record for observers (the scheduler tracks terminal state events), so
+# it lives in the age-limited events stream, not in a work queue nobody drains.
+SESSIONS_SCORED = "polar.events.scored"
 
 
 def session_event(state: str) -> str:
@@ -65,7 +67,6 @@ OBJECT_STORE = "polar-blobs"  # claim-check for payloads over the NATS limit
 # -- durable consumers --------------------------------------------------------------
 CONSUMER_SCHEDULER_SUBMIT = "scheduler-submit"
 CONSUMER_SCHEDULER_CANCEL = "scheduler-cancel"
-CONSUMER_SCHEDULER_SCORED = "scheduler-scored"
 CONSUMER_POOL_INIT = "pool-init"
 CONSUMER_BUILDER = "builder"
 CONSUMER_EVALUATOR = "evaluator"

@@ -25,7 +25,7 @@ async def open_bus(url: str, name: str = "polar-cli") -> Bus:
             name=name,
             connect_timeout=2,
             allow_reconnect=False,
-            max_reconnect_attempts=0,
+            max_reconnect_attempts=1,  # nats-py 2.16: 0 retries the first connect forever
             error_cb=_quiet_error,
         )
     except (OSError, TimeoutError, nats.errors.Error) as exc:

@@ -294,6 +294,17 @@ def model(ctx: typer.Context) -> None:
     _run_embedded(list(ctx.args) or ["--help"])
 
 
+def _register_export() -> None:
+    from services.export.cli import export_command
+
+    app.command(
+        "export", help="Export stored trajectories to JSONL or Parquet (SFT or Slime layout)."
+    )(export_command)
+
+
+_register_export()
+
+
 @app.command()
 def demo(keep: Annotated[bool, typer.Option(help="leave the stack running")] = False) -> None:
     """Run the whole system end to end on embedded defaults, then stop it."""

@@ -164,3 +164,19 @@ def test_status_shows_services_streams_and_sessions(polar):
         "REGISTERED",
     ):
         assert expected in text.stdout, (expected, text.stdout)
+
+
+def test_unreachable_nats_fails_fast():
+    import asyncio
+    import time
+
+    from services.cli.connect import open_bus
+    from services.cli.context import Unreachable
+
+    async def attempt():
+        with pytest.raises(Unreachable):
+            await open_bus(f"nats://127.0.0.1:{free_port()}")
+
+    t0 = time.monotonic()
+    asyncio.run(asyncio.wait_for(attempt(), 20))
+    assert time.monotonic() - t0 < 10
