@@ -98,7 +98,10 @@ async def main(args) -> None:
         print("\n## Scheduler: submit -> sessions registered + init work published")
         print("| workload | tasks | sessions/s | p50 ms | p99 ms |")
         print("|---|---|---|---|---|")
-        for name, lat, n in (("1,000-session task", lat_big, 1000), ("8-session task", lat_small, 8)):
+        for name, lat, n in (
+            ("1,000-session task", lat_big, 1000),
+            ("8-session task", lat_small, 8),
+        ):
             rate = n * len(lat) / sum(lat)
             print(
                 f"| {name} | {len(lat)} | {rate:,.0f} | {statistics.median(lat) * 1e3:.1f} "
