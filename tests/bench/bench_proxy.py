@@ -39,7 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from services.common.registry import Registry  # noqa: E402
 from tests.bench.proxy_bench import procs  # noqa: E402
 from tests.bench.proxy_bench.backend import MODEL, TEXT  # noqa: E402
-from tests.bench.proxy_bench.report import DIRECT, LITELLM, Run, table, verdicts  # noqa: E402
+from tests.bench.proxy_bench.report import (  # noqa: E402
+    DIRECT,
+    FIRST_CALLS,
+    LITELLM,
+    Run,
+    table,
+    verdicts,
+)
 from tests.bench.proxy_bench.stack import LITELLM_KEY, ROOT, Stack  # noqa: E402
 from tests.helpers.stack import running_session  # noqa: E402
 
@@ -196,7 +203,7 @@ class Bench:
         for t in polar:
             c = cells[t.name]
             self.runs.append(
-                Run(f"{t.name} first calls", False, 1, c.latencies, c.wall, c.bad, cpu=c.cpu,
+                Run(f"{t.name} {FIRST_CALLS}", False, 1, c.latencies, c.wall, c.bad, cpu=c.cpu,
                     cpu_with_bus=c.cpu + c.bus)
             )  # fmt: skip
 
