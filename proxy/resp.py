@@ -124,12 +124,17 @@ class Resp:
             try:
                 _, proto = await asyncio.wait_for(
                     loop.create_connection(
-                        _Protocol, self.host, self.port, ssl=ssl.create_default_context() if self.tls else None
+                        _Protocol,
+                        self.host,
+                        self.port,
+                        ssl=ssl.create_default_context() if self.tls else None,
                     ),
                     CONNECT_TIMEOUT_S,
                 )
             except (OSError, TimeoutError) as exc:
-                raise RedisUnavailable(f"cannot reach redis at {self.host}:{self.port}: {exc}") from exc
+                raise RedisUnavailable(
+                    f"cannot reach redis at {self.host}:{self.port}: {exc}"
+                ) from exc
             await self._hello(proto)
             self._proto = proto
             return proto
@@ -137,7 +142,9 @@ class Resp:
     async def _hello(self, proto: _Protocol) -> None:
         setup: list[tuple] = []
         if self.password is not None:
-            setup.append(("AUTH", self.username, self.password) if self.username else ("AUTH", self.password))
+            setup.append(
+                ("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)
+            )
         if self.db:
             setup.append(("SELECT", self.db))
         for command in setup:
