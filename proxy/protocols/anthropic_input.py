@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from proxy.conversation import (
     ImagePart,
     Message,
@@ -23,7 +21,7 @@ from proxy.conversation import (
     join_system,
     text_of,
 )
-from proxy.protocols.base import as_dict, bad, data_url, opt_str, req_str
+from proxy.protocols.base import as_dict, bad, data_url, json_text, opt_str, req_str
 
 
 def system_texts(v: Any) -> list[str]:
@@ -132,7 +130,7 @@ def assistant_message(blocks: list[dict[str, Any]], at: str, dropped: list[str])
                 ReasoningPart(req_str(b, "thinking", where), opt_str(b, "signature", where) or "")
             )
         elif kind == "tool_use":
-            args = orjson.dumps(b.get("input") if b.get("input") is not None else {}).decode()
+            args = json_text(b.get("input"))
             calls.append(ToolCall(req_str(b, "id", where), req_str(b, "name", where), args))
         else:
             dropped.append(str(kind))

@@ -11,6 +11,7 @@ keeps an idle stream open). The app mounts each ``Route`` at the root and under
 from __future__ import annotations
 
 import enum
+import json
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -160,10 +161,14 @@ def stop_list(v: Any, param: str) -> list[str]:
 
 
 def json_text(value: Any) -> str:
-    """Tool arguments as JSON text (some clients send an object instead of a string)."""
+    """Tool arguments as JSON text (some clients send an object instead of a string).
+
+    Objects are written with ``", "`` and ``": "`` separators, the way Hermes/Qwen-style
+    models write tool arguments, so a chat-mode engine re-rendering this history sees
+    the text the model produced (compact JSON would drift on every tool turn)."""
     if isinstance(value, str):
         return value
-    return orjson.dumps(value if value is not None else {}).decode()
+    return json.dumps(value if value is not None else {}, ensure_ascii=False)
 
 
 def json_object(arguments: str) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def test_openai_messages_export_of_a_tool_round_trip() -> None:
                 "type": "function",
                 "function": {
                     "name": "Bash",
-                    "arguments": '{"command":"echo proof > proof.txt","description":"Write proof to proof.txt"}',
+                    "arguments": '{"command": "echo proof > proof.txt", "description": "Write proof to proof.txt"}',
                 },
             }
         ],
