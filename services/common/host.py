@@ -41,7 +41,7 @@ class ServiceHost:
 
     def consume(self, consumer: Consumer) -> None:
         self._consumers.append(consumer)
-        self._spawn(consumer.run, consumer.name)
+        self.run(consumer.run, consumer.name)
 
     def every(self, seconds: float, job: Callable[[], Awaitable[None]], name: str) -> None:
         async def loop() -> None:
@@ -52,9 +52,10 @@ class ServiceHost:
                 except Exception:  # noqa: BLE001 - a periodic job must keep running
                     log.exception("%s: periodic job %s failed", self.name, name)
 
-        self._spawn(loop, name)
+        self.run(loop, name)
 
-    def _spawn(self, run: Callable[[], Awaitable[None]], name: str) -> None:
+    def run(self, run: Callable[[], Awaitable[None]], name: str) -> None:
+        """Keep ``run()`` going as a task of this service; restart it if it crashes."""
         async def guarded() -> None:
             while True:  # a crashed loop restarts instead of going silent
                 try:

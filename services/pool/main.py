@@ -28,7 +28,7 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
         pool = RuntimePool(host.bus, host.registry, cfg, default_registry())
         app.state.pool = pool
         subs = await pool.subscribe()
-        host._spawn(pool.run, "pool")
+        host.run(pool.run, "pool")
         host.every(cfg.lease_seconds / 3, pool.renew_leases, "leases")
         await pool.heartbeat()
         host.every(cfg.heartbeat_seconds, pool.heartbeat, "heartbeat")
