@@ -77,10 +77,16 @@ class SessionStore:
         raw = await self.redis.call("LRANGE", self._key(session_id, attempt), 0, MAX_STATES - 1)
         return [_decoder.decode(r) for r in raw]
 
-    async def remember(self, session_id: str, attempt: int, state: TurnState) -> None:
+    async def remember(self, session_id: str, attempt: int, state: TurnState) -> bytes:
+        """Store ``state`` as the newest; returns its encoding (to ``forget`` it again)."""
         key = self._key(session_id, attempt)
-        args = [_encoder.encode(state), MAX_STATES - 1, STATE_TTL_SECONDS]
-        await self.redis.script(_REMEMBER, [key], args)
+        encoded = _encoder.encode(state)
+        await self.redis.script(_REMEMBER, [key], [encoded, MAX_STATES - 1, STATE_TTL_SECONDS])
+        return encoded
+
+    async def forget(self, session_id: str, attempt: int, encoded: bytes) -> None:
+        """Undo ``remember`` (its call turned out not to be captured)."""
+        await self.redis.call("LREM", self._key(session_id, attempt), 1, encoded)
 
 
 def build_record(

@@ -111,16 +111,10 @@ class CompletionHandler:
 
     async def _capture(self, ctx, plan, gen, turn, messages, tools, queue_ms: float) -> None:
         """Number, commit and remember one answered call; a failed commit is the caller's
-        error (and the TITO state is not advanced, so the retry re-extends the old one)."""
+        error (and the TITO state is not left advanced, so the retry re-extends the old one)."""
         sid = ctx.session_id
         seq = await self.store.next_seq(sid)
         record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
-        try:
-            await capture.commit(self.bus, record)
-        except UpstreamError:
-            metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
-            await self.store.release_seq(sid, seq)
-            raise
         state = TurnState(
             seq=seq,
             messages=messages,
@@ -129,7 +123,21 @@ class CompletionHandler:
             prompt=pack(plan.prompt_ids),
             output=pack(gen.output_ids),
         )
-        await self.store.remember(sid, ctx.attempt, state)
+        # The JetStream commit and the state write overlap (one round trip less per call);
+        # a state written for a call that then failed to commit is taken back.
+        committed, remembered = await asyncio.gather(
+            capture.commit(self.bus, record),
+            self.store.remember(sid, ctx.attempt, state),
+            return_exceptions=True,
+        )
+        if isinstance(committed, BaseException):
+            metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
+            if not isinstance(remembered, BaseException):
+                await self.store.forget(sid, ctx.attempt, remembered)
+            await self.store.release_seq(sid, seq)
+            raise committed
+        if isinstance(remembered, BaseException):
+            raise remembered
 
     async def _record_abort(self, ctx: CallContext, messages, tools) -> None:
         """The harness left before an answer: record the call, aborted, with its prompt."""
