@@ -144,8 +144,6 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
     gate, late, state = WeightGate(), _Late(), {}
     mode = UpstreamMode(cfg.mode)
     engine = cfg.engine()
-    if cfg.tokenizer_dir():
-        late.tokenizer = ChatTokenizer.load(cfg.tokenizer_dir())
 
     @asynccontextmanager
     async def lifespan(app: Litestar):
@@ -153,6 +151,8 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         backend = make_pool(engine.kind, engine.urls, model=engine.model, modes=(mode,))
         if cfg.probe_backend:  # refuses an engine that cannot return token ids
             await probe_until_up(backend, cfg.probe_timeout_seconds)
+        if cfg.tokenizer_dir():  # after the probe: an embedded engine creates its model dir
+            late.tokenizer = ChatTokenizer.load(cfg.tokenizer_dir())
         backend.start()
         state["backend"] = backend
         store = SessionStore(Resp.from_url(cfg.redis_url))  # its own pipelined connection
