@@ -1,27 +1,27 @@
-"""One pooled HTTP client per worker; the only place aiohttp exceptions are seen.
+"""One pooled HTTP client per worker; the only place transport errors become data.
 
-aiohttp rather than httpx: on this project's target (<= 1 ms added, > 1000 req/s per
-core) aiohttp measured ~3-4x faster sequentially and ~10x at 64 concurrent requests
-(tests/bench/bench_backend_http.py). Bodies are encoded and decoded with orjson.
+The client is ``proxy.backends.rawhttp``, a bare asyncio HTTP/1.1 keep-alive pool: the
+engines speak plain JSON over HTTP/1.1, and aiohttp, measured before, was ~23% of the
+proxy's CPU on the engine-call path (tests/bench/bench_backend_http.py compares them).
+Bodies are encoded and decoded with orjson.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
+from urllib.parse import urlencode
 
-import aiohttp
 import orjson
 from msgspec import Struct
 
+from proxy.backends import rawhttp
 from proxy.backends.base import BackendError, ErrorKind
 from proxy.backends.errors import error_from_response
 
-_JSON = {"content-type": "application/json"}
-
 
 class HttpSettings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    timeout_s: float = 900.0  # one non-streaming generation can be long
+    # A request's deadline, from send to last byte; one non-streaming generation can be long.
+    timeout_s: float = 900.0
     connect_timeout_s: float = 3.0
     max_connections: int = 1024
     # Below the engines' server keep-alive (uvicorn: 5 s) so a pooled connection is never
@@ -36,23 +36,20 @@ class HttpWorker:
     def __init__(self, base_url: str, settings: HttpSettings | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.settings = settings or HttpSettings()
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: rawhttp.ConnectionPool | None = None
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+    def _client(self) -> rawhttp.ConnectionPool:
+        if self._pool is None:
             s = self.settings
-            headers = {"authorization": f"Bearer {s.api_key}"} if s.api_key else None
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=s.max_connections, keepalive_timeout=s.keepalive_s
-                ),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=s.connect_timeout_s, sock_read=s.timeout_s
-                ),
+            headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else None
+            self._pool = rawhttp.ConnectionPool(
+                self.base_url,
+                limit=s.max_connections,
+                keepalive_s=s.keepalive_s,
+                connect_timeout_s=s.connect_timeout_s,
                 headers=headers,
-                skip_auto_headers=("User-Agent",),
             )
-        return self._session
+        return self._pool
 
     async def request(
         self,
@@ -65,35 +62,20 @@ class HttpWorker:
     ) -> bytes:
         """The response body of a 2xx answer; any other outcome is a ``BackendError``."""
         data = None if body is None else orjson.dumps(body)
+        target = f"{path}?{urlencode(params)}" if params else path
+        pool = self._client()
+        request = pool.encode(method, target, data)
         try:
-            return await self._send(method, path, data, params, timeout_s)
-        except aiohttp.ServerDisconnectedError:
-            # A pooled connection the server dropped between requests: one fresh try.
-            # A worker that is really gone then fails to connect, and that is final.
-            return await self._send_translated(method, path, data, params, timeout_s)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise self._translate(exc) from None
-
-    async def _send_translated(self, method, path, data, params, timeout_s) -> bytes:
-        try:
-            return await self._send(method, path, data, params, timeout_s)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise self._translate(exc) from None
-
-    async def _send(self, method, path, data, params, timeout_s) -> bytes:
-        timeout = None if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
-        async with self._client().request(
-            method,
-            self.base_url + path,
-            data=data,
-            params=params,
-            headers=_JSON if data is not None else None,
-            timeout=timeout,
-        ) as resp:
-            payload = await resp.read()
-            if resp.status >= 400:
-                raise error_from_response(resp.status, payload, self.base_url)
-            return payload
+            resp = await pool.send(request, timeout_s or self.settings.timeout_s)
+        except (rawhttp.ConnectFailed, rawhttp.Disconnected, rawhttp.ProtocolError) as exc:
+            raise self._error(ErrorKind.UNAVAILABLE, f"{type(exc).__name__}: {exc}") from None
+        except rawhttp.ConnectTimeout:
+            raise self._error(ErrorKind.UNAVAILABLE, "connect timed out") from None
+        except rawhttp.RequestTimeout:
+            raise self._error(ErrorKind.TIMEOUT, "timed out") from None
+        if resp.status >= 400:
+            raise error_from_response(resp.status, resp.body, self.base_url)
+        return resp.body
 
     async def get_json(self, path: str, *, timeout_s: float | None = None) -> Any:
         return _decode(await self.request("GET", path, timeout_s=timeout_s))
@@ -102,20 +84,12 @@ class HttpWorker:
         return _decode(await self.request("POST", path, body, **kw))
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
-    def _translate(self, exc: BaseException) -> BackendError:
-        where = f"{self.base_url}: "
-        if isinstance(exc, aiohttp.ConnectionTimeoutError):
-            return BackendError(
-                ErrorKind.UNAVAILABLE, where + "connect timed out", worker=self.base_url
-            )
-        if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-            return BackendError(ErrorKind.TIMEOUT, where + "timed out", worker=self.base_url)
-        detail = f"{type(exc).__name__}: {exc}"
-        return BackendError(ErrorKind.UNAVAILABLE, where + detail, worker=self.base_url)
+    def _error(self, kind: ErrorKind, detail: str) -> BackendError:
+        return BackendError(kind, f"{self.base_url}: {detail}", worker=self.base_url)
 
 
 def _decode(payload: bytes) -> Any:
