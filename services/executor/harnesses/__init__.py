@@ -4,13 +4,34 @@ from __future__ import annotations
 
 from services.common.plugins import Registry
 from services.executor.harnesses.base import Harness, HarnessContext, HarnessRun
+from services.executor.harnesses.claude_code import ClaudeCodeHarness
+from services.executor.harnesses.codex import CodexHarness
+from services.executor.harnesses.gemini_cli import GeminiCliHarness
+from services.executor.harnesses.opencode import OpencodeHarness
+from services.executor.harnesses.pi import PiHarness
+from services.executor.harnesses.qwen_code import QwenCodeHarness
 from services.executor.harnesses.shell import NoopHarness, ShellHarness
 
-__all__ = ["Harness", "HarnessContext", "HarnessRun", "default_registry"]
+__all__ = ["CLI_PRESETS", "Harness", "HarnessContext", "HarnessRun", "default_registry"]
+
+# The agent CLIs installed from npm, by preset name.
+CLI_PRESETS = {
+    cls.name: cls
+    for cls in (
+        CodexHarness,
+        ClaudeCodeHarness,
+        GeminiCliHarness,
+        QwenCodeHarness,
+        OpencodeHarness,
+        PiHarness,
+    )
+}
 
 
 def default_registry() -> Registry[Harness]:
     reg: Registry[Harness] = Registry("harness")
     reg.register("shell", ShellHarness)
     reg.register("noop", NoopHarness)
+    for name, cls in CLI_PRESETS.items():
+        reg.register(name, cls)
     return reg
