@@ -31,6 +31,7 @@ VARIANTS = {
     "codex": ("codex", {}),
     "claude_code": ("claude_code", {}),
     "gemini_cli": ("gemini_cli", {}),
+    "gemini-router": ("gemini_cli", {"model": "auto"}),
     "qwen-openai": ("qwen_code", {"protocol": "openai"}),
     "qwen-anthropic": ("qwen_code", {"protocol": "anthropic"}),
     "qwen-responses": ("qwen_code", {"protocol": "openai-responses"}),

@@ -46,6 +46,7 @@ VARIANTS = {
     "claude-stream": ("claude_code", {}, "anthropic_messages"),
     "claude-fallback": ("claude_code", {}, "anthropic_messages"),
     "gemini": ("gemini_cli", {}, "gemini"),
+    "gemini-router": ("gemini_cli", {"model": "auto"}, "gemini"),  # Gemini CLI routes first
     "qwen-openai": ("qwen_code", {"protocol": "openai"}, "openai_chat"),
     "qwen-anthropic": ("qwen_code", {"protocol": "anthropic"}, "anthropic_messages"),
     "qwen-responses": ("qwen_code", {"protocol": "openai-responses"}, "openai_responses"),
@@ -69,7 +70,8 @@ async def batch(tmp_path_factory):
     strip = await Gateway(stack.proxy_url, "strip_events").start()
     hole = await BlackHole().start()
     tasks = [harness_task(tid, h, **dict(agent)) for tid, (h, agent, _) in VARIANTS.items()]
-    tasks[2]["agent"]["settings"] = {"proxy_url": no_stream.url}  # claude-fallback
+    fallback = next(t for t in tasks if t["task_id"] == "claude-fallback")
+    fallback["agent"]["settings"] = {"proxy_url": no_stream.url}
     tasks += [
         harness_task("fail-crash", "codex", args=["--no-such-flag"]),
         harness_task("fail-hang", "pi", settings={"proxy_url": hole.url}, agent_timeout=20),
@@ -129,6 +131,15 @@ async def test_opencode_title_call_is_tagged_and_kept_apart(batch):
     titles = [r for r in run.records if r.side_call == "title"]
     assert len(titles) == 1 and not _json(titles[0].raw_request).get("tools")
     assert [t["side_call"] for t in run.side_traces] == ["title"]
+
+
+async def test_gemini_router_call_is_tagged_and_kept_apart(batch):
+    run = batch["runs"]["gemini-router"]
+    routers = [r for r in run.records if r.side_call == "router"]
+    assert len(routers) == 1 and routers[0].seq == 0  # it scores the task, then works
+    assert "responseJsonSchema" in _json(routers[0].raw_request)["generationConfig"]
+    assert [t["side_call"] for t in run.side_traces] == ["router"]
+    assert not [r for r in batch["runs"]["gemini"].records if r.side_call]  # -m: no router
 
 
 async def test_claude_streams_and_falls_back_to_non_streaming(batch):
