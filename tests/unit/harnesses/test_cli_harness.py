@@ -3,6 +3,7 @@ configure, run (the CLI is a tiny npm package that prints what it was given)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -53,7 +54,7 @@ async def test_install_configure_run_on_a_local_runtime(tmp_path, runtime):
     harness = FakeCli()
     harness.tarball = str(fake_cli_tarball(tmp_path / "pkg"))
     ctx = context(harness="fake", args=["--flag"], env={"EXTRA": "yes"})
-    ctx = ctx.__class__(**{**ctx.__dict__, "workdir": runtime.workdir, "home": runtime.home})
+    ctx = dataclasses.replace(ctx, workdir=runtime.workdir, home=runtime.home)
 
     await harness.install(runtime, ctx)
     await harness.configure(runtime, ctx)
@@ -85,6 +86,6 @@ async def test_install_configure_run_on_a_local_runtime(tmp_path, runtime):
 
 async def test_preinstalled_dir_is_checked_not_installed(tmp_path, runtime):
     ctx = context(harness="fake", settings={"install_dir": str(tmp_path / "ro")})
-    ctx = ctx.__class__(**{**ctx.__dict__, "workdir": runtime.workdir, "home": runtime.home})
+    ctx = dataclasses.replace(ctx, workdir=runtime.workdir, home=runtime.home)
     with pytest.raises(Exception, match="is not pre-installed at"):
         await FakeCli().install(runtime, ctx)
