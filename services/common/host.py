@@ -56,6 +56,7 @@ class ServiceHost:
 
     def run(self, run: Callable[[], Awaitable[None]], name: str) -> None:
         """Keep ``run()`` going as a task of this service; restart it if it crashes."""
+
         async def guarded() -> None:
             while True:  # a crashed loop restarts instead of going silent
                 try:
