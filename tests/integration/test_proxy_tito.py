@@ -124,7 +124,27 @@ async def test_token_mode_thirty_turns_every_protocol_zero_drift(
         diff = max_logprob_diff(model, recs, prompts)
         assert diff <= LOGPROB_TOLERANCE, (agent.protocol, diff)
         report[agent.protocol] = (len(prompts[TURNS - 1]), diff)
+        assert_builds_one_chain(recs, prompts)
     print("\ntoken mode (final prompt tokens, max |logprob diff|):", report)
+
+
+def assert_builds_one_chain(recs, prompts) -> None:
+    """Issue 6: this real 30-call capture merges into one chain equal to the last prompt +
+    response, masked exactly on the sampled tokens; per_request gives 30 traces."""
+    from schemas import Outcome
+    from services.builder.strategies.per_request import PerRequest
+    from services.builder.strategies.prefix_merging import PrefixMerging
+
+    traces, stats, _ = PrefixMerging().build(recs, {}, Outcome.COMPLETED)
+    (chain,) = traces
+    last = recs[-1]
+    assert chain.prompt_ids + chain.response_ids == prompts[last.seq] + last.output_ids
+    sampled = [t for r in recs for t in r.output_ids]
+    assert sum(chain.loss_mask) == len(sampled) == stats.sampled_tokens
+    masked = [t for t, m in zip(chain.response_ids, chain.loss_mask, strict=True) if m]
+    assert masked == sampled
+    per_request = PerRequest().build(recs, {}, Outcome.COMPLETED)[0]
+    assert len(per_request) == TURNS
 
 
 def break_counts(metrics_text: str) -> dict[tuple[str, str], float]:
