@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,14 +65,15 @@ class EvalContext:
         return self.runtime
 
 
-class Evaluator:
+class Evaluator(ABC):
     """Base class of built-in and custom evaluators (``"module:Class"``)."""
 
     name: str = "evaluator"
     needs_runtime: NeedsRuntime = "task"
 
+    @abstractmethod
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
-        raise NotImplementedError
+        """The reward of one session (or an error result saying why there is none)."""
 
 
 def checked(result: object, name: str) -> EvalResult:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import orjson
@@ -69,9 +70,9 @@ class CliHarness(Harness):
         """Files to write, by path relative to the session's HOME."""
         return {}
 
+    @abstractmethod
     def command(self, ctx: HarnessContext, variant: Variant) -> tuple[list[str], list[str]]:
         """(options, prompt arguments): ``agent.args`` go between the two."""
-        raise NotImplementedError
 
     # -- the Harness interface --------------------------------------------------------
     installed_version: str | None = None  # set by install() in the process that ran it
