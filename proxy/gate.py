@@ -15,6 +15,11 @@ class WeightGate:
         self._drained.set()
 
     @property
+    def inflight(self) -> int:
+        """Calls admitted and not yet answered."""
+        return self._inflight
+
+    @property
     def paused(self) -> bool:
         return not self._open.is_set()
 

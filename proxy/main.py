@@ -142,6 +142,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
     cfg = config or load(ProxyConfig)
     host = ServiceHost("proxy", cfg)
     gate, late, state = WeightGate(), _Late(), {}
+    metrics.INFLIGHT.set_function(lambda: gate.inflight)
     mode = UpstreamMode(cfg.mode)
     engine = cfg.engine()
 

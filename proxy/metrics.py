@@ -32,6 +32,7 @@ SIDE_CALLS = Counter(
     "polar_proxy_side_calls_total", "Calls outside the main loop", ["protocol", "kind"]
 )
 PAUSED = Gauge("polar_proxy_paused", "1 while paused for a weight update")
+INFLIGHT = Gauge("polar_proxy_inflight_calls", "Model calls admitted and not yet answered")
 
 
 def observe_call(protocol: str, ctx, gen, plan) -> None:

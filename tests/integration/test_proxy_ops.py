@@ -98,6 +98,16 @@ async def post(url: str, **kw) -> httpx.Response:
         return await c.post(url, **kw)
 
 
+async def wait_in_flight(url: str, n: int = 1) -> None:
+    """Wait until the proxy has ``n`` calls admitted past its pause gate (no fixed sleep:
+    how long a call takes to get there depends on the machine's load)."""
+    for _ in range(600):
+        if metric((await get(url + "/metrics")).text, "polar_proxy_inflight_calls") >= n:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the call never reached the engine")
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """One sample of the Prometheus text format (0 when absent), labels in any order."""
     for line in text.splitlines():
@@ -323,7 +333,7 @@ async def test_pause_drains_in_flight_calls_and_holds_new_ones(proxy, redis_clie
     slow = asyncio.create_task(
         sdk.chat.completions.create(model="m", messages=SLOW, max_tokens=300)
     )
-    await asyncio.sleep(0.5)  # it is in the engine now
+    await wait_in_flight(proxy.url)  # it is in the engine now
     assert (await post(proxy.url + "/admin/pause")).status_code == 401  # the admin token
     paused = await post(proxy.url + "/admin/pause", headers=ADMIN)
     assert paused.json() == {"paused": True, "drained": 1}
@@ -354,7 +364,7 @@ async def test_weight_update_versions_every_record(proxy, redis_client, bus):
     in_flight = asyncio.create_task(
         sdk.chat.completions.create(model="m", messages=SLOW, max_tokens=300)
     )
-    await asyncio.sleep(0.5)
+    await wait_in_flight(proxy.url)
     body = {"model_path": str(second_checkpoint()), "version": "2"}
     update = asyncio.create_task(
         post(proxy.url + "/admin/update_weights", json=body, headers=ADMIN)

@@ -27,7 +27,8 @@ from services.runtimes.docker_exec import deadline_argv, stdin_argv, sweep_argv
 from services.runtimes.local_backend import LocalSandboxRuntime
 
 
-def test_bwrap_argv_isolated_network_with_bridge():
+def test_bwrap_argv_isolated_network_with_bridge(monkeypatch):
+    monkeypatch.setattr("services.runtimes.bwrap.host_paths_needed_inside", lambda: ["/usr/x"])
     argv = bwrap_argv(session_dir="/s/x", cwd="/s/x/workdir", isolate_network=True,
                       bridge_socket="/tmp/b/proxy.sock")  # fmt: skip
     assert argv == [
@@ -37,6 +38,25 @@ def test_bwrap_argv_isolated_network_with_bridge():
         "--tmpfs", "/run", "--bind", "/s/x", "/s/x",
         "--bind", "/tmp/b/proxy.sock", BRIDGE_SOCKET_INSIDE, "--chdir", "/s/x/workdir", "--",
     ]  # fmt: skip
+
+
+def test_bwrap_argv_binds_back_masked_host_paths(monkeypatch):
+    """A checkout or venv under /tmp (as CI's clones are) stays visible in the sandbox."""
+    paths = ["/tmp/ci/.venv", "/run/x", "/usr/lib/python3.11"]
+    monkeypatch.setattr("services.runtimes.bwrap.host_paths_needed_inside", lambda: paths)
+    argv = bwrap_argv(session_dir="/s/x", cwd="/s/x", isolate_network=True)
+    tail = argv[argv.index("/run") + 1 :]
+    assert tail[:6] == [
+        "--ro-bind",
+        "/tmp/ci/.venv",
+        "/tmp/ci/.venv",
+        "--ro-bind",
+        "/run/x",
+        "/run/x",
+    ]
+    assert "/usr/lib/python3.11" not in argv  # visible anyway under the read-only /
+    host = bwrap_argv(session_dir="/s/x", cwd="/s/x", isolate_network=False)
+    assert "/run/x" not in host and "/tmp/ci/.venv" in host
 
 
 def test_bwrap_argv_host_network_keeps_run():
