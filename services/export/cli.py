@@ -6,42 +6,20 @@ import asyncio
 from pathlib import Path
 from typing import Annotated, Literal
 
-import nats
 import typer
 
-from services.common.bus import Bus
+from services.cli.connect import open_bus
+from services.cli.context import Unreachable
 from services.common.settings import DEFAULT_NATS_URL
 from services.export.export import ExportStats, export
 from services.export.writers import ExportError
 
 
-async def _quiet(_: Exception) -> None:
-    pass  # reported once, as the ExportError below
-
-
-async def open_bus(url: str) -> Bus:
-    """Fail fast when NATS is not there (``max_reconnect_attempts=0`` would make nats-py
-    retry the first connection forever)."""
-    try:
-        nc = await asyncio.wait_for(
-            nats.connect(
-                url,
-                name="polar-export",
-                connect_timeout=2,
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.2,
-                error_cb=_quiet,
-            ),
-            10,
-        )
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        raise ExportError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
-    return Bus(nc, nc.jetstream(timeout=10))
-
-
 async def _run(nats_url: str, out: Path, **kw) -> ExportStats:
-    bus = await open_bus(nats_url)
+    try:
+        bus = await open_bus(nats_url, "polar-export")  # fails fast when NATS is not there
+    except Unreachable as exc:
+        raise ExportError(str(exc)) from None
     try:
         return await export(bus, out, **kw)
     finally:
