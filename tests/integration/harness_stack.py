@@ -48,10 +48,11 @@ async def preinstall(cache: Path) -> dict[str, Installed]:
     return {g.package.spec: g for g in got}
 
 
-def combined_policy(dest: Path) -> Path:
-    """The six per-harness scripts as one (every turn is chosen by a regex)."""
+def combined_policy(dest: Path, pattern: str = "harness_*.yaml") -> Path:
+    """The per-harness scripts (``pattern`` in tests/fixtures/policies) as one (every turn
+    is chosen by a regex)."""
     turns, default = [], None
-    for path in sorted(POLICIES.glob("harness_*.yaml")):
+    for path in sorted(POLICIES.glob(pattern)):
         script = yaml.safe_load(path.read_text())
         turns += script["turns"]
         default = script.get("default", default)
@@ -164,8 +165,8 @@ class Stack:
     entered: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
-    def up(cls, root: Path, *, max_run: int = 3) -> Stack:
-        policy = combined_policy(root / "harness_policy.yaml")
+    def up(cls, root: Path, *, max_run: int = 3, policies: str = "harness_*.yaml") -> Stack:
+        policy = combined_policy(root / "harness_policy.yaml", policies)
         proxy_url, text = topology(root, policy, max_run)
         topo = parse_topology(text, "harness topology")
         devstack.up(topo)
