@@ -3,6 +3,10 @@
 Reasons:
   first                 the first main-loop chain of the session
   side_call:<tag>       the proxy marked the call (title, router, count_tokens, probe)
+  side_call:compaction  the call that wrote the summary a later ``compaction`` chain starts
+                        from (its sampled output reappears in that chain's first prompt),
+                        whatever the proxy tagged it: Codex's summarization request has no
+                        tools, so its own prompt continues nothing
   sub_agent             a different first message (system prompt), or a fresh start with
                         the same one while its parent goes on / another chain ran between
   compaction            same first message, history shortened, replacing the chain it
@@ -14,7 +18,13 @@ Reasons:
   after_abort           continues a chain whose last turn was aborted or errored
 
 The lineage (parent) is the main-loop chain sharing the longest common token prefix with
-the new prompt, the most recently active one on ties; None for the first chain.
+the new prompt, the most recently active one on ties; None for the first chain. Two
+sub-agents of one kind (same first message) share the longest prefix with each other, not
+with the loop that started them: a sub-agent whose nearest chain is such a sibling gets the
+sibling's lineage (Claude Code starting one `general-purpose` agent after another). A
+compaction's summarization call descends from the chain it summarized. A side call made
+before the main loop's first call (opencode's title, Gemini CLI's router) descends from
+the session's first chain.
 """
 
 from __future__ import annotations
@@ -66,9 +76,70 @@ def classify(call: Call, parent: Chain | None, last_main: Chain | None, eot: int
     return "history_rewritten"
 
 
-def settle(chains: Sequence[Chain]) -> None:
+def lineage_of(call: Call, parent: Chain | None, reason: str, eot: int | None) -> Chain | None:
+    """The chain a new chain descends from: ``parent``, except that a sub-agent whose
+    nearest chain is a sibling sub-agent (same first message) descends from the sibling's
+    parent, the loop that started both."""
+    if (
+        reason == "sub_agent"
+        and parent is not None
+        and parent.reason == "sub_agent"
+        and parent.parent is not None
+        and same_head(call.prompt, parent.first.prompt, eot)
+    ):
+        return parent.parent
+    return parent
+
+
+SUMMARY_MIN_TOKENS = 8  # a shorter output could reappear in a prompt by chance
+
+
+def carried(output: list[int], prompt: list[int], eot: int | None) -> bool:
+    """``output`` (without its end-of-turn and its first and last token, which the next
+    template may merge with what surrounds them) appears in ``prompt`` as it was sampled."""
+    core = output[:-1] if eot is not None and output[-1:] == [eot] else output
+    core = core[1:-1]
+    if len(core) < SUMMARY_MIN_TOKENS:
+        return False
+    n, first = len(core), core[0]
+    return any(prompt[i : i + n] == core for i, t in enumerate(prompt) if t == first)
+
+
+def settle(chains: Sequence[Chain], eot: int | None = None) -> None:
+    """Reasons and lineages that only later calls decide."""
+    _compactions_beside_their_parent(chains)
+    _summarization_calls(chains, eot)
+    _early_side_calls(chains)
+
+
+def _compactions_beside_their_parent(chains: Sequence[Chain]) -> None:
     """A 'compaction' whose parent is extended afterwards ran beside it: a sub-agent."""
     for chain in chains:
         parent = chain.parent
         if chain.reason == "compaction" and parent is not None and parent.tip.seq > chain.first.seq:
             chain.reason = "sub_agent"
+
+
+def _summarization_calls(chains: Sequence[Chain], eot: int | None) -> None:
+    """A one-call chain between a compaction's parent and the compaction, whose output
+    the compacted prompt carries, is the summarization call: ``side_call:compaction``."""
+    for chain in chains:
+        if chain.reason != "compaction" or chain.parent is None:
+            continue
+        start, parent = chain.first, chain.parent
+        for cand in chains:
+            if (
+                len(cand.calls) == 1
+                and parent.tip.seq < cand.first.seq < start.seq
+                and cand.reason != "side_call:compaction"
+                and carried(cand.first.output, start.prompt, eot)
+            ):
+                cand.retag("compaction", parent)
+
+
+def _early_side_calls(chains: Sequence[Chain]) -> None:
+    """A side call that came before any main-loop chain descends from the first chain."""
+    root = next((c for c in chains if c.reason == "first"), None)
+    for chain in chains:
+        if chain.side_call is not None and chain.parent is None:
+            chain.parent = root

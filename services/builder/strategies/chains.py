@@ -31,6 +31,8 @@ class Chain:
     logprobs: list[float | None]
     closed: bool = False  # no call may extend it (a cut turn, a side call)
     glue_closed: list[tuple[int, str]] = field(default_factory=list)  # (seq, finish reason)
+    tag: str | None = None  # a side-call tag the builder found (the proxy's, if None)
+    retagged_from: str | None = None  # the reason it had before the builder retagged it
 
     @classmethod
     def start(cls, chain_id: int, call: Call, reason: str, parent: Chain | None) -> Chain:
@@ -55,7 +57,12 @@ class Chain:
 
     @property
     def side_call(self) -> str | None:
-        return self.first.rec.side_call
+        return self.tag or self.first.rec.side_call
+
+    def retag(self, tag: str, parent: Chain | None) -> None:
+        """A side call the builder recognised (e.g. a compaction's summarization call)."""
+        self.retagged_from = self.reason
+        self.reason, self.tag, self.parent, self.closed = f"side_call:{tag}", tag, parent, True
 
     def takes(self, call: Call) -> bool:
         """``call`` continues this chain: its prompt extends the tip's prompt + output.

@@ -21,7 +21,7 @@ from msgspec import Struct
 
 from schemas import BuildStats, CompletionRecord, Outcome, Trace
 from services.builder.strategies.base import Call, detect_eot, full_calls, parse_config, stats_of
-from services.builder.strategies.breaks import classify, parent_of, settle
+from services.builder.strategies.breaks import classify, lineage_of, parent_of, settle
 from services.builder.strategies.chains import Chain
 
 
@@ -41,11 +41,12 @@ def assemble(calls: list[Call], eot: int | None) -> list[Chain]:
                 last_main = target
                 continue
         parent = parent_of(call, chains)
-        chain = Chain.start(len(chains), call, classify(call, parent, last_main, eot), parent)
+        reason = classify(call, parent, last_main, eot)
+        chain = Chain.start(len(chains), call, reason, lineage_of(call, parent, reason, eot))
         chains.append(chain)
         if call.rec.side_call is None:
             last_main = chain
-    settle(chains)
+    settle(chains, eot)
     return chains
 
 
@@ -53,7 +54,10 @@ def notes_of(chains: list[Chain], calls: list[Call], eot: int | None, source: st
     glue_closed = [seq for ch in chains for seq, _ in ch.glue_closed]
     by_reason = Counter(reason for ch in chains for _, reason in ch.glue_closed)
     drift = {str(c.seq): c.rec.drift_reason for c in calls if c.rec.drift_reason}
+    retagged = {str(ch.first.seq): ch.retagged_from for ch in chains if ch.retagged_from}
     notes: dict[str, Any] = {"eot_token_id": eot, "eot_source": source}
+    if retagged:  # seq -> the reason the chain had before the builder recognised it
+        notes["retagged_chains"] = retagged
     if glue_closed:
         notes["turns_closed_by_glue"] = glue_closed
         notes["turns_closed_by_glue_by_finish"] = dict(by_reason)

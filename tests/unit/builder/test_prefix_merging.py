@@ -201,6 +201,85 @@ def test_compaction_replaces_the_history():
     assert stats.breaks == {"first": 1, "compaction": 1}
 
 
+def test_sub_agents_of_one_kind_started_in_turn_descend_from_the_loop():
+    """Claude Code starting one general-purpose sub-agent after another: the second shares
+    its whole first message with the first, yet the main loop started both."""
+    cap, rng = Capture(), random.Random(11)
+    main = opening(text(rng, 12), text(rng, 5))
+    sub_system = text(rng, 9)
+    main = loop_turn(cap, rng, main)  # calls the Agent tool
+    loop_turn(cap, rng, loop_turn(cap, rng, opening(sub_system, text(rng, 4))), finish="stop")
+    main = loop_turn(cap, rng, main)  # the report came back; calls the Agent tool again
+    loop_turn(cap, rng, loop_turn(cap, rng, opening(sub_system, text(rng, 4))), finish="stop")
+    loop_turn(cap, rng, main, finish="stop")
+    traces, stats, _ = merge(cap.records)
+    assert [t.completion_seqs for t in traces] == [[0, 3, 6], [1, 2], [4, 5]]
+    assert [t.break_reason for t in traces] == ["first", "sub_agent", "sub_agent"]
+    assert traces[1].lineage_id == traces[2].lineage_id == traces[0].trace_id
+
+
+def test_nested_sub_agent_of_another_kind_descends_from_its_starter():
+    cap, rng = Capture(), random.Random(12)
+    main = loop_turn(cap, rng, opening(text(rng, 12), text(rng, 5)))
+    sub = loop_turn(cap, rng, opening(text(rng, 9), text(rng, 4)))  # started by main
+    loop_turn(cap, rng, opening(text(rng, 7), text(rng, 3)), finish="stop")  # by sub
+    loop_turn(cap, rng, sub, finish="stop")
+    loop_turn(cap, rng, main, finish="stop")
+    traces, _, _ = merge(cap.records)
+    assert [t.break_reason for t in traces] == ["first", "sub_agent", "sub_agent"]
+    assert traces[1].lineage_id == traces[0].trace_id
+    assert traces[2].lineage_id == traces[1].trace_id  # equal prefixes: the latest active
+
+
+def summarize(cap, rng, main, *, side_call="title", carry=True):
+    """Codex's compaction: the summarization request (no tools, so another first message),
+    then the compacted conversation (same first message, the summary in the task)."""
+    system = main[3 : main.index(EOT)]
+    summary = text(rng, 20) + [EOT]
+    ask = opening(text(rng, 10), text(rng, 30))  # history + "summarize", another head
+    cap.call(ask, summary, finish="stop", side_call=side_call)
+    carried = summary[:-1] if carry else text(rng, 20)
+    return opening(system, text(rng, 5) + carried)
+
+
+def test_summarization_call_of_a_compaction_is_a_compaction_side_call():
+    cap, rng = Capture(), random.Random(13)
+    main = opening(text(rng, 12), text(rng, 5))
+    for _ in range(3):
+        main = loop_turn(cap, rng, main)
+    compacted = summarize(cap, rng, main)
+    for _ in range(2):
+        compacted = loop_turn(cap, rng, compacted)
+    traces, stats, notes = merge(cap.records)
+    assert [t.completion_seqs for t in traces] == [[0, 1, 2], [3], [4, 5]]
+    assert [t.break_reason for t in traces] == ["first", "side_call:compaction", "compaction"]
+    assert traces[1].side_call == "compaction" and traces[1].trainable
+    assert traces[1].lineage_id == traces[2].lineage_id == traces[0].trace_id
+    assert notes["retagged_chains"] == {"3": "side_call:title"}
+    assert stats.breaks == {"first": 1, "side_call:compaction": 1, "compaction": 1}
+
+
+def test_a_side_call_whose_output_is_not_carried_keeps_its_tag():
+    cap, rng = Capture(), random.Random(14)
+    main = opening(text(rng, 12), text(rng, 5))
+    for _ in range(3):
+        main = loop_turn(cap, rng, main)
+    loop_turn(cap, rng, summarize(cap, rng, main, carry=False))
+    traces, _, notes = merge(cap.records)
+    assert [t.break_reason for t in traces] == ["first", "side_call:title", "compaction"]
+    assert traces[1].side_call == "title" and "retagged_chains" not in notes
+
+
+def test_side_call_before_the_main_loop_descends_from_the_first_chain():
+    cap, rng = Capture(), random.Random(15)
+    title = msg("system", text(rng, 4)) + msg("user", text(rng, 3)) + GEN
+    cap.call(title, text(rng, 3) + [EOT], finish="stop", side_call="title")  # opencode
+    loop_turn(cap, rng, loop_turn(cap, rng, opening(text(rng, 12), text(rng, 5))))
+    traces, _, _ = merge(cap.records)
+    assert [t.break_reason for t in traces] == ["side_call:title", "first"]
+    assert traces[0].lineage_id == traces[1].trace_id and traces[1].lineage_id is None
+
+
 def test_history_rewritten_and_retry():
     cap, rng = Capture(), random.Random(10)
     p0 = opening(text(rng, 12), text(rng, 5))
