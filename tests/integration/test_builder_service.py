@@ -171,6 +171,7 @@ async def test_duplicate_finished_messages_build_once(bus, registry, builder):
     assert len(await built_events(bus, sid)) == 1
     tr = await stored(bus, sid)
     assert [t.break_reason for t in tr.traces] == ["first", "sub_agent", "sub_agent"]
+    assert [t.lineage_id for t in tr.traces] == [None, f"{sid}/0", f"{sid}/0"]
     await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-dup"))  # later: EVALUATING
     await drain(builder)
     assert len(await built_events(bus, sid)) == 1
@@ -191,6 +192,9 @@ async def test_crash_after_announce_before_advance_rebuilds_once(bus, registry, 
     await drain(builder)
     assert len(await built_events(bus, sid)) == 1
     assert await stored(bus, sid) == first  # the rebuild is the same trajectory
+    reasons = [t.break_reason for t in first.traces]
+    assert reasons == ["first", "side_call:compaction", "compaction"]
+    assert first.metadata["builder_notes"]["retagged_chains"] == {"2": "side_call:title"}
     assert await state_of(registry, sid) == SessionState.EVALUATING
 
 
@@ -212,7 +216,7 @@ async def test_failing_builder_still_delivers_a_flagged_trajectory(bus, registry
     await drain(builder)
     tr = await stored(bus, sid)
     assert not tr.intact and "always fails" in tr.metadata["build_error"]
-    assert len(tr.traces) == 9 and not any(t.trainable for t in tr.traces)
+    assert len(tr.traces) == 4 and not any(t.trainable for t in tr.traces)
     assert await state_of(registry, sid) == SessionState.EVALUATING
 
 
