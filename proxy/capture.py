@@ -20,18 +20,32 @@ from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
 from schemas import subjects as S
 from schemas.completion import delta_encode
-from services.common.bus import Bus
+from services.common.jspub import JetStreamPublisher
 
 STATE_TTL_SECONDS = 7 * 24 * 3600
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TurnState)
-# LPUSH, LTRIM, EXPIRE in one atomic command (one round trip, one reply to parse)
-_REMEMBER = Script(
-    "redis.call('LPUSH', KEYS[1], ARGV[1]); "
-    "redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2])); "
-    "redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3])); return 1"
-)
+SEQ_KEY, TITO_KEY = "polar:seq:", "polar:tito:"  # + session id (+ ":" + attempt)
 
+# Token -> session (the registry's GET, then HGETALL) and that attempt's TITO states: all
+# a call needs before it goes to the engine, in one round trip.
+_OPEN = Script(
+    "local sid = redis.call('GET', KEYS[1]) "
+    "if not sid then return false end "
+    "local key = ARGV[1] .. sid "
+    "local attempt = redis.call('HGET', key, 'attempt') or '0' "
+    "local states = redis.call('LRANGE', ARGV[2] .. sid .. ':' .. attempt, 0, ARGV[3]) "
+    "return {redis.call('HGETALL', key), states}"
+)
+# Number the call and remember its state (stored as "<seq>:<msgpack>"): all a call needs
+# after the engine answered, before its record is committed, in one round trip.
+_REMEMBER = Script(
+    "local seq = redis.call('INCR', KEYS[1]) - 1 "
+    "redis.call('LPUSH', KEYS[2], seq .. ':' .. ARGV[1]) "
+    "redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2])) "
+    "redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3])) "
+    "return seq"
+)
 # DECR the session's call counter only if ``seq`` is still the last number handed out
 _RELEASE = Script(
     "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DECR', KEYS[1]); return 1 end; "
@@ -55,38 +69,65 @@ class CallContext:
     received: float
 
 
+@dataclass(frozen=True)
+class Remembered:
+    """A call's number and the state stored for it (to take back if it is not captured)."""
+
+    seq: int
+    stored: bytes
+
+
 class SessionStore:
-    """Per-session call numbering and TITO states, in Redis (``proxy.resp``: these are
-    three commands of every call, on the proxy's hot path)."""
+    """Per-session call numbering and TITO states, in Redis (through ``proxy.resp``: two
+    round trips per call, one before the engine and one after)."""
 
     def __init__(self, redis: Resp) -> None:
         self.redis = redis
 
-    def _key(self, session_id: str, attempt: int) -> str:
-        return f"polar:tito:{session_id}:{attempt}"
+    async def open(self, token: str) -> tuple[dict[str, str], list[bytes]] | None:
+        """The token's session (its registry fields) and its attempt's stored TITO states
+        (raw, newest first: see ``decode_states``); None for an unknown token."""
+        reply = await self.redis.script(
+            _OPEN, [S.key_token(token)], [S.key_session(""), TITO_KEY, MAX_STATES - 1]
+        )
+        if not reply:
+            return None
+        row, states = reply
+        fields = {k.decode(): v.decode() for k, v in zip(row[::2], row[1::2], strict=True)}
+        return fields, states
+
+    async def remember(self, session_id: str, attempt: int, state: TurnState) -> Remembered:
+        """Number the call and store ``state`` (its ``seq`` is ignored) as the newest."""
+        encoded = _encoder.encode(state)
+        seq = await self.redis.script(
+            _REMEMBER,
+            [SEQ_KEY + session_id, f"{TITO_KEY}{session_id}:{attempt}"],
+            [encoded, MAX_STATES - 1, STATE_TTL_SECONDS],
+        )
+        return Remembered(int(seq), b"%d:%s" % (seq, encoded))
+
+    async def forget(self, session_id: str, attempt: int, remembered: Remembered) -> None:
+        """Undo ``remember`` (its call turned out not to be captured)."""
+        await self.redis.call("LREM", f"{TITO_KEY}{session_id}:{attempt}", 1, remembered.stored)
+        await self.release_seq(session_id, remembered.seq)
 
     async def next_seq(self, session_id: str) -> int:
-        return int(await self.redis.call("INCR", f"polar:seq:{session_id}")) - 1
+        """A number for a call that leaves no state (an aborted one)."""
+        return int(await self.redis.call("INCR", SEQ_KEY + session_id)) - 1
 
     async def release_seq(self, session_id: str, seq: int) -> bool:
         """Give back a number whose record was never committed, if no call took a later
         one meanwhile: a failed capture then leaves no gap for builders to report as lost."""
-        return bool(await self.redis.script(_RELEASE, [f"polar:seq:{session_id}"], [seq + 1]))
+        return bool(await self.redis.script(_RELEASE, [SEQ_KEY + session_id], [seq + 1]))
 
-    async def states(self, session_id: str, attempt: int) -> list[TurnState]:
-        raw = await self.redis.call("LRANGE", self._key(session_id, attempt), 0, MAX_STATES - 1)
-        return [_decoder.decode(r) for r in raw]
 
-    async def remember(self, session_id: str, attempt: int, state: TurnState) -> bytes:
-        """Store ``state`` as the newest; returns its encoding (to ``forget`` it again)."""
-        key = self._key(session_id, attempt)
-        encoded = _encoder.encode(state)
-        await self.redis.script(_REMEMBER, [key], [encoded, MAX_STATES - 1, STATE_TTL_SECONDS])
-        return encoded
-
-    async def forget(self, session_id: str, attempt: int, encoded: bytes) -> None:
-        """Undo ``remember`` (its call turned out not to be captured)."""
-        await self.redis.call("LREM", self._key(session_id, attempt), 1, encoded)
+def decode_states(raw: list[bytes]) -> list[TurnState]:
+    """Stored states (``"<seq>:<msgpack>"``, newest first) -> TurnStates."""
+    states = []
+    for item in raw:
+        seq, _, encoded = item.partition(b":")
+        states.append(msgspec.structs.replace(_decoder.decode(encoded), seq=int(seq)))
+    return states
 
 
 def build_record(
@@ -136,10 +177,10 @@ def build_record(
     )
 
 
-async def commit(bus: Bus, record: CompletionRecord) -> None:
+async def commit(publisher: JetStreamPublisher, record: CompletionRecord) -> None:
     """Publish and wait for the JetStream ack; a failure is the harness's error."""
     try:
-        await bus.publish(
+        await publisher.publish(
             S.completions(record.session_id),
             encode(record),
             msg_id=f"{record.session_id}:{record.seq}",

@@ -19,7 +19,7 @@ from proxy import capture, metrics, sidecalls
 from proxy.app import SessionInfo
 from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.backends.base import ErrorKind as BackendKind
-from proxy.capture import CallContext, SessionStore
+from proxy.capture import CallContext, SessionStore, decode_states
 from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
@@ -34,7 +34,7 @@ from proxy.tito import (
 )
 from proxy.tokenization import ChatTokenizer, TemplateRenderError
 from schemas import Protocol, UpstreamMode
-from services.common.bus import Bus
+from services.common.jspub import JetStreamPublisher
 
 log = logging.getLogger("polar.proxy")
 
@@ -49,7 +49,7 @@ class CompletionHandler:
     def __init__(
         self,
         *,
-        bus: Bus,
+        publisher: JetStreamPublisher,
         store: SessionStore,
         backend,
         gate: WeightGate,
@@ -59,7 +59,7 @@ class CompletionHandler:
     ) -> None:
         if mode == UpstreamMode.TOKEN and tokenizer is None:
             raise ValueError("token mode needs the model's tokenizer (model_dir)")
-        self.bus, self.store, self.backend, self.gate = bus, store, backend, gate
+        self.publisher, self.store, self.backend, self.gate = publisher, store, backend, gate
         self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
 
     async def __call__(
@@ -88,7 +88,7 @@ class CompletionHandler:
         try:
             async with self.gate.call():
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
-                states = await self.store.states(sid, attempt)
+                states = decode_states(session.data["states"])
                 plan, gen = await self._generate(sid, conv, messages, tools, states)
                 turn = self._turn(gen, tools)
                 # Once sampled, a call is captured in full even if the harness leaves now.
@@ -96,7 +96,9 @@ class CompletionHandler:
                 await asyncio.shield(self._capture(ctx, plan, gen, turn, messages, tools, queue_ms))
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
-                await asyncio.shield(self._record_abort(ctx, messages, tools))
+                await asyncio.shield(
+                    self._record_abort(ctx, messages, tools, session.data["states"])
+                )
             raise
         except BackendError as exc:
             metrics.CALLS.labels(protocol, "backend_error").inc()
@@ -112,40 +114,31 @@ class CompletionHandler:
     async def _capture(self, ctx, plan, gen, turn, messages, tools, queue_ms: float) -> None:
         """Number, commit and remember one answered call; a failed commit is the caller's
         error (and the TITO state is not left advanced, so the retry re-extends the old one)."""
-        sid = ctx.session_id
-        seq = await self.store.next_seq(sid)
-        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
         state = TurnState(
-            seq=seq,
+            seq=-1,  # numbered by ``remember``
             messages=messages,
             reply=_reply_message(turn),
             tools_key=tools_key(tools),
             prompt=pack(plan.prompt_ids),
             output=pack(gen.output_ids),
         )
-        # The JetStream commit and the state write overlap (one round trip less per call);
-        # a state written for a call that then failed to commit is taken back.
-        committed, remembered = await asyncio.gather(
-            capture.commit(self.bus, record),
-            self.store.remember(sid, ctx.attempt, state),
-            return_exceptions=True,
-        )
-        if isinstance(committed, BaseException):
+        # One round trip numbers the call and stores its state; a state stored for a call
+        # whose record then fails to commit is taken back (and its number given back).
+        remembered = await self.store.remember(ctx.session_id, ctx.attempt, state)
+        record = capture.build_record(ctx, remembered.seq, plan, gen, queue_ms=queue_ms)
+        try:
+            await capture.commit(self.publisher, record)
+        except UpstreamError:
             metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
-            if not isinstance(remembered, BaseException):
-                await self.store.forget(sid, ctx.attempt, remembered)
-            await self.store.release_seq(sid, seq)
-            raise committed
-        if isinstance(remembered, BaseException):
-            raise remembered
+            await self.store.forget(ctx.session_id, ctx.attempt, remembered)
+            raise
 
-    async def _record_abort(self, ctx: CallContext, messages, tools) -> None:
+    async def _record_abort(self, ctx: CallContext, messages, tools, states) -> None:
         """The harness left before an answer: record the call, aborted, with its prompt."""
         metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
         try:
             if self.mode == UpstreamMode.TOKEN:
-                states = await self.store.states(ctx.session_id, ctx.attempt)
-                plan = self._plan(messages, tools, states)
+                plan = self._plan(messages, tools, decode_states(states))
             else:  # the engine templates the prompt and only says what it was when done
                 plan = PromptPlan([], None, None, None)
             empty = Generation(
@@ -154,7 +147,7 @@ class CompletionHandler:
             seq = await self.store.next_seq(ctx.session_id)
             record = capture.build_record(ctx, seq, plan, empty, aborted=True)
             try:
-                await capture.commit(self.bus, record)
+                await capture.commit(self.publisher, record)
             except UpstreamError:
                 await self.store.release_seq(ctx.session_id, seq)
                 raise

@@ -32,8 +32,10 @@ from proxy.resp import Resp
 from proxy.sessions import SessionResolver
 from proxy.tokenization import ChatTokenizer, TemplateRenderError
 from schemas import UpstreamMode
+from services.common.bus import CLAIM_THRESHOLD
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
+from services.common.jspub import JetStreamPublisher
 from services.common.settings import load
 
 log = logging.getLogger("polar.proxy")
@@ -157,9 +159,16 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         backend.start()
         state["backend"] = backend
         store = SessionStore(Resp.from_url(cfg.redis_url))  # its own pipelined connection
-        late.resolver = SessionResolver(store.redis, grace_seconds=cfg.grace_seconds)
+        # Records go through a lean connection of their own (nats-py for claim-checks)
+        publisher = JetStreamPublisher(
+            cfg.nats_url,
+            name="polar-proxy-capture",
+            fallback=host.bus.publish,
+            fallback_above=CLAIM_THRESHOLD,
+        )
+        late.resolver = SessionResolver(store, grace_seconds=cfg.grace_seconds)
         late.handler = CompletionHandler(
-            bus=host.bus,
+            publisher=publisher,
             store=store,
             backend=backend,
             gate=gate,
@@ -172,6 +181,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         finally:
             await backend.aclose()
             await store.redis.aclose()
+            await publisher.aclose()
             await host.stop()
 
     app = create_proxy_app(

@@ -1,5 +1,10 @@
 """Session tokens -> sessions. A token is valid while its session is RUNNING, and for a
-grace window after it left RUNNING (a harness's last call may race its own exit)."""
+grace window after it left RUNNING (a harness's last call may race its own exit).
+
+No cache: the lookup is one round trip that also brings the session's TITO states
+(``SessionStore.open``), which every model call needs anyway, and a session that left
+RUNNING loses its token at once.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,8 @@ import time
 import msgspec
 
 from proxy.app import SessionInfo
-from proxy.resp import Resp, Script
+from proxy.capture import SessionStore
 from schemas import Session, SessionState
-from schemas import subjects as S
-
-# The registry's token -> session lookup (GET, then HGETALL) in one round trip.
-_LOOKUP = Script(
-    "local sid = redis.call('GET', KEYS[1]) "
-    "if not sid then return false end "
-    "return redis.call('HGETALL', ARGV[1] .. sid)"
-)
 
 _BEFORE_RUNNING = frozenset(
     {SessionState.REGISTERED, SessionState.INITIALIZING, SessionState.READY}
@@ -32,37 +29,27 @@ def token_valid(state: SessionState, updated_at: float, now: float, grace: float
     return now - updated_at <= grace
 
 
-async def session_by_token(redis: Resp, token: str) -> Session | None:
-    row = await redis.script(_LOOKUP, [S.key_token(token)], [S.key_session("")])
-    if not row:
-        return None
-    fields = {k.decode(): v.decode() for k, v in zip(row[::2], row[1::2], strict=True)}
-    return msgspec.convert(fields, Session, strict=False)
+async def session_by_token(store: SessionStore, token: str) -> Session | None:
+    opened = await store.open(token)
+    return None if opened is None else msgspec.convert(opened[0], Session, strict=False)
 
 
 class SessionResolver:
-    """Token -> session, from the registry's keys (read through ``proxy.resp``: a harness's
-    calls are seconds apart, so most calls miss the short cache and pay this lookup)."""
+    """Token -> SessionInfo whose ``data`` carries the attempt, the task and the raw TITO
+    states (``proxy.capture.decode_states``) for the completion handler."""
 
-    def __init__(self, redis: Resp, *, grace_seconds: float, cache_seconds: float = 1.0):
-        self.redis, self.grace, self.cache_seconds = redis, grace_seconds, cache_seconds
-        self._cache: dict[str, tuple[float, SessionInfo]] = {}
+    def __init__(self, store: SessionStore, *, grace_seconds: float):
+        self.store, self.grace = store, grace_seconds
 
     async def __call__(self, token: str) -> SessionInfo | None:
-        now = time.time()
-        hit = self._cache.get(token)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        session = await session_by_token(self.redis, token)
-        if session is None or not token_valid(session.state, session.updated_at, now, self.grace):
-            self._cache.pop(token, None)
+        opened = await self.store.open(token)
+        if opened is None:
             return None
-        info = SessionInfo(
+        fields, states = opened
+        session = msgspec.convert(fields, Session, strict=False)
+        if not token_valid(session.state, session.updated_at, time.time(), self.grace):
+            return None
+        return SessionInfo(
             session_id=session.session_id,
-            data={"attempt": session.attempt, "task_id": session.task_id},
+            data={"attempt": session.attempt, "task_id": session.task_id, "states": states},
         )
-        if session.state == SessionState.RUNNING:  # only a live session is worth caching
-            if len(self._cache) > 100_000:
-                self._cache.clear()
-            self._cache[token] = (now + self.cache_seconds, info)
-        return info

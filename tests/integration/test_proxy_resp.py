@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from infra import localservers
+from proxy.capture import SessionStore
 from proxy.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.sessions import session_by_token
 from services.common.registry import Registry
@@ -88,9 +89,10 @@ async def test_token_lookup_matches_the_registry(redis_url, redis_client):
     reg = Registry(redis_client)
     sessions = await running_session(reg, "resp-lookup", n=2)
     r = Resp.from_url(redis_url)
+    store = SessionStore(r)
     try:
         for s in sessions:
-            assert await session_by_token(r, s.token) == await reg.session_by_token(s.token)
-        assert await session_by_token(r, "ps_not_a_token") is None
+            assert await session_by_token(store, s.token) == await reg.session_by_token(s.token)
+        assert await session_by_token(store, "ps_not_a_token") is None
     finally:
         await r.aclose()
