@@ -63,8 +63,8 @@ def test_ragged_batch_equals_separate_runs(model):
     prompts = [[rng.randrange(4096) for _ in range(n)] for n in (1, 7, 30)]
     alone = [model.forward([p], [model.new_cache()])[0] for p in prompts]
     together = model.forward(prompts, [model.new_cache() for _ in prompts])
-    for a, b in zip(alone, together, strict=True):
-        assert (a - b).abs().max().item() < 1e-5
+    for a, b in zip(alone, together, strict=True):  # float32 sums in another order
+        assert (a - b).abs().max().item() < 1e-4
 
 
 def _hf_logprob_diff(model_dir, ours, arch_class, n=12):
