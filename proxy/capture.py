@@ -126,7 +126,9 @@ def decode_states(raw: list[bytes]) -> list[TurnState]:
     states = []
     for item in raw:
         seq, _, encoded = item.partition(b":")
-        states.append(msgspec.structs.replace(_decoder.decode(encoded), seq=int(seq)))
+        state = _decoder.decode(encoded)
+        state.seq = int(seq)
+        states.append(state)
     return states
 
 

@@ -61,6 +61,7 @@ class CompletionHandler:
             raise ValueError("token mode needs the model's tokenizer (model_dir)")
         self.publisher, self.store, self.backend, self.gate = publisher, store, backend, gate
         self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
+        self.stop_ids = sorted(set(tokenizer.eos_token_ids)) if mode == UpstreamMode.TOKEN else []
 
     async def __call__(
         self,
@@ -70,11 +71,12 @@ class CompletionHandler:
         raw: bytes,
         headers: Mapping[str, str],
     ) -> AssistantTurn:
-        sid, attempt = session.session_id, session.data["attempt"]
+        sid = session.session_id
         messages, tools = conv.to_openai_messages(), conv.to_openai_tools() or None
+        key = tools_key(tools)
         ctx = CallContext(
             session_id=sid,
-            attempt=attempt,
+            attempt=session.data["attempt"],
             protocol=Protocol(protocol),
             mode=self.mode,
             model=conv.model,
@@ -89,15 +91,15 @@ class CompletionHandler:
             async with self.gate.call():
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
                 states = decode_states(session.data["states"])
-                plan, gen = await self._generate(sid, conv, messages, tools, states)
+                plan, gen = await self._generate(sid, conv, messages, tools, key, states)
                 turn = self._turn(gen, tools)
                 # Once sampled, a call is captured in full even if the harness leaves now.
                 capturing = True
-                await asyncio.shield(self._capture(ctx, plan, gen, turn, messages, tools, queue_ms))
+                await asyncio.shield(self._capture(ctx, plan, gen, turn, messages, key, queue_ms))
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
                 await asyncio.shield(
-                    self._record_abort(ctx, messages, tools, session.data["states"])
+                    self._record_abort(ctx, messages, tools, key, session.data["states"])
                 )
             raise
         except BackendError as exc:
@@ -111,14 +113,14 @@ class CompletionHandler:
         metrics.observe_call(protocol, ctx, gen, plan)
         return turn
 
-    async def _capture(self, ctx, plan, gen, turn, messages, tools, queue_ms: float) -> None:
+    async def _capture(self, ctx, plan, gen, turn, messages, key, queue_ms: float) -> None:
         """Number, commit and remember one answered call; a failed commit is the caller's
         error (and the TITO state is not left advanced, so the retry re-extends the old one)."""
         state = TurnState(
             seq=-1,  # numbered by ``remember``
             messages=messages,
             reply=_reply_message(turn),
-            tools_key=tools_key(tools),
+            tools_key=key,
             prompt=pack(plan.prompt_ids),
             output=pack(gen.output_ids),
         )
@@ -133,12 +135,12 @@ class CompletionHandler:
             await self.store.forget(ctx.session_id, ctx.attempt, remembered)
             raise
 
-    async def _record_abort(self, ctx: CallContext, messages, tools, states) -> None:
+    async def _record_abort(self, ctx: CallContext, messages, tools, key, states) -> None:
         """The harness left before an answer: record the call, aborted, with its prompt."""
         metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
         try:
             if self.mode == UpstreamMode.TOKEN:
-                plan = self._plan(messages, tools, decode_states(states))
+                plan = self._plan(messages, tools, key, decode_states(states))
             else:  # the engine templates the prompt and only says what it was when done
                 plan = PromptPlan([], None, None, None)
             empty = Generation(
@@ -154,11 +156,10 @@ class CompletionHandler:
         except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
             log.warning("could not record an aborted call of %s: %s", ctx.session_id, exc)
 
-    async def _generate(self, sid, conv, messages, tools, states):
+    async def _generate(self, sid, conv, messages, tools, key, states):
         sampling = self._sampling(conv)
         if self.mode == UpstreamMode.TOKEN:
-            plan = self._plan(messages, tools, states)
-            sampling = _with_stop_ids(sampling, self.tok.eos_token_ids)
+            plan = self._plan(messages, tools, key, states)
             gen = await self.backend.generate(
                 TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
             )
@@ -172,11 +173,11 @@ class CompletionHandler:
                 model=conv.model,
             )
         )
-        return judge_chat_prompt(gen.prompt_ids, messages, tools, states), gen
+        return judge_chat_prompt(gen.prompt_ids, messages, tools, states, key), gen
 
-    def _plan(self, messages, tools, states) -> PromptPlan:
+    def _plan(self, messages, tools, key, states) -> PromptPlan:
         try:
-            return plan_token_prompt(self.tok, messages, tools, states)
+            return plan_token_prompt(self.tok, messages, tools, states, key)
         except TemplateRenderError as exc:  # e.g. image parts for a text-only template
             raise ProtocolError(
                 400, f"the model's chat template rejects this request: {exc}"
@@ -190,6 +191,8 @@ class CompletionHandler:
             seed=s.seed,
             stop=list(s.stop or []),
             max_new_tokens=s.max_tokens or self.default_max_tokens,
+            # token mode: the engine sees ids, so the template's end-of-turn ids stop it
+            stop_token_ids=self.stop_ids,
         )
 
     def _turn(self, gen: Generation, tools) -> AssistantTurn:
@@ -213,12 +216,6 @@ class CompletionHandler:
         return AssistantTurn(
             text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
         )
-
-
-def _with_stop_ids(s: SamplingParams, ids: list[int]) -> SamplingParams:
-    import msgspec
-
-    return msgspec.structs.replace(s, stop_token_ids=sorted(set(s.stop_token_ids) | set(ids)))
 
 
 def _call_id() -> str:

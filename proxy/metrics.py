@@ -35,16 +35,34 @@ PAUSED = Gauge("polar_proxy_paused", "1 while paused for a weight update")
 INFLIGHT = Gauge("polar_proxy_inflight_calls", "Model calls admitted and not yet answered")
 
 
+class _PerProtocol:
+    """The labelled series a successful call touches, looked up once per protocol
+    (``labels()`` costs more than the increments themselves on the hot path)."""
+
+    __slots__ = ("ok", "latency", "overhead", "tokens_in", "tokens_out")
+
+    def __init__(self, protocol: str) -> None:
+        self.ok = CALLS.labels(protocol, "ok")
+        self.latency = LATENCY.labels(protocol)
+        self.overhead = OVERHEAD.labels(protocol)
+        self.tokens_in = TOKENS.labels(protocol, "in")
+        self.tokens_out = TOKENS.labels(protocol, "out")
+
+
+_series: dict[str, _PerProtocol] = {}
+
+
 def observe_call(protocol: str, ctx, gen, plan) -> None:
     now = time.time()
-    CALLS.labels(protocol, "ok").inc()
-    LATENCY.labels(protocol).observe(now - ctx.received)
+    m = _series.get(protocol)
+    if m is None:
+        m = _series[protocol] = _PerProtocol(protocol)
+    m.ok.inc()
+    m.latency.observe(now - ctx.received)
     if gen.upstream_end:
-        OVERHEAD.labels(protocol).observe(
-            max(0.0, (now - ctx.received) - (gen.upstream_end - gen.upstream_start))
-        )
-    TOKENS.labels(protocol, "in").inc(len(gen.prompt_ids))
-    TOKENS.labels(protocol, "out").inc(len(gen.output_ids))
+        m.overhead.observe(max(0.0, (now - ctx.received) - (gen.upstream_end - gen.upstream_start)))
+    m.tokens_in.inc(len(gen.prompt_ids))
+    m.tokens_out.inc(len(gen.output_ids))
     if plan.extends is False:
         DRIFT.labels(protocol, plan.drift_reason or "unknown").inc()
     if ctx.side_call:

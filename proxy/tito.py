@@ -27,8 +27,8 @@ from proxy.tokenization import ChatTokenizer, TemplateRenderError
 MAX_STATES = 8  # per session: main loop, sub-agents, side calls
 
 
-class TurnState(msgspec.Struct, frozen=True, kw_only=True):
-    seq: int
+class TurnState(msgspec.Struct, kw_only=True):
+    seq: int  # set after decoding: the store keeps it beside the encoded state
     messages: list[dict[str, Any]]
     reply: dict[str, Any]  # the assistant message this call answered with
     tools_key: str
@@ -178,8 +178,9 @@ def plan_token_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     states: list[TurnState],
+    key: str | None = None,  # tools_key(tools), when the caller has it
 ) -> PromptPlan:
-    key = tools_key(tools)
+    key = key or tools_key(tools)
     base = best_continued(messages, key, states)
     if base is not None:
         try:
@@ -200,11 +201,12 @@ def judge_chat_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     states: list[TurnState],
+    key: str | None = None,  # tools_key(tools), when the caller has it
 ) -> PromptPlan:
     """Chat mode: the engine templated the prompt; did it extend a previous call?"""
     if not states:
         return PromptPlan(prompt_ids, None, None, None)
-    key = tools_key(tools)
+    key = key or tools_key(tools)
     base = best_continued(messages, key, states)
     if base is None:
         return PromptPlan(prompt_ids, None, False, classify_break(messages, key, states))
