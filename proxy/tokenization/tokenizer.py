@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from proxy.tokenization.segments import SegmentEncoder
 from proxy.tokenization.template import TemplateRenderError, default_template, render_template
 from proxy.tokenization.toolcalls import ParsedReply, parse_reply
 
@@ -69,6 +70,7 @@ class ChatTokenizer:
         self.chat_template = chat_template
         self.special_tokens = special_tokens
         self.eos_token_ids = eos_token_ids
+        self.segments = SegmentEncoder.for_tokenizer(tokenizer)  # None: encode whole texts
 
     @classmethod
     def load(cls, model_dir: str | Path) -> ChatTokenizer:
@@ -125,6 +127,8 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token text (e.g. ``<|im_start|>``) maps to its id."""
+        if self.segments is not None:
+            return self.segments.encode(text)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -1,0 +1,78 @@
+"""Token mode's prompt building on real CLI prompts: whole-text encoding vs the segment
+cache (``proxy/tokenization/segments.py``), side by side in one run.
+
+    python tests/bench/bench_tokenize.py [--rounds 5]
+
+Prompts: every call in the recorded fixtures (Claude Code, Codex, opencode, Gemini CLI;
+12-22k tokens each), rendered with the tiny model's template. "first sight" is a
+prompt whose system prompt and tools the cache has not seen (a fresh proxy); "seen" is
+every later call with the same opening (every other session of the same CLI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from proxy.tokenization import ChatTokenizer  # noqa: E402
+from proxy.tokenization.segments import SegmentEncoder  # noqa: E402
+from tests.unit.embedded.tiny import tiny_model_dir  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "completions"
+
+
+def prompts(tok: ChatTokenizer) -> dict[str, list[str]]:
+    out = {}
+    for name in ("sub_agent", "compaction", "side_calls", "side_calls_router"):
+        texts = []
+        for line in (FIXTURES / f"{name}.jsonl").read_bytes().splitlines():
+            norm = orjson.loads(line)["normalized"]
+            texts.append(tok.render(norm["messages"], norm["tools"] or None))
+        out[name] = texts
+    return out
+
+
+def timed(fn, text: str) -> float:
+    start = time.perf_counter()
+    fn(text)
+    return (time.perf_counter() - start) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    tok = ChatTokenizer.load(tiny_model_dir())
+    by_cli = prompts(tok)
+
+    def whole(text):
+        return tok.tokenizer.encode(text, add_special_tokens=False).ids
+
+    rows = {"whole text": [], "segments, first sight": [], "segments, seen": []}
+    tokens = []
+    for _ in range(args.rounds):
+        for texts in by_cli.values():
+            enc = SegmentEncoder.for_tokenizer(tok.tokenizer)  # a fresh proxy's cache
+            for i, text in enumerate(texts):
+                rows["whole text"].append(timed(whole, text))
+                kind = "segments, first sight" if i == 0 else "segments, seen"
+                rows[kind].append(timed(enc.encode, text))
+                tokens.append(len(whole(text)))
+    print(f"{len(tokens) // args.rounds} prompts x {args.rounds} rounds, "
+          f"{min(tokens)}-{max(tokens)} tokens (median {statistics.median(tokens):.0f})")  # fmt: skip
+    print("| encoding | prompts | p50 ms | max ms |")
+    print("|---|---|---|---|")
+    for name, xs in rows.items():
+        print(f"| {name} | {len(xs)} | {statistics.median(xs):.2f} | {max(xs):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
