@@ -122,19 +122,41 @@ def _compactions_beside_their_parent(chains: Sequence[Chain]) -> None:
 
 def _summarization_calls(chains: Sequence[Chain], eot: int | None) -> None:
     """A one-call chain between a compaction's parent and the compaction, whose output
-    the compacted prompt carries, is the summarization call: ``side_call:compaction``."""
+    the compacted prompt carries, is the summarization call: ``side_call:compaction``.
+
+    A summarization call nobody tagged opens a chain that looks like a main loop (or a
+    sub-agent, its tool-less prompt starting otherwise), so the compaction after it
+    looks like a sub-agent: a shorter prompt, with the same first message as a chain
+    whose output it carries, is that chain's compaction all the same."""
     for chain in chains:
-        if chain.reason != "compaction" or chain.parent is None:
+        parent = chain.parent
+        if chain.reason not in ("compaction", "sub_agent") or parent is None:
             continue
-        start, parent = chain.first, chain.parent
+        start = chain.first
         for cand in chains:
             if (
                 len(cand.calls) == 1
+                and cand is not chain
                 and parent.tip.seq < cand.first.seq < start.seq
                 and cand.reason != "side_call:compaction"
                 and carried(cand.first.output, start.prompt, eot)
             ):
+                if chain.reason == "sub_agent":
+                    if cand.parent is not parent and cand.parent is not None:
+                        continue
+                    if not _replaces(chain, parent, eot):
+                        continue
+                    chain.reason = "compaction"
                 cand.retag("compaction", parent)
+
+
+def _replaces(chain: Chain, parent: Chain, eot: int | None) -> bool:
+    """``chain`` restarts ``parent``'s conversation shorter: same first message, a
+    shorter prompt than the one it replaces."""
+    start = chain.first
+    return len(start.prompt) < len(parent.tip.prompt) and same_head(
+        start.prompt, parent.first.prompt, eot
+    )
 
 
 def _early_side_calls(chains: Sequence[Chain]) -> None:

@@ -144,6 +144,29 @@ def test_codex_compaction_summary_and_compacted_history_are_separate_chains():
     assert "POLAR-SUMMARY" not in str(body(records[1])["input"])
 
 
+@pytest.mark.parametrize("tagged", ["by_todays_proxy", "untagged"])
+def test_the_summarization_call_is_found_however_the_proxy_tagged_it(tagged):
+    """The recording's proxy said ``title``; today's says ``compaction``; a proxy that
+    does not recognise the request says nothing. The chains are the same each way."""
+    from proxy.protocols import openai_responses
+    from proxy.sidecalls import classify
+
+    records = []
+    for rec in load("compaction"):
+        tag = None
+        if tagged == "by_todays_proxy":
+            tag = classify(rec.protocol.value, openai_responses.parse_request(body(rec), {}, {}))
+        records.append(msgspec.structs.replace(rec, side_call=tag))
+    if tagged == "by_todays_proxy":
+        assert [r.side_call for r in records] == [None, None, "compaction", None, None, None]
+    traces, stats, notes = merged(records)
+    main, summary, compacted = traces
+    assert [t.completion_seqs for t in traces] == [[0, 1], [2], [3, 4, 5]]
+    assert [t.break_reason for t in traces] == ["first", "side_call:compaction", "compaction"]
+    assert summary.lineage_id == compacted.lineage_id == main.trace_id
+    assert_exact(records, traces)
+
+
 @pytest.mark.parametrize(
     ("name", "tag"), [("side_calls", "title"), ("side_calls_router", "router")]
 )

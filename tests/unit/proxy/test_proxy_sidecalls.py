@@ -3,6 +3,9 @@ each protocol's real parser: the calls builders must keep out of the main chain.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
 import pytest
 
 from proxy.protocols import anthropic_messages, gemini, openai_chat, openai_responses
@@ -124,3 +127,26 @@ def test_probe_threshold(max_tokens):
 
 def _responses_tool() -> dict:
     return {"type": "function", "name": "exec_command", "parameters": SHELL}
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "completions"
+PARSERS = {"openai_chat": chat, "openai_responses": codex, "anthropic_messages": claude}
+
+
+@pytest.mark.parametrize(
+    ("fixture", "tags"),
+    [
+        ("side_calls", ["title", None, None, None]),  # opencode: title first
+        ("compaction", [None, None, "compaction", None, None, None]),  # Codex auto-compaction
+        ("sub_agent", [None] * 10),  # Claude Code's loop and its sub-agents: all real work
+    ],
+)
+def test_recorded_requests_of_real_clis(fixture, tags):
+    """Codex's instructions mention "Title Case" far down: its summarization request is a
+    compaction, not a title; opencode's title generator says so up front."""
+    lines = (FIXTURES / f"{fixture}.jsonl").read_bytes().splitlines()
+    got = []
+    for line in lines:
+        rec = orjson.loads(line)
+        got.append(PARSERS[rec["protocol"]](rec["raw_request"]))
+    assert got == tags
