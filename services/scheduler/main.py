@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.openapi import OpenAPIConfig
+from litestar.params import FromPath
 
 from schemas import TERMINAL_STATES, encode
 from schemas import subjects as S
@@ -72,7 +73,7 @@ async def submit_task(request: Request) -> Response:
 
 
 @get("/tasks/{task_id:str}", summary="A task: spec, counts by state, sessions, result")
-async def get_task(request: Request, task_id: str) -> Response:
+async def get_task(request: Request, task_id: FromPath[str]) -> Response:
     reg = _sched(request).registry
     task = await reg.get_task(task_id)
     if task is None:
@@ -97,7 +98,7 @@ async def get_task(request: Request, task_id: str) -> Response:
 
 
 @delete("/tasks/{task_id:str}", status_code=200, summary="Cancel a task's live sessions")
-async def cancel_task(request: Request, task_id: str) -> Response:
+async def cancel_task(request: Request, task_id: FromPath[str]) -> Response:
     cancelled = await _sched(request).cancel_task(task_id, "cancelled over HTTP")
     if cancelled is None:
         return _error(404, f"no task {task_id!r}")
@@ -105,7 +106,7 @@ async def cancel_task(request: Request, task_id: str) -> Response:
 
 
 @get("/sessions/{session_id:str}", summary="One session's registry record")
-async def get_session(request: Request, session_id: str) -> Response:
+async def get_session(request: Request, session_id: FromPath[str]) -> Response:
     session = await _sched(request).registry.get_session(session_id)
     if session is None:
         return _error(404, f"no session {session_id!r}")
