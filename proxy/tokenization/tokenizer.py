@@ -160,11 +160,10 @@ class ChatTokenizer:
         if not full.startswith(prefix):
             raise TemplateRenderError("chat template is not append-only for assistant turns")
         body = full[len(prefix) :]
-        for end_id in self.eos_token_ids:
-            end_text = self.tokenizer.id_to_token(end_id)
-            if end_text and end_text in body:
-                return body[: body.rindex(end_text) + len(end_text)]
-        return body
+        # the turn's own end is the last end-of-turn text (the content may quote one)
+        ends = [self.tokenizer.id_to_token(end_id) for end_id in self.eos_token_ids]
+        found = [(body.rindex(t) + len(t)) for t in ends if t and t in body]
+        return body[: max(found)] if found else body
 
     def is_end_of_turn(self, token_id: int) -> bool:
         return token_id in self.eos_token_ids
@@ -172,8 +171,9 @@ class ChatTokenizer:
     def parse_reply(
         self, output_ids: list[int], tools: list[dict[str, Any]] | None = None
     ) -> ParsedReply:
-        """Reasoning, content and tool calls of generated ids (end-of-turn ids ignored)."""
+        """Reasoning, content and tool calls of generated ids (the closing end-of-turn ids
+        ignored; any other special token the model wrote is text, as it sampled it)."""
         ids = list(output_ids)
         while ids and self.is_end_of_turn(ids[-1]):
             ids.pop()
-        return parse_reply(self.decode(ids, skip_special_tokens=True), tools)
+        return parse_reply(self.decode(ids, skip_special_tokens=False), tools)
