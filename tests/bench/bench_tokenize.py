@@ -1,5 +1,6 @@
 """Token mode's prompt building on real CLI prompts: whole-text encoding vs the segment
-cache (``proxy/tokenization/segments.py``), side by side in one run.
+cache (``proxy/tokenization/segments.py``), side by side in one run; then the recorded
+sessions replayed through ``plan_token_prompt`` as the proxy plans each call.
 
     python tests/bench/bench_tokenize.py [--rounds 5]
 
@@ -46,6 +47,41 @@ def timed(fn, text: str) -> float:
     return (time.perf_counter() - start) * 1000
 
 
+def replay(tok: ChatTokenizer, name: str) -> list[tuple[str, float, bool]]:
+    """(kind, ms, exact) per call of a recorded session, planned as the proxy would: each
+    call sees the turn states of the calls before it."""
+    import msgspec
+
+    from proxy.tito import MAX_STATES, TurnState, pack, plan_token_prompt, tools_key
+    from schemas import CompletionRecord
+    from schemas.completion import reconstruct_prompts
+
+    lines = (FIXTURES / f"{name}.jsonl").read_bytes().splitlines()
+    recs = [msgspec.json.decode(line, type=CompletionRecord) for line in lines]
+    convs = [orjson.loads(bytes(r.normalized)) for r in recs]
+    prompts, states, out = reconstruct_prompts(recs), [], []
+    for i, (rec, conv) in enumerate(zip(recs, convs, strict=True)):
+        msgs, tools = conv["messages"], conv["tools"] or None
+        start = time.perf_counter()
+        plan = plan_token_prompt(tok, msgs, tools, states)
+        ms = (time.perf_counter() - start) * 1000
+        out.append(
+            (
+                "continuing" if plan.extends else "not continuing",
+                ms,
+                plan.prompt_ids == prompts[rec.seq],
+            )
+        )
+        # the reply this call sent is what a later request of its conversation echoes
+        nxt = next((c["messages"][len(msgs)] for c in convs[i + 1 :]
+                    if c["messages"][: len(msgs)] == msgs and len(c["messages"]) > len(msgs)), None)  # fmt: skip
+        if nxt is not None:
+            state = TurnState(seq=rec.seq, messages=msgs, reply=nxt, tools_key=tools_key(tools),
+                              prompt=pack(prompts[rec.seq]), output=pack(rec.output_ids))  # fmt: skip
+            states = [state, *states][:MAX_STATES]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -72,6 +108,19 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, xs in rows.items():
         print(f"| {name} | {len(xs)} | {statistics.median(xs):.2f} | {max(xs):.2f} |")
+
+    planned: dict[str, list[float]] = {}
+    exact = True
+    for _ in range(args.rounds):
+        for name in by_cli:
+            for kind, ms, ok in replay(tok, name):
+                planned.setdefault(kind, []).append(ms)
+                exact = exact and ok
+    print(f"\nplan_token_prompt over the recorded sessions (prompts exact: {exact}):")
+    print("| call | calls | p50 ms | max ms |")
+    print("|---|---|---|---|")
+    for kind, xs in sorted(planned.items()):
+        print(f"| {kind} | {len(xs)} | {statistics.median(xs):.2f} | {max(xs):.2f} |")
 
 
 if __name__ == "__main__":
