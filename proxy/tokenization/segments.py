@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections import OrderedDict
 
 from tokenizers import Tokenizer
+
+from proxy.tokenization.lru import SizedLRU
 
 MIN_CACHED_CHARS = 512  # shorter pieces are encoded together, in one call
 MAX_CACHED_TOKENS = 4_000_000  # ~16 MB of packed ids
@@ -31,8 +32,7 @@ class SegmentEncoder:
         # tokenizer's own added-vocabulary matcher does)
         alternatives = sorted(added, key=len, reverse=True)
         self.split = re.compile("|".join(re.escape(t) for t in alternatives))
-        self.cache: OrderedDict[str, array] = OrderedDict()
-        self.cached_tokens = 0
+        self.cache: SizedLRU[str, array] = SizedLRU(MAX_CACHED_TOKENS, lambda _, ids: len(ids))
         self.hits = self.misses = 0
 
     @classmethod
@@ -72,15 +72,9 @@ class SegmentEncoder:
     def _cached(self, piece: str) -> list[int]:
         hit = self.cache.get(piece)
         if hit is not None:
-            self.cache.move_to_end(piece)
             self.hits += 1
             return hit.tolist()
         self.misses += 1
         ids = self._encode(piece)
-        packed = array("I", ids)
-        self.cache[piece] = packed
-        self.cached_tokens += len(packed)
-        while self.cached_tokens > MAX_CACHED_TOKENS and len(self.cache) > 1:
-            _, old = self.cache.popitem(last=False)
-            self.cached_tokens -= len(old)
+        self.cache.put(piece, array("I", ids))
         return ids

@@ -10,7 +10,6 @@ filter (``ensure_ascii=False``), ``raise_exception`` and ``strftime_now`` global
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
@@ -20,6 +19,8 @@ import orjson
 from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from proxy.tokenization.lru import SizedLRU
 
 
 class TemplateRenderError(ValueError):
@@ -46,31 +47,23 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     past calls' arguments are dumped again at every render of every call, and stdlib
     json was a third of a long conversation's render time."""
     try:
-        key = (orjson.dumps(value), ensure_ascii, indent, separators, sort_keys)
+        compact = orjson.dumps(value)
     except TypeError:  # e.g. non-string keys: not worth remembering
-        key = None
-    if key is not None and len(key[0]) >= MEMO_MIN_BYTES:
-        hit = _dumped.get(key)
-        if hit is not None:
-            _dumped.move_to_end(key)
-            return hit
+        compact = b""
+    key = (compact, ensure_ascii, indent, separators, sort_keys)
+    remember = len(compact) >= MEMO_MIN_BYTES
+    if remember and (hit := _dumped.get(key)) is not None:
+        return hit
     out = json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
-    if key is not None and len(key[0]) >= MEMO_MIN_BYTES:
-        global _dumped_chars
-        _dumped[key] = out
-        _dumped_chars += len(out) + len(key[0])
-        while _dumped_chars > MEMO_MAX_CHARS and _dumped:
-            (old, _, _, _, _), text = _dumped.popitem(last=False)
-            _dumped_chars -= len(text) + len(old)
+    if remember:
+        _dumped.put(key, out)
     return out
 
 
 MEMO_MIN_BYTES = 64  # smaller values dump faster than they hash
-MEMO_MAX_CHARS = 16_000_000
-_dumped: OrderedDict[tuple, str] = OrderedDict()
-_dumped_chars = 0
+_dumped: SizedLRU[tuple, str] = SizedLRU(16_000_000, lambda key, text: len(key[0]) + len(text))
 
 
 def _raise_exception(message):

@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from proxy.tokenization import segments
 from proxy.tokenization.segments import SegmentEncoder
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "completions"
@@ -59,14 +58,14 @@ def test_real_harness_prompts_encode_exactly_and_hit_the_cache(tok, fresh):
     assert fresh.hits > fresh.misses > 0
 
 
-def test_the_cache_stays_within_its_budget(tok, fresh, monkeypatch):
-    monkeypatch.setattr(segments, "MAX_CACHED_TOKENS", 2000)
+def test_the_cache_stays_within_its_budget(tok, fresh):
+    fresh.cache.budget = 2000
     sep = "<|im_end|>"
     texts = [sep.join(f"{i} {w} " * 200 for w in ("alpha", "beta", "gamma")) for i in range(10)]
     for text in texts:
         assert fresh.encode(text) == plain(tok, text)
-        assert fresh.cached_tokens <= 2000 or len(fresh.cache) == 1
-    assert fresh.cached_tokens == sum(len(v) for v in fresh.cache.values())
+        assert fresh.cache.used <= 2000 or len(fresh.cache) == 1
+    assert fresh.cache.used == sum(len(v) for v in fresh.cache.entries.values())
 
 
 def test_a_tokenizer_whose_added_tokens_touch_their_neighbours_is_not_segmented():

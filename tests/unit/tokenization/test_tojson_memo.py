@@ -36,8 +36,8 @@ def test_equal_json_with_other_options_is_not_confused():
 
 
 def test_the_memo_stays_within_its_budget(monkeypatch):
-    monkeypatch.setattr(template, "MEMO_MAX_CHARS", 5000)
+    monkeypatch.setattr(template._dumped, "budget", 5000)
     for i in range(200):
         value = {"i": i, "pad": "y" * 100}
         assert template._tojson(value) == json.dumps(value)
-        assert template._dumped_chars <= 5000
+        assert template._dumped.used <= 5000
