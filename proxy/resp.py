@@ -22,6 +22,8 @@ from urllib.parse import unquote, urlsplit
 
 import hiredis
 
+from services.common.oneconn import OneConnection
+
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -79,8 +81,7 @@ class Resp:
     ) -> None:
         self.host, self.port, self.db = host, port, db
         self.username, self.password, self.tls = username, password, tls
-        self._proto: _Protocol | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._conn: OneConnection[_Protocol] = OneConnection(self._open)
 
     @classmethod
     def from_url(cls, url: str) -> Resp:
@@ -98,9 +99,7 @@ class Resp:
         )
 
     async def call(self, *args: Any) -> Any:
-        proto = self._proto
-        if proto is None or proto.lost is not None:
-            proto = await self._connect()
+        proto = self._conn.live or await self._conn.get()
         reply = await proto.send(hiredis.pack_command(args))
         if isinstance(reply, hiredis.ReplyError):
             raise RedisReplyError(str(reply))
@@ -114,30 +113,22 @@ class Resp:
                 raise
         return await self.call("EVAL", script.source, len(keys), *keys, *args)
 
-    async def _connect(self) -> _Protocol:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._proto is not None and self._proto.lost is None:
-                return self._proto
-            loop = asyncio.get_running_loop()
-            try:
-                _, proto = await asyncio.wait_for(
-                    loop.create_connection(
-                        _Protocol,
-                        self.host,
-                        self.port,
-                        ssl=ssl.create_default_context() if self.tls else None,
-                    ),
-                    CONNECT_TIMEOUT_S,
-                )
-            except (OSError, TimeoutError) as exc:
-                raise RedisUnavailable(
-                    f"cannot reach redis at {self.host}:{self.port}: {exc}"
-                ) from exc
-            await self._hello(proto)
-            self._proto = proto
-            return proto
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(
+                    _Protocol,
+                    self.host,
+                    self.port,
+                    ssl=ssl.create_default_context() if self.tls else None,
+                ),
+                CONNECT_TIMEOUT_S,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise RedisUnavailable(f"cannot reach redis at {self.host}:{self.port}: {exc}") from exc
+        await self._hello(proto)
+        return proto
 
     async def _hello(self, proto: _Protocol) -> None:
         setup: list[tuple] = []
@@ -154,9 +145,7 @@ class Resp:
                 raise RedisUnavailable(f"redis refused {command[0]}: {reply}")
 
     async def aclose(self) -> None:
-        if self._proto is not None and self._proto.transport is not None:
-            self._proto.transport.close()
-        self._proto = None
+        self._conn.close()
 
 
 class Script:

@@ -24,6 +24,8 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
+from services.common.oneconn import OneConnection
+
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
@@ -134,8 +136,7 @@ class JetStreamPublisher:
         self.servers = [s.strip() for s in url.split(",") if s.strip()]
         self.name, self.fallback, self.fallback_above = name, fallback, fallback_above
         self.ack_timeout = ack_timeout
-        self._proto: _Protocol | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._conn: OneConnection[_Protocol] = OneConnection(self._open_any)
         self._next = itertools.count(1)
         self.unsupported: str | None = None  # why everything goes to the fallback
 
@@ -143,10 +144,10 @@ class JetStreamPublisher:
         if self.unsupported is not None or len(payload) > self.fallback_above:
             ack = await self.fallback(subject, payload, msg_id=msg_id)
             return int(getattr(ack, "seq", 0) or 0)
-        proto = self._proto
-        if proto is None or proto.lost is not None:
+        proto = self._conn.live
+        if proto is None:
             try:
-                proto = await self._connect()
+                proto = await self._conn.get()
             except Unsupported as exc:
                 self.unsupported = str(exc)
                 log.info("lean JetStream publisher off (%s): publishing through nats-py", exc)
@@ -173,22 +174,14 @@ class JetStreamPublisher:
             proto.acks.pop(reply, None)
         return _pub_ack(subject, head, body)
 
-    async def _connect(self) -> _Protocol:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._proto is not None and self._proto.lost is None:
-                return self._proto
-            errors = []
-            for server in self.servers:
-                try:
-                    self._proto = await self._open(server)
-                    return self._proto
-                except Unsupported:
-                    raise
-                except (OSError, TimeoutError, PublishError) as exc:
-                    errors.append(f"{server}: {exc}")
-            raise PublishError("cannot reach NATS: " + "; ".join(errors))
+    async def _open_any(self) -> _Protocol:
+        errors = []
+        for server in self.servers:
+            try:
+                return await self._open(server)
+            except (OSError, TimeoutError, PublishError) as exc:
+                errors.append(f"{server}: {exc}")
+        raise PublishError("cannot reach NATS: " + "; ".join(errors))
 
     async def _open(self, server: str) -> _Protocol:
         u = urlsplit(server if "://" in server else f"nats://{server}")
@@ -229,9 +222,7 @@ class JetStreamPublisher:
         return proto
 
     async def aclose(self) -> None:
-        if self._proto is not None and self._proto.transport is not None:
-            self._proto.transport.close()
-        self._proto = None
+        self._conn.close()
 
 
 def _expire(future: asyncio.Future) -> None:
