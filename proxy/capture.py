@@ -17,7 +17,7 @@ from proxy.backends.base import Generation
 from proxy.errors import ErrorKind, UpstreamError
 from proxy.resp import Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
-from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
+from schemas import CompletionRecord, Protocol, Session, Timings, UpstreamMode, encode
 from schemas import subjects as S
 from schemas.completion import delta_encode
 from services.common.jspub import JetStreamPublisher
@@ -84,9 +84,9 @@ class SessionStore:
     def __init__(self, redis: Resp) -> None:
         self.redis = redis
 
-    async def open(self, token: str) -> tuple[dict[str, str], list[bytes]] | None:
-        """The token's session (its registry fields) and its attempt's stored TITO states
-        (raw, newest first: see ``decode_states``); None for an unknown token."""
+    async def open(self, token: str) -> tuple[Session, list[bytes]] | None:
+        """The token's session and its attempt's stored TITO states (raw, newest first:
+        see ``decode_states``); None for an unknown token."""
         reply = await self.redis.script(
             _OPEN, [S.key_token(token)], [S.key_session(""), TITO_KEY, MAX_STATES - 1]
         )
@@ -94,7 +94,7 @@ class SessionStore:
             return None
         row, states = reply
         fields = {k.decode(): v.decode() for k, v in zip(row[::2], row[1::2], strict=True)}
-        return fields, states
+        return msgspec.convert(fields, Session, strict=False), states
 
     async def remember(self, session_id: str, attempt: int, state: TurnState) -> Remembered:
         """Number the call and store ``state`` (its ``seq`` is ignored) as the newest."""

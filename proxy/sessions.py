@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import time
 
-import msgspec
-
 from proxy.app import SessionInfo
 from proxy.capture import SessionStore
-from schemas import Session, SessionState
+from schemas import SessionState
 
 _BEFORE_RUNNING = frozenset(
     {SessionState.REGISTERED, SessionState.INITIALIZING, SessionState.READY}
@@ -29,11 +27,6 @@ def token_valid(state: SessionState, updated_at: float, now: float, grace: float
     return now - updated_at <= grace
 
 
-async def session_by_token(store: SessionStore, token: str) -> Session | None:
-    opened = await store.open(token)
-    return None if opened is None else msgspec.convert(opened[0], Session, strict=False)
-
-
 class SessionResolver:
     """Token -> SessionInfo whose ``data`` carries the attempt, the task and the raw TITO
     states (``proxy.capture.decode_states``) for the completion handler."""
@@ -45,8 +38,7 @@ class SessionResolver:
         opened = await self.store.open(token)
         if opened is None:
             return None
-        fields, states = opened
-        session = msgspec.convert(fields, Session, strict=False)
+        session, states = opened
         if not token_valid(session.state, session.updated_at, time.time(), self.grace):
             return None
         return SessionInfo(

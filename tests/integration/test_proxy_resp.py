@@ -8,7 +8,6 @@ import pytest
 from infra import localservers
 from proxy.capture import SessionStore
 from proxy.resp import RedisReplyError, RedisUnavailable, Resp, Script
-from proxy.sessions import session_by_token
 from services.common.registry import Registry
 from tests.helpers.stack import running_session
 
@@ -92,7 +91,8 @@ async def test_token_lookup_matches_the_registry(redis_url, redis_client):
     store = SessionStore(r)
     try:
         for s in sessions:
-            assert await session_by_token(store, s.token) == await reg.session_by_token(s.token)
-        assert await session_by_token(store, "ps_not_a_token") is None
+            (session, _states) = await store.open(s.token)
+            assert session == await reg.session_by_token(s.token)
+        assert await store.open("ps_not_a_token") is None
     finally:
         await r.aclose()
