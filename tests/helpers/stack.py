@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -13,6 +15,7 @@ from infra import localservers
 from schemas import SessionState, TaskRequest
 from services.common.registry import Registry
 from tests.helpers.procs import ServiceProcess
+from tests.unit.embedded.tiny import tiny_model_dir
 
 POLICIES = Path(__file__).resolve().parents[1] / "fixtures" / "policies"
 
@@ -68,6 +71,32 @@ def start_proxy(nats_url, redis_url, backend_url, model_dir, log_dir, *, mode="t
         **extra,
     }
     return ServiceProcess("proxy.main:create_app", cfg, log_dir).start(timeout=60)
+
+
+@contextmanager
+def embedded_engine(policy: str, log_dir: Path) -> Iterator[EmbeddedServer]:
+    """The tiny model served with one of ``tests/fixtures/policies``, for a module."""
+    srv = EmbeddedServer(tiny_model_dir(), policy=POLICIES / policy, log_dir=log_dir).wait()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@contextmanager
+def proxy_process(nats_url, redis_url, engine, log_dir, **extra) -> Iterator[ServiceProcess]:
+    """The proxy in front of ``engine``, with the tiny model's tokenizer."""
+    proxy = start_proxy(nats_url, redis_url, engine.url, tiny_model_dir(), log_dir, **extra)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+async def new_session(redis_client, task_id: str):
+    """One RUNNING session of a new task."""
+    (session,) = await running_session(Registry(redis_client), task_id)
+    return session
 
 
 async def running_session(reg: Registry, task_id: str, *, n: int = 1) -> list:

@@ -11,8 +11,11 @@ from schemas import CompletionRecord, SessionState, decode
 from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
 from services.common.registry import Registry
-from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.helpers.stack import (
+    embedded_engine,
+    proxy_process,
+    running_session,
+)
 
 pytestmark = pytest.mark.asyncio
 TOOLS = [
@@ -29,22 +32,14 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    srv = EmbeddedServer(
-        tiny_model_dir(),
-        policy=POLICIES / "shell_agent.yaml",
-        log_dir=tmp_path_factory.mktemp("logs"),
-    ).wait()
-    yield srv
-    srv.stop()
+    with embedded_engine("shell_agent.yaml", tmp_path_factory.mktemp("logs")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def proxy(engine, nats_url, redis_url, tmp_path_factory):
-    p = start_proxy(
-        nats_url, redis_url, engine.url, tiny_model_dir(), tmp_path_factory.mktemp("plogs")
-    )
-    yield p
-    p.stop()
+    with proxy_process(nats_url, redis_url, engine, tmp_path_factory.mktemp("plogs")) as p:
+        yield p
 
 
 async def records(bus, session_id: str) -> list[CompletionRecord]:

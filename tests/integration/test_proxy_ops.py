@@ -38,8 +38,12 @@ from schemas import CompletionRecord, Protocol, UpstreamMode, decode, encode
 from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
 from services.common.bus import CLAIM_HEADER, Bus, ensure_streams
-from services.common.registry import Registry
-from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
+from tests.helpers.stack import (
+    embedded_engine,
+    new_session,
+    proxy_process,
+    start_proxy,
+)
 from tests.integration.proxy_agents import (
     AnthropicAgent,
     ChatAgent,
@@ -57,35 +61,20 @@ SLOW = [{"role": "user", "content": "SLOW REPLY please"}]
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    srv = EmbeddedServer(
-        tiny_model_dir(), policy=POLICIES / "tool_loop.yaml", log_dir=tmp_path_factory.mktemp("e")
-    ).wait()
-    yield srv
-    srv.stop()
+    with embedded_engine("tool_loop.yaml", tmp_path_factory.mktemp("e")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def proxy(engine, nats_url, redis_url, tmp_path_factory):
-    p = start_proxy(
-        nats_url,
-        redis_url,
-        engine.url,
-        tiny_model_dir(),
-        tmp_path_factory.mktemp("p"),
-        admin_token="ops-admin",
-    )
-    yield p
-    p.stop()
+    log_dir = tmp_path_factory.mktemp("p")
+    with proxy_process(nats_url, redis_url, engine, log_dir, admin_token="ops-admin") as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
 def tok():
     return ChatTokenizer.load(tiny_model_dir())
-
-
-async def new_session(redis_client, task_id: str):
-    (session,) = await running_session(Registry(redis_client), task_id)
-    return session
 
 
 async def get(url: str, **kw) -> httpx.Response:

@@ -27,10 +27,12 @@ from hypothesis import strategies as st
 
 from schemas import encode
 from services.common.bus import Bus
-from services.common.registry import Registry
-from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
+from tests.helpers.stack import (
+    embedded_engine,
+    new_session,
+    proxy_process,
+)
 from tests.integration.proxy_agents import ChatAgent, captured, run_loop
-from tests.unit.embedded.tiny import tiny_model_dir
 
 LIMIT = 64 * 1024
 KEEPALIVE = 0.25  # seconds between keep-alives while the engine works
@@ -300,27 +302,15 @@ def send(client: httpx.Client, ep: Endpoint, bad: Bad, token: str) -> httpx.Resp
 # -- the service under test -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    srv = EmbeddedServer(
-        tiny_model_dir(), policy=POLICIES / "tool_loop.yaml", log_dir=tmp_path_factory.mktemp("e")
-    ).wait()
-    yield srv
-    srv.stop()
+    with embedded_engine("tool_loop.yaml", tmp_path_factory.mktemp("e")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def proxy(engine, nats_url, redis_url, tmp_path_factory):
-    p = start_proxy(
-        nats_url,
-        redis_url,
-        engine.url,
-        tiny_model_dir(),
-        tmp_path_factory.mktemp("p"),
-        max_body_bytes=LIMIT,
-        admin_token=ADMIN,
-        keepalive_seconds=KEEPALIVE,
-    )
-    yield p
-    p.stop()
+    options = {"max_body_bytes": LIMIT, "admin_token": ADMIN, "keepalive_seconds": KEEPALIVE}
+    with proxy_process(nats_url, redis_url, engine, tmp_path_factory.mktemp("p"), **options) as p:
+        yield p
 
 
 def engine_tokens(engine) -> int:
@@ -333,7 +323,7 @@ async def session_with_calls(proxy, nats_url, redis_url, task_id: str):
     redis = aioredis.from_url(redis_url)
     bus = await Bus.open(nats_url, "test-fuzz")
     try:
-        (session,) = await running_session(Registry(redis), task_id)
+        session = await new_session(redis, task_id)
         await run_loop(ChatAgent(proxy.url, session.token), 3)
         return session, await captured(bus, session.session_id, expect=3)
     finally:
@@ -402,11 +392,6 @@ SLOW = [{"role": "user", "content": "SLOW REPLY please"}]
 
 def engine_state(engine) -> dict:
     return httpx.get(engine.url + "/server_info").json()["internal_states"][0]
-
-
-async def new_session(redis_client, task_id: str):
-    (session,) = await running_session(Registry(redis_client), task_id)
-    return session
 
 
 async def raw_stream_timeline(url: str, body: dict) -> list[tuple[float, bytes]]:

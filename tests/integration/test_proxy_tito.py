@@ -18,7 +18,11 @@ import pytest
 from proxy.backends.embedded.weights import load_model
 from schemas.completion import reconstruct_prompts
 from services.common.registry import Registry
-from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
+from tests.helpers.stack import (
+    embedded_engine,
+    proxy_process,
+    running_session,
+)
 from tests.integration.proxy_agents import AGENTS, TOOL, captured, run_loop
 from tests.unit.embedded.tiny import tiny_model_dir
 
@@ -29,32 +33,20 @@ LOGPROB_TOLERANCE = 1e-4  # float32 forward, batched and cached vs. one full pas
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    srv = EmbeddedServer(
-        tiny_model_dir(), policy=POLICIES / "tool_loop.yaml", log_dir=tmp_path_factory.mktemp("e")
-    ).wait()
-    yield srv
-    srv.stop()
+    with embedded_engine("tool_loop.yaml", tmp_path_factory.mktemp("e")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def token_proxy(engine, nats_url, redis_url, tmp_path_factory):
-    p = start_proxy(nats_url, redis_url, engine.url, tiny_model_dir(), tmp_path_factory.mktemp("t"))
-    yield p
-    p.stop()
+    with proxy_process(nats_url, redis_url, engine, tmp_path_factory.mktemp("t")) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
 def chat_proxy(engine, nats_url, redis_url, tmp_path_factory):
-    p = start_proxy(
-        nats_url,
-        redis_url,
-        engine.url,
-        tiny_model_dir(),
-        tmp_path_factory.mktemp("c"),
-        mode="chat",
-    )
-    yield p
-    p.stop()
+    with proxy_process(nats_url, redis_url, engine, tmp_path_factory.mktemp("c"), mode="chat") as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
