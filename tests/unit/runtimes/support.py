@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
 from pathlib import Path
 
 from services.runtimes.procs import TAG_RUNTIME, tagged_pids
@@ -31,6 +33,15 @@ def alive(pid: int) -> bool:
 
 def leftovers(runtime_id: str) -> list[int]:
     return tagged_pids(TAG_RUNTIME, runtime_id)
+
+
+async def settled_leftovers(runtime_id: str, expect: int, timeout: float = 5.0) -> list[int]:
+    """``leftovers`` once there are ``expect`` of them, or at the timeout: a shell's
+    ``&`` and setsid's own fork take a moment to leave one process behind."""
+    deadline = time.monotonic() + timeout
+    while len(pids := leftovers(runtime_id)) != expect and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return pids
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ from services.runtimes import (
     adopt_runtime,
     create_runtime,
 )
-from tests.unit.runtimes.support import FORKING_HARNESS, alive, leftovers
+from tests.unit.runtimes.support import FORKING_HARNESS, alive, leftovers, settled_leftovers
 
 
 @pytest.fixture
@@ -93,14 +93,14 @@ async def test_kill_is_idempotent_and_hits_background_children(rt):
 async def test_exec_returns_while_a_background_child_holds_stdout(rt):
     r = await rt.exec("sleep 1000 & echo started", timeout=5)
     assert r.ok and r.stdout == b"started\n" and r.duration < 2
-    assert len(leftovers(rt.runtime_id)) == 1  # the daemon lives until stop
+    assert len(await settled_leftovers(rt.runtime_id, 1)) == 1  # the daemon lives until stop
 
 
 async def test_stop_kills_everything_removes_dir_and_is_idempotent(tmp_path):
     rt = create_runtime(LocalRuntime(), "s-2", base_dir=tmp_path)
     await rt.start()
     await rt.exec("setsid sleep 1000 & sleep 1000 &")
-    assert len(leftovers(rt.runtime_id)) == 2
+    assert len(await settled_leftovers(rt.runtime_id, 2)) == 2
     await rt.stop(grace=0.2)
     await rt.stop()
     await rt.cancel()
@@ -194,7 +194,7 @@ async def test_detach_then_adopt_hands_the_sandbox_over(tmp_path):
     await pool_side.detach()
     await pool_side.stop()  # a detached object no longer owns the sandbox: no-op
     assert pool_side.state == "detached"
-    assert len(leftovers("s-7-main")) == 1
+    assert len(await settled_leftovers("s-7-main", 1)) == 1
     with pytest.raises(RuntimeStopped):
         await pool_side.exec("true")
 
@@ -212,7 +212,7 @@ async def test_adopting_what_a_dead_process_left_cleans_it_up(tmp_path):
     await abandoned.start()
     await abandoned.exec("setsid sleep 1000 > /dev/null 2>&1 &")
     del abandoned  # its process died: nobody stops it
-    assert len(leftovers("s-8-main")) == 1
+    assert len(await settled_leftovers("s-8-main", 1)) == 1
     await adopt_runtime(LocalRuntime(), "s-8", "s-8-main", base_dir=tmp_path).stop()
     assert leftovers("s-8-main") == []
     assert not (tmp_path / "s-8-main").exists()
