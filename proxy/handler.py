@@ -86,11 +86,11 @@ class CompletionHandler:
             side_call=sidecalls.classify(protocol, conv),
             received=time.time(),
         )
+        states = decode_states(session.data["states"])  # as the session was when called
         capturing = False
         try:
             async with self.gate.call():
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
-                states = decode_states(session.data["states"])
                 plan, gen = await self._generate(sid, conv, messages, tools, key, states)
                 turn = self._turn(gen, tools)
                 # Once sampled, a call is captured in full even if the harness leaves now.
@@ -98,9 +98,7 @@ class CompletionHandler:
                 await asyncio.shield(self._capture(ctx, plan, gen, turn, messages, key, queue_ms))
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
-                await asyncio.shield(
-                    self._record_abort(ctx, messages, tools, key, session.data["states"])
-                )
+                await asyncio.shield(self._record_abort(ctx, messages, tools, key, states))
             raise
         except BackendError as exc:
             metrics.CALLS.labels(protocol, "backend_error").inc()
@@ -114,8 +112,9 @@ class CompletionHandler:
         return turn
 
     async def _capture(self, ctx, plan, gen, turn, messages, key, queue_ms: float) -> None:
-        """Number, commit and remember one answered call; a failed commit is the caller's
-        error (and the TITO state is not left advanced, so the retry re-extends the old one)."""
+        """Number and remember one answered call, then commit its record; a failed commit
+        is the caller's error (and the TITO state is taken back, so the retry re-extends
+        the old one)."""
         state = TurnState(
             seq=-1,  # numbered by ``remember``
             messages=messages,
@@ -140,7 +139,7 @@ class CompletionHandler:
         metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
         try:
             if self.mode == UpstreamMode.TOKEN:
-                plan = self._plan(messages, tools, key, decode_states(states))
+                plan = self._plan(messages, tools, key, states)
             else:  # the engine templates the prompt and only says what it was when done
                 plan = PromptPlan([], None, None, None)
             empty = Generation(
