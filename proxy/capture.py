@@ -8,6 +8,7 @@ states) lives in Redis, so proxy replicas stay stateless.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import msgspec
@@ -37,14 +38,11 @@ _OPEN = Script(
     "local states = redis.call('LRANGE', ARGV[2] .. sid .. ':' .. attempt, 0, ARGV[3]) "
     "return {redis.call('HGETALL', key), states}"
 )
-# Number the call and remember its state (stored as "<seq>:<msgpack>"): all a call needs
-# after the engine answered, before its record is committed, in one round trip.
+# Remember a numbered call's state (stored as "<seq>:<msgpack>", newest first).
 _REMEMBER = Script(
-    "local seq = redis.call('INCR', KEYS[1]) - 1 "
-    "redis.call('LPUSH', KEYS[2], seq .. ':' .. ARGV[1]) "
-    "redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2])) "
-    "redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3])) "
-    "return seq"
+    "redis.call('LPUSH', KEYS[1], ARGV[1]) "
+    "redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2])) "
+    "redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))"
 )
 # DECR the session's call counter only if ``seq`` is still the last number handed out
 _RELEASE = Script(
@@ -69,17 +67,27 @@ class CallContext:
     received: float
 
 
-@dataclass(frozen=True)
-class Remembered:
-    """A call's number and the state stored for it (to take back if it is not captured)."""
+class Reservation:
+    """A call's number: ``await`` it (as often as needed) once the INCR is back."""
 
-    seq: int
-    stored: bytes
+    __slots__ = ("_reply",)
+
+    def __init__(self, reply: Awaitable[int]) -> None:
+        self._reply = reply
+
+    def __await__(self):
+        return self._seq().__await__()
+
+    async def _seq(self) -> int:
+        return int(await self._reply) - 1  # INCR answers how many numbers are taken
 
 
 class SessionStore:
-    """Per-session call numbering and TITO states, in Redis (through ``proxy.resp``: two
-    round trips per call, one before the engine and one after)."""
+    """Per-session call numbering and TITO states, in Redis (through ``proxy.resp``).
+
+    Per call: ``open`` before the engine; ``reserve`` while the engine answers;
+    ``remember`` while JetStream acks the record. Only ``open`` is waited for on its own.
+    """
 
     def __init__(self, redis: Resp) -> None:
         self.redis = redis
@@ -96,24 +104,27 @@ class SessionStore:
         fields = {k.decode(): v.decode() for k, v in zip(row[::2], row[1::2], strict=True)}
         return msgspec.convert(fields, Session, strict=False), states
 
-    async def remember(self, session_id: str, attempt: int, state: TurnState) -> Remembered:
-        """Number the call and store ``state`` (its ``seq`` is ignored) as the newest."""
-        encoded = _encoder.encode(state)
-        seq = await self.redis.script(
-            _REMEMBER,
-            [SEQ_KEY + session_id, f"{TITO_KEY}{session_id}:{attempt}"],
-            [encoded, MAX_STATES - 1, STATE_TTL_SECONDS],
-        )
-        return Remembered(int(seq), b"%d:%s" % (seq, encoded))
+    def reserve(self, session_id: str) -> Reservation:
+        """The call's number, asked for now and awaited later. Every number taken ends
+        in a committed record, or is given back (``release_seq``), or is filled with a
+        void record (``void_record``): builders see every gap as a lost call."""
+        return Reservation(self.redis.start("INCR", SEQ_KEY + session_id))
 
-    async def forget(self, session_id: str, attempt: int, remembered: Remembered) -> None:
+    def remember(self, session_id: str, attempt: int, state: TurnState) -> tuple[bytes, Awaitable]:
+        """Store ``state`` (numbered: its ``seq`` is set) as the session's newest: what was
+        stored (for ``forget``) and the reply to await."""
+        stored = b"%d:%s" % (state.seq, _encoder.encode(state))
+        key = f"{TITO_KEY}{session_id}:{attempt}"
+        return stored, self.redis.start_script(
+            _REMEMBER, [key], [stored, MAX_STATES - 1, STATE_TTL_SECONDS]
+        )
+
+    async def forget(self, session_id: str, attempt: int, stored: bytes) -> None:
         """Undo ``remember`` (its call turned out not to be captured)."""
-        await self.redis.call("LREM", f"{TITO_KEY}{session_id}:{attempt}", 1, remembered.stored)
-        await self.release_seq(session_id, remembered.seq)
+        await self.redis.call("LREM", f"{TITO_KEY}{session_id}:{attempt}", 1, stored)
 
     async def next_seq(self, session_id: str) -> int:
-        """A number for a call that leaves no state (an aborted one)."""
-        return int(await self.redis.call("INCR", SEQ_KEY + session_id)) - 1
+        return await self.reserve(session_id)
 
     async def release_seq(self, session_id: str, seq: int) -> bool:
         """Give back a number whose record was never committed, if no call took a later
@@ -177,6 +188,14 @@ def build_record(
         aborted=aborted,
         error=error,
     )
+
+
+def void_record(ctx: CallContext, seq: int, reason: str) -> CompletionRecord:
+    """Fills the number of a call that failed before anything was sampled (engine
+    error, bad prompt), when a later call's number makes giving it back impossible."""
+    empty = Generation(prompt_ids=[], output_ids=[], output_logprobs=[], finish_reason="error")
+    plan = PromptPlan([], None, None, None)
+    return build_record(ctx, seq, plan, empty, error=reason)
 
 
 async def commit(publisher: JetStreamPublisher, record: CompletionRecord) -> None:

@@ -19,7 +19,7 @@ from proxy import capture, metrics, sidecalls
 from proxy.app import SessionInfo
 from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.backends.base import ErrorKind as BackendKind
-from proxy.capture import CallContext, SessionStore, decode_states
+from proxy.capture import CallContext, Reservation, SessionStore, decode_states
 from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
@@ -87,18 +87,29 @@ class CompletionHandler:
             received=time.time(),
         )
         states = decode_states(session.data["states"])  # as the session was when called
+        reserved: Reservation | None = None
         capturing = False
         try:
             async with self.gate.call():
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
-                plan, gen = await self._generate(sid, conv, messages, tools, key, states)
-                turn = self._turn(gen, tools)
+                reserved = self.store.reserve(sid)  # numbered while the engine answers
+                try:
+                    plan, gen = await self._generate(sid, conv, messages, tools, key, states)
+                    turn = self._turn(gen, tools)
+                except Exception as exc:  # nothing sampled: the number is given back
+                    settling, reserved = reserved, None  # a hang-up now gets a new one
+                    await asyncio.shield(self._settle(ctx, settling, _failure(exc)))
+                    raise
                 # Once sampled, a call is captured in full even if the harness leaves now.
                 capturing = True
-                await asyncio.shield(self._capture(ctx, plan, gen, turn, messages, key, queue_ms))
+                await asyncio.shield(
+                    self._capture(ctx, reserved, plan, gen, turn, messages, key, queue_ms)
+                )
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
-                await asyncio.shield(self._record_abort(ctx, messages, tools, key, states))
+                await asyncio.shield(
+                    self._record_abort(ctx, reserved, messages, tools, key, states)
+                )
             raise
         except BackendError as exc:
             metrics.CALLS.labels(protocol, "backend_error").inc()
@@ -111,30 +122,58 @@ class CompletionHandler:
         metrics.observe_call(protocol, ctx, gen, plan)
         return turn
 
-    async def _capture(self, ctx, plan, gen, turn, messages, key, queue_ms: float) -> None:
-        """Number and remember one answered call, then commit its record; a failed commit
-        is the caller's error (and the TITO state is taken back, so the retry re-extends
-        the old one)."""
+    async def _capture(self, ctx, reserved, plan, gen, turn, messages, key, queue_ms) -> None:
+        """Store the call's TITO state and commit its record, both round trips at once. A
+        failed commit is the caller's error (the state is taken back and the number
+        given back, so the retry re-extends the old state). A state that could not be
+        stored after a committed record only costs the next call its extension."""
+        seq = await reserved
         state = TurnState(
-            seq=-1,  # numbered by ``remember``
+            seq=seq,
             messages=messages,
             reply=_reply_message(turn),
             tools_key=key,
             prompt=pack(plan.prompt_ids),
             output=pack(gen.output_ids),
         )
-        # One round trip numbers the call and stores its state; a state stored for a call
-        # whose record then fails to commit is taken back (and its number given back).
-        remembered = await self.store.remember(ctx.session_id, ctx.attempt, state)
-        record = capture.build_record(ctx, remembered.seq, plan, gen, queue_ms=queue_ms)
+        stored, remembering = self.store.remember(ctx.session_id, ctx.attempt, state)
+        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
         try:
             await capture.commit(self.publisher, record)
         except UpstreamError:
             metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
-            await self.store.forget(ctx.session_id, ctx.attempt, remembered)
+            try:
+                await remembering
+                await self.store.forget(ctx.session_id, ctx.attempt, stored)
+            except (RedisUnavailable, RedisReplyError):
+                pass  # not stored, or Redis is gone: the state is gone with it
+            await self._settle(ctx, reserved, "capture failed", void=False)
             raise
+        try:
+            await remembering
+        except (RedisUnavailable, RedisReplyError) as exc:
+            metrics.STATE_WRITE_FAILURES.labels(ctx.protocol.value).inc()
+            log.warning(
+                "call %d of %s captured, its state not stored: %s", seq, ctx.session_id, exc
+            )
 
-    async def _record_abort(self, ctx: CallContext, messages, tools, key, states) -> None:
+    async def _settle(
+        self, ctx: CallContext, reserved: Reservation, reason: str, *, void: bool = True
+    ) -> None:
+        """A number whose call will have no record: given back if no later call took one,
+        else filled with a void record (``void``) so builders see no lost call."""
+        try:
+            seq = await reserved
+        except (RedisUnavailable, RedisReplyError):
+            return  # no number was taken
+        try:
+            if await self.store.release_seq(ctx.session_id, seq) or not void:
+                return
+            await capture.commit(self.publisher, capture.void_record(ctx, seq, reason))
+        except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
+            log.warning("call %d of %s left a gap (%s): %s", seq, ctx.session_id, reason, exc)
+
+    async def _record_abort(self, ctx: CallContext, reserved, messages, tools, key, states) -> None:
         """The harness left before an answer: record the call, aborted, with its prompt."""
         metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
         try:
@@ -145,7 +184,9 @@ class CompletionHandler:
             empty = Generation(
                 prompt_ids=plan.prompt_ids, output_ids=[], output_logprobs=[], finish_reason="abort"
             )
-            seq = await self.store.next_seq(ctx.session_id)
+            if reserved is None:  # it left while waiting at the gate
+                reserved = self.store.reserve(ctx.session_id)
+            seq = await reserved
             record = capture.build_record(ctx, seq, plan, empty, aborted=True)
             try:
                 await capture.commit(self.publisher, record)
@@ -215,6 +256,11 @@ class CompletionHandler:
         return AssistantTurn(
             text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
         )
+
+
+def _failure(exc: Exception) -> str:
+    """What a void record says about a call that failed before sampling."""
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 def _call_id() -> str:

@@ -23,6 +23,12 @@ OVERHEAD = Histogram(
 )
 TOKENS = Counter("polar_proxy_tokens_total", "Tokens by direction", ["protocol", "direction"])
 CAPTURE_FAILURES = Counter("polar_proxy_capture_failures_total", "Calls not captured", ["protocol"])
+STATE_WRITE_FAILURES = Counter(
+    "polar_proxy_state_write_failures_total",
+    "Calls captured and answered whose TITO state Redis did not store (the next call "
+    "re-renders its prompt instead of extending it)",
+    ["protocol"],
+)
 DRIFT = Counter(
     "polar_proxy_prompt_breaks_total",
     "Prompts that did not extend the previous call, by reason",

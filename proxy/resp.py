@@ -1,10 +1,14 @@
 """A small pipelined Redis client for the proxy's per-call session state.
 
-Each model call does three Redis commands (read the TITO states, number the call,
-remember the new state). Through redis-py's pool each costs ~3x the CPU of the round
+Each model call does three Redis commands (find the session and read its TITO states,
+number the call, remember the new state). Through redis-py's pool each costs ~3x the CPU of the round
 trip itself, which made Redis the largest share of the proxy's per-call cost. This
 client keeps one connection, writes commands as they come (concurrent calls share
 round trips) and matches replies in order with hiredis' C parser.
+
+``start`` / ``start_script`` write a command at once and return its reply to await
+later, so a round trip can run while the caller does other work (the proxy numbers a
+call while the engine answers it, and stores its state while JetStream acks its record).
 
 Errors: a Redis error reply raises ``RedisReplyError``; a lost or refused connection
 raises ``RedisUnavailable`` for every command in flight, and the next command
@@ -17,6 +21,7 @@ import asyncio
 import collections
 import hashlib
 import ssl
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -49,7 +54,11 @@ class _Protocol(asyncio.Protocol):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             future = self.waiting.popleft()
-            if not future.done():
+            if future.done():
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                future.set_exception(RedisReplyError(str(reply)))
+            else:
                 future.set_result(reply)
 
     def connection_lost(self, exc) -> None:
@@ -100,14 +109,30 @@ class Resp:
 
     async def call(self, *args: Any) -> Any:
         proto = self._conn.live or await self._conn.get()
-        reply = await proto.send(hiredis.pack_command(args))
-        if isinstance(reply, hiredis.ReplyError):
-            raise RedisReplyError(str(reply))
-        return reply
+        return await proto.send(hiredis.pack_command(args))
+
+    def start(self, *args: Any) -> Awaitable[Any]:
+        """Send the command now (when connected; else once connected) and return its
+        reply to await. Await it on every path: its failure is raised there."""
+        proto = self._conn.live
+        if proto is None:
+            return asyncio.ensure_future(self.call(*args))
+        return proto.send(hiredis.pack_command(args))
 
     async def script(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        sent = self.start("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await self._script_reply(sent, script, keys, args)
+
+    def start_script(self, script: Script, keys: list[str], args: list[Any]) -> Awaitable[Any]:
+        """``start`` for a script: by its SHA1, loaded on the first NOSCRIPT."""
+        sent = self.start("EVALSHA", script.sha, len(keys), *keys, *args)
+        return asyncio.ensure_future(self._script_reply(sent, script, keys, args))
+
+    async def _script_reply(
+        self, sent: Awaitable[Any], script: Script, keys: list[str], args: list[Any]
+    ) -> Any:
         try:
-            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await sent
         except RedisReplyError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
@@ -139,10 +164,11 @@ class Resp:
         if self.db:
             setup.append(("SELECT", self.db))
         for command in setup:
-            reply = await proto.send(hiredis.pack_command(command))
-            if isinstance(reply, hiredis.ReplyError):
+            try:
+                await proto.send(hiredis.pack_command(command))
+            except RedisReplyError as exc:
                 proto.transport.close()
-                raise RedisUnavailable(f"redis refused {command[0]}: {reply}")
+                raise RedisUnavailable(f"redis refused {command[0]}: {exc}") from exc
 
     async def aclose(self) -> None:
         self._conn.close()

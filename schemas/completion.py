@@ -37,7 +37,7 @@ class Timings(Struct, frozen=True, kw_only=True, omit_defaults=True):
 class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     v: int = 1
     session_id: str
-    seq: int  # 0, 1, 2, ... per session, in the order calls were answered
+    seq: int  # 0, 1, 2, ... per session, in the order calls reached the engine
     attempt: int = 0  # the session attempt that made the call (a retried session appends)
     protocol: Protocol
     mode: UpstreamMode
@@ -58,7 +58,13 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     extends_previous: bool | None = None  # token mode: prompt == previous prompt + output + ...
     drift_reason: str | None = None  # why not, when it does not
     aborted: bool = False
-    error: str | None = None
+    error: str | None = None  # failed before sampling anything (see ``void``)
+
+    @property
+    def void(self) -> bool:
+        """Fills the number of a call that failed before anything was sampled (engine
+        error, a prompt the template refused): no part of any trajectory, no lost call."""
+        return self.error is not None and not self.aborted and not self.output_ids
 
 
 def reconstruct_prompts(records: Iterable[CompletionRecord]) -> dict[int, list[int]]:

@@ -14,7 +14,7 @@ class Integrity:
 
 
 def missing_seqs(calls: Calls) -> list[int]:
-    seqs = {c.seq for c in calls.calls} | set(calls.unreconstructable)
+    seqs = {c.seq for c in calls.calls} | set(calls.unreconstructable) | set(calls.void)
     return sorted(set(range(max(seqs) + 1)) - seqs) if seqs else []
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -59,6 +59,7 @@ class Calls:
     calls: list[Call]  # in seq order, one per seq
     unreconstructable: list[int]  # seqs whose base record is missing
     duplicates: list[int]  # seqs seen more than once (the first copy is kept)
+    void: list[int] = field(default_factory=list)  # seqs of calls that failed unsampled
 
 
 def full_calls(records: Iterable[CompletionRecord]) -> Calls:
@@ -71,9 +72,12 @@ def full_calls(records: Iterable[CompletionRecord]) -> Calls:
         else:
             by_seq[rec.seq] = rec
     full: dict[int, list[int]] = {}
-    calls, missing = [], []
+    calls, missing, void = [], [], []
     for seq in sorted(by_seq):
         rec = by_seq[seq]
+        if rec.void:  # a failed call's number: nothing to build
+            void.append(seq)
+            continue
         if rec.prompt_base_seq is None:
             prompt = list(rec.prompt_ids)
         elif rec.prompt_base_seq in full:
@@ -84,7 +88,7 @@ def full_calls(records: Iterable[CompletionRecord]) -> Calls:
             continue
         full[seq] = prompt
         calls.append(Call(rec, prompt))
-    return Calls(calls, missing, sorted(set(duplicates)))
+    return Calls(calls, missing, sorted(set(duplicates)), void)
 
 
 def parse_config(config: dict[str, Any], cls: type[T], builder: str) -> T:

@@ -110,6 +110,21 @@ def test_errored_session_cut_mid_chain_is_fully_masked():
     assert all(not t.trainable and not any(t.loss_mask) for t in tr.traces)  # ...but masked
 
 
+def test_a_call_that_failed_before_sampling_is_no_lost_call_and_no_cut():
+    cap, rng = Capture(), random.Random(5)
+    p0 = opening(text(rng, 10), text(rng, 4))
+    o0 = text(rng, 3) + [EOT]
+    cap.call(p0, o0, finish="stop")
+    cap.call([], [], finish="error", error="BackendError: prompt too long")  # void: seq 1
+    p2 = p0 + o0 + glue_after(o0, [5])
+    cap.call(p2, [6, EOT], finish="stop")
+    assert [r.void for r in cap.records] == [False, True, False]
+    calls = full_calls(cap.records)
+    assert [c.seq for c in calls.calls] == [0, 2] and calls.void == [1]
+    tr = build(cap.records)
+    assert tr.intact and len(tr.traces) == 1  # one merged chain, the failure left out
+
+
 def test_missing_or_unreconstructable_completions_make_it_not_intact():
     plain = Capture(delta=False)
     agent_loop(plain, random.Random(4), 4)

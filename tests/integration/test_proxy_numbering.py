@@ -1,0 +1,182 @@
+"""Call numbering and capture, round trips overlapped: the completion handler against a
+real Redis and a real JetStream, with an engine whose answers and failures the test
+times (``Engine``), so each failure lands exactly where it is meant to.
+
+A call's number is taken while the engine answers; its state is stored while JetStream
+acks its record. Every number ends in a committed record, or is given back, or is filled
+by a void record: the builder never sees a lost call that was not lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from proxy import metrics
+from proxy.backends.base import BackendError, ChatRequest, ErrorKind, Generation
+from proxy.capture import SEQ_KEY, TITO_KEY, SessionStore
+from proxy.conversation import Conversation, Message, TextPart
+from proxy.errors import UpstreamError
+from proxy.gate import WeightGate
+from proxy.handler import CompletionHandler
+from proxy.resp import Resp
+from proxy.sessions import SessionResolver
+from schemas import UpstreamMode
+from schemas import subjects as S
+from services.builder.integrity import assess
+from services.builder.strategies.base import full_calls
+from services.common.bus import CLAIM_THRESHOLD, Bus
+from services.common.jspub import JetStreamPublisher
+from tests.helpers.stack import new_session
+from tests.integration.proxy_agents import captured
+
+
+class Engine:
+    """Chat-mode engine: each call waits for its go-ahead, then answers or fails."""
+
+    def __init__(self) -> None:
+        self.started: asyncio.Queue[str] = asyncio.Queue()
+        self.go: dict[str, asyncio.Future[Callable[[], Generation]]] = {}
+
+    def release(self, text: str, outcome: Callable[[], Generation]) -> None:
+        self.go.setdefault(text, asyncio.get_running_loop().create_future()).set_result(outcome)
+
+    async def chat(self, req: ChatRequest) -> Generation:
+        text = req.messages[-1]["content"]
+        await self.started.put(text)
+        outcome = self.go.setdefault(text, asyncio.get_running_loop().create_future())
+        return (await outcome)()
+
+
+def answer(i: int) -> Callable[[], Generation]:
+    return lambda: Generation(
+        prompt_ids=[1, 2, 3, i], output_ids=[7, i], output_logprobs=[-0.5, -0.25],
+        finish_reason="stop", text=f"answer {i}",
+    )  # fmt: skip
+
+
+def fail() -> Generation:
+    raise BackendError(ErrorKind.CONTEXT_LENGTH, "prompt too long", status=400)
+
+
+def conv(text: str) -> Conversation:
+    return Conversation(model="m", messages=[Message(role="user", content=[TextPart(text)])])
+
+
+@contextlib.asynccontextmanager
+async def handler_on(nats_url: str, redis_url: str, bus: Bus):
+    redis = Resp.from_url(redis_url)
+    publisher = JetStreamPublisher(
+        nats_url, name="test-numbering", fallback=bus.publish, fallback_above=CLAIM_THRESHOLD
+    )
+    store, engine = SessionStore(redis), Engine()
+    handler = CompletionHandler(
+        publisher=publisher, store=store, backend=engine, gate=WeightGate(),
+        mode=UpstreamMode.CHAT, tokenizer=None, default_max_tokens=16,
+    )  # fmt: skip
+    try:
+        yield handler, engine, SessionResolver(store, grace_seconds=30)
+    finally:
+        await publisher.aclose()
+        await redis.aclose()
+
+
+@pytest.fixture
+async def stack(nats_url, redis_url, bus):
+    async with handler_on(nats_url, redis_url, bus) as parts:
+        yield parts
+
+
+async def call(handler, resolver, token: str, text: str):
+    session = await resolver(token)
+    return await handler(session, conv(text), "openai_chat", b'{"x": 1}', {})
+
+
+async def test_a_failed_call_gives_its_number_back(stack, bus, redis_client):
+    handler, engine, resolver = stack
+    s = await new_session(redis_client, "numbering-seq")
+    engine.release("one", answer(1))
+    engine.release("bad", fail)
+    engine.release("two", answer(2))
+    await call(handler, resolver, s.token, "one")
+    with pytest.raises(UpstreamError) as caught:
+        await call(handler, resolver, s.token, "bad")
+    assert caught.value.status == 400
+    await call(handler, resolver, s.token, "two")
+
+    recs = await captured(bus, s.session_id, expect=2)
+    assert [r.seq for r in recs] == [0, 1] and not any(r.void for r in recs)
+    assert int(await redis_client.get(SEQ_KEY + s.session_id)) == 2
+
+
+async def test_a_failed_call_overtaken_by_a_later_one_leaves_a_void_record(
+    stack, bus, redis_client
+):
+    handler, engine, resolver = stack
+    s = await new_session(redis_client, "numbering-void")
+    first = asyncio.ensure_future(call(handler, resolver, s.token, "slow-bad"))
+    assert await engine.started.get() == "slow-bad"
+    later = asyncio.ensure_future(call(handler, resolver, s.token, "quick"))
+    assert await engine.started.get() == "quick"
+    await asyncio.sleep(0.05)  # both numbers taken
+    engine.release("quick", answer(1))
+    assert (await later).text == "answer 1"
+    engine.release("slow-bad", fail)  # number 0 cannot be given back now
+    with pytest.raises(UpstreamError):
+        await first
+
+    recs = sorted(await captured(bus, s.session_id, expect=2), key=lambda r: r.seq)
+    assert [(r.seq, r.void) for r in recs] == [(0, True), (1, False)]
+    assert "prompt too long" in recs[0].error and recs[0].output_ids == []
+    calls = full_calls(recs)
+    assert [c.seq for c in calls.calls] == [1] and calls.void == [0]
+    assert assess(calls).intact  # a failed call is not a lost one
+
+
+async def test_a_state_redis_refuses_after_the_record_is_committed_still_answers(
+    stack, bus, redis_client
+):
+    handler, engine, resolver = stack
+    s = await new_session(redis_client, "numbering-state")
+    engine.release("one", answer(1))
+    await call(handler, resolver, s.token, "one")
+    failures = metrics.STATE_WRITE_FAILURES.labels("openai_chat")
+    before = failures._value.get()
+    pending = asyncio.ensure_future(call(handler, resolver, s.token, "two"))
+    await engine.started.get()
+    await engine.started.get()
+    # While the engine works, the state list becomes a string: Redis refuses the LPUSH
+    await redis_client.set(f"{TITO_KEY}{s.session_id}:0", "not a list")
+    engine.release("two", answer(2))
+    turn = await pending
+    assert turn.text == "answer 2"  # captured, so answered
+    recs = await captured(bus, s.session_id, expect=2)
+    assert [r.seq for r in recs] == [0, 1]
+    assert failures._value.get() == before + 1
+
+
+async def test_when_capture_fails_the_state_is_taken_back_and_the_number_given_back(
+    fresh_servers,
+):
+    nats_url, redis_url = fresh_servers
+    bus, redis_client = await Bus.open(nats_url, "test-numbering"), aioredis.from_url(redis_url)
+    try:
+        async with handler_on(nats_url, redis_url, bus) as (handler, engine, resolver):
+            s = await new_session(redis_client, "numbering-capfail")
+            engine.release("one", answer(1))
+            await call(handler, resolver, s.token, "one")
+            await bus.js.delete_stream(S.STREAM_COMPLETIONS)
+            engine.release("two", answer(2))
+            with pytest.raises(UpstreamError) as caught:
+                await call(handler, resolver, s.token, "two")
+            assert caught.value.status == 503
+            states = await redis_client.lrange(f"{TITO_KEY}{s.session_id}:0", 0, -1)
+            assert len(states) == 1 and states[0].startswith(b"0:")  # the captured call's
+            assert int(await redis_client.get(SEQ_KEY + s.session_id)) == 1
+    finally:
+        await bus.close()
+        await redis_client.aclose()
