@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -107,12 +107,7 @@ class _Proxy:
         self.max_body = max_body
         self.keepalive = keepalive
         self.tasks: set[asyncio.Task[AssistantTurn]] = set()  # strong refs while running
-        self.endpoints = {
-            Endpoint.GENERATE: self.generate,
-            Endpoint.COUNT_TOKENS: self.count,
-            Endpoint.MODELS: self.models,
-            Endpoint.MODEL: self.models,
-        }
+        self.endpoints = {Endpoint.GENERATE: self.generate, Endpoint.COUNT_TOKENS: self.count}
 
     def route_handler(self, spec: ProtocolSpec, r: Route, prefix: str) -> Any:
         async def endpoint(request: Request) -> Response[Any]:
@@ -126,8 +121,18 @@ class _Proxy:
             endpoint = (
                 r.endpoint if isinstance(r.endpoint, Endpoint) else r.endpoint(request.path_params)
             )
-            session = await self.session_for(request)
-            return await self.endpoints[endpoint](spec, session, request)
+            lookup = self.lookup(request)  # under way while the body is read and parsed
+            if endpoint is Endpoint.MODELS or endpoint is Endpoint.MODEL:
+                return await self.models(spec, await self.session(lookup), request)
+            try:
+                parsed = await self.conversation(spec, request)
+            except (ProxyError, _ClientGone) as e:
+                await self.session(lookup)  # an unknown token is a 401 before any 400
+                raise e from None
+            except BaseException:
+                _drop(lookup)
+                raise
+            return await self.endpoints[endpoint](spec, await self.session(lookup), parsed)
         except ProxyError as e:
             return error_response(spec, e.kind, e.message, e.param)
         except _ClientGone:
@@ -136,7 +141,7 @@ class _Proxy:
             log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
             return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
 
-    async def session_for(self, request: Request) -> SessionInfo:
+    def lookup(self, request: Request) -> Awaitable[SessionInfo | None]:
         token = (
             request.path_params.get("token")
             or token_from_headers(request.headers)
@@ -147,7 +152,14 @@ class _Proxy:
                 401, "missing session token: use the /s/<token>/ base URL or send it as the API key"
             )
         try:
-            session = await self.resolver(token)
+            return self.resolver(token)
+        except Exception as e:
+            log.warning("session lookup failed: %r", e)
+            raise UpstreamError(503, "session registry unavailable", ErrorKind.UNAVAILABLE) from e
+
+    async def session(self, lookup: Awaitable[SessionInfo | None]) -> SessionInfo:
+        try:
+            session = await lookup
         except Exception as e:
             log.warning("session lookup failed: %r", e)
             raise UpstreamError(503, "session registry unavailable", ErrorKind.UNAVAILABLE) from e
@@ -156,8 +168,8 @@ class _Proxy:
         return session
 
     async def conversation(
-        self, spec: ProtocolSpec, session: SessionInfo, request: Request
-    ) -> tuple[Conversation, bytes]:
+        self, spec: ProtocolSpec, request: Request
+    ) -> tuple[Conversation, bytes, Request]:
         raw = await read_body(request, self.max_body)
         try:
             body = orjson.loads(raw)
@@ -173,12 +185,12 @@ class _Proxy:
         except Exception as e:  # a parser gap must still be the caller's 400, never a 500
             log.warning("unparsed %s request: %r", spec.name, e, exc_info=True)
             raise ProtocolError(400, f"malformed request: {e}") from e
+        return conv, raw, request
+
+    async def generate(self, spec: ProtocolSpec, session: SessionInfo, parsed) -> Reply:
+        conv, raw, request = parsed
         if not conv.model:
             conv = msgspec.structs.replace(conv, model=session.model)
-        return conv, raw
-
-    async def generate(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
-        conv, raw = await self.conversation(spec, session, request)
         ids = ReplyIds.new()
         task = asyncio.ensure_future(self.handler(session, conv, spec.name, raw, request.headers))
         self.tasks.add(task)
@@ -210,8 +222,10 @@ class _Proxy:
             if not task.done():  # the client went away (litestar cancelled us)
                 task.cancel()
 
-    async def count(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
-        conv, _ = await self.conversation(spec, session, request)
+    async def count(self, spec: ProtocolSpec, session: SessionInfo, parsed) -> Reply:
+        conv = parsed[0]
+        if not conv.model:
+            conv = msgspec.structs.replace(conv, model=session.model)
         n = await self.counter(session, conv) if self.counter else estimate_tokens(conv)
         assert spec.render_count_tokens is not None
         return json_response(200, spec.render_count_tokens(n))
@@ -219,6 +233,14 @@ class _Proxy:
     async def models(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
         assert spec.render_models is not None
         return json_response(200, spec.render_models(session.model, request.path_params))
+
+
+def _drop(pending: Awaitable) -> None:
+    """A lookup nobody will wait for (the request is being cancelled)."""
+    if isinstance(pending, Coroutine):
+        pending.close()
+    elif isinstance(pending, asyncio.Future):
+        pending.cancel()
 
 
 def token_from_headers(headers: Mapping[str, str]) -> str | None:

@@ -8,8 +8,9 @@ states) lives in Redis, so proxy replicas stay stateless.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import orjson
@@ -92,12 +93,17 @@ class SessionStore:
     def __init__(self, redis: Resp) -> None:
         self.redis = redis
 
-    async def open(self, token: str) -> tuple[Session, list[bytes]] | None:
+    def open(self, token: str) -> Coroutine[Any, Any, tuple[Session, list[bytes]] | None]:
         """The token's session and its attempt's stored TITO states (raw, newest first:
-        see ``decode_states``); None for an unknown token."""
-        reply = await self.redis.script(
+        see ``decode_states``); None for an unknown token. Asked for now: the caller
+        reads the request body meanwhile (await the coroutine, or close it)."""
+        sent = self.redis.start_script(
             _OPEN, [S.key_token(token)], [S.key_session(""), TITO_KEY, MAX_STATES - 1]
         )
+        return self._opened(sent)
+
+    async def _opened(self, sent: Awaitable) -> tuple[Session, list[bytes]] | None:
+        reply = await sent
         if not reply:
             return None
         row, states = reply

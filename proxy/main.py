@@ -8,6 +8,7 @@ Admin (for trainers, per replica): ``POST /admin/pause``, ``POST /admin/resume``
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 
 import msgspec
@@ -51,8 +52,8 @@ class _Late:
     async def complete(self, *args):
         return await self.handler(*args)
 
-    async def resolve(self, token: str) -> SessionInfo | None:
-        return await self.resolver(token)
+    def resolve(self, token: str) -> Awaitable[SessionInfo | None]:
+        return self.resolver(token)  # not awaited here: the lookup starts at once
 
     async def count(self, session: SessionInfo, conv: Conversation) -> int:
         if self.tokenizer is None:

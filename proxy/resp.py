@@ -21,7 +21,7 @@ import asyncio
 import collections
 import hashlib
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -123,10 +123,11 @@ class Resp:
         sent = self.start("EVALSHA", script.sha, len(keys), *keys, *args)
         return await self._script_reply(sent, script, keys, args)
 
-    def start_script(self, script: Script, keys: list[str], args: list[Any]) -> Awaitable[Any]:
-        """``start`` for a script: by its SHA1, loaded on the first NOSCRIPT."""
+    def start_script(self, script: Script, keys: list[str], args: list[Any]) -> Coroutine:
+        """``start`` for a script (by its SHA1, loaded on the first NOSCRIPT): await the
+        coroutine it returns, or close it."""
         sent = self.start("EVALSHA", script.sha, len(keys), *keys, *args)
-        return asyncio.ensure_future(self._script_reply(sent, script, keys, args))
+        return self._script_reply(sent, script, keys, args)
 
     async def _script_reply(
         self, sent: Awaitable[Any], script: Script, keys: list[str], args: list[Any]

@@ -2,13 +2,15 @@
 grace window after it left RUNNING (a harness's last call may race its own exit).
 
 No cache: the lookup is one round trip that also brings the session's TITO states
-(``SessionStore.open``), which every model call needs anyway, and a session that left
-RUNNING loses its token at once.
+(``SessionStore.open``), which every model call needs anyway and which runs while the
+request body is read and parsed; a session that left RUNNING loses its token at once.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
 from proxy.app import SessionInfo
 from proxy.capture import SessionStore
@@ -34,8 +36,13 @@ class SessionResolver:
     def __init__(self, store: SessionStore, *, grace_seconds: float):
         self.store, self.grace = store, grace_seconds
 
-    async def __call__(self, token: str) -> SessionInfo | None:
-        opened = await self.store.open(token)
+    def __call__(self, token: str) -> Coroutine[Any, Any, SessionInfo | None]:
+        """The lookup is sent now; the coroutine returned waits for it (the proxy reads
+        and parses the request body meanwhile)."""
+        return self._resolve(self.store.open(token))
+
+    async def _resolve(self, opening: Awaitable) -> SessionInfo | None:
+        opened = await opening
         if opened is None:
             return None
         session, states = opened

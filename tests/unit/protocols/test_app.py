@@ -238,6 +238,18 @@ def test_unknown_paths_and_methods_get_an_error_every_sdk_can_read(client) -> No
     assert client.get("/v1/chat/completions").status_code == 405
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_session_is_judged_before_the_body(client, handler, protocol) -> None:
+    """The lookup runs while the body is parsed; its verdict still comes first."""
+    path, _ = GENERATE[protocol]
+    bad = b'{"model": "m", "messages": [tru'
+    r = client.post(path, content=bad, headers={**auth("not-a-session"), "content-type": "x"})
+    assert r.status_code == 401 and protocol_shaped(protocol, r.json())
+    r = client.post(path, content=bad, headers={**auth(), "content-type": "x"})
+    assert r.status_code == 400 and protocol_shaped(protocol, r.json())
+    assert handler.calls == []
+
+
 def test_resolver_failure_is_503_not_a_crash(handler) -> None:
     async def broken(token: str):
         raise ConnectionError("redis down")
