@@ -192,13 +192,14 @@ class _Proxy:
         if not conv.model:
             conv = msgspec.structs.replace(conv, model=session.model)
         ids = ReplyIds.new()
-        task = asyncio.ensure_future(self.handler(session, conv, spec.name, raw, request.headers))
+        call = self.handler(session, conv, spec.name, raw, request.headers)
+        if not conv.stream:
+            assert spec.render_response is not None
+            turn = await answer_unless_gone(call, request)
+            return json_response(200, spec.render_response(turn, conv, ids))
+        task = asyncio.ensure_future(call)  # it goes on while keep-alives are streamed
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        if not conv.stream:
-            await wait_for_task(task, request, None)
-            assert spec.render_response is not None
-            return json_response(200, spec.render_response(turn_of(task), conv, ids))
         if await wait_for_task(task, request, self.keepalive):
             turn_of(task)  # a quick failure still gets its real status
             return Reply(200, stream_body(spec, conv, ids, task), SSE)  # all of it at once
@@ -267,6 +268,36 @@ async def read_body(request: Request, limit: int) -> bytes:
         chunks.append(body)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def answer_unless_gone(call: Awaitable[AssistantTurn], request: Request) -> AssistantTurn:
+    """Run the handler in this request's own task (no task of its own: most answers are
+    back within ``QUICK_SECONDS``); past that, a client that disconnects cancels it."""
+    me = asyncio.current_task()
+    assert me is not None
+    watcher: asyncio.Future | None = None
+
+    def hang_up(w: asyncio.Future) -> None:
+        if not w.cancelled():
+            me.cancel()
+
+    def watch() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(_disconnected(request))
+        watcher.add_done_callback(hang_up)
+
+    timer = asyncio.get_running_loop().call_later(QUICK_SECONDS, watch)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if watcher is not None and watcher.done() and not watcher.cancelled():
+            me.uncancel()
+            raise _ClientGone from None
+        raise
+    finally:
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 async def wait_for_task(

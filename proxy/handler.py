@@ -119,7 +119,8 @@ class CompletionHandler:
         except (RedisUnavailable, RedisReplyError) as exc:  # session state: a 503, not a 500
             metrics.CALLS.labels(protocol, "state_error").inc()
             raise UpstreamError(503, f"session state unavailable: {exc}") from exc
-        metrics.observe_call(protocol, ctx, gen, plan)
+        # counted once the answer is on its way (the next turn of the event loop)
+        asyncio.get_running_loop().call_soon(metrics.observe_call, protocol, ctx, gen, plan)
         return turn
 
     async def _capture(self, ctx, reserved, plan, gen, turn, messages, key, queue_ms) -> None:
