@@ -5,29 +5,29 @@ Per request: find the session (token from the path, else ``Authorization: Bearer
 it with the protocol into a ``Conversation``, hand it to the completion handler, render
 the ``AssistantTurn`` back. Every failure is an error in the caller's protocol.
 
-Streams: the reply waits up to ``keepalive_seconds`` for the answer, so fast failures
-still get a real status; after that the stream starts and sends protocol-legal
-keep-alives until the answer is there (a failure then becomes the protocol's in-stream
-error). A client that goes away cancels the handler task (it sees ``CancelledError``).
-The protocols' POST routes are answered by ``proxy.asgi`` before litestar's router (the
-same logic, fewer layers); litestar serves everything else.
+The handler runs in the request's own task; a client that disconnects (watched only
+after ``QUICK_SECONDS``) cancels it (it sees ``CancelledError``). Streams: the whole event
+sequence is sent once the answer is there; a call still running after
+``keepalive_seconds`` gets its stream started by a pump that sends protocol-legal
+keep-alives until then (a failure then becomes the protocol's in-stream error; before,
+it keeps its real status). The protocols' POST routes are answered by ``proxy.asgi``
+before litestar's router (fewer layers); litestar serves everything else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import msgspec
 import orjson
 from litestar import Litestar, Request, Response, route
 from litestar.exceptions import HTTPException
-from litestar.response import Stream
 from msgspec import Struct
 
-from proxy.asgi import SSE, HotRoutes, ProxyApp, Reply
+from proxy.asgi import SSE, SSE_START, HotRoutes, ProxyApp, Reply
 from proxy.conversation import AssistantTurn, Conversation, TextPart
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
@@ -72,10 +72,11 @@ def create_app(
     proxy = _Proxy(
         completion_handler, session_resolver, count_tokens, max_body_bytes, keepalive_seconds
     )
-    handlers = [
+    handlers = [  # the POST routes are answered by ``proxy.asgi.HotRoutes``
         proxy.route_handler(spec, r, prefix)
         for spec in protocols
         for r in spec.routes
+        if r.method != "POST"
         for prefix in ("", SESSION_PREFIX)
     ]
     handlers += [
@@ -88,7 +89,10 @@ def create_app(
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected_exception},
         lifespan=list(lifespan),
     )
-    app.hot = HotRoutes(proxy.serve, protocols)  # the same routes, without litestar's layers
+    wrong_method = json_response(
+        *generic.error_body(ErrorKind.BAD_REQUEST, "Method Not Allowed", None, 405)
+    )
+    app.hot = HotRoutes(proxy.serve, protocols, wrong_method)
     return app
 
 
@@ -106,7 +110,6 @@ class _Proxy:
         self.counter = counter
         self.max_body = max_body
         self.keepalive = keepalive
-        self.tasks: set[asyncio.Task[AssistantTurn]] = set()  # strong refs while running
         self.endpoints = {Endpoint.GENERATE: self.generate, Endpoint.COUNT_TOKENS: self.count}
 
     def route_handler(self, spec: ProtocolSpec, r: Route, prefix: str) -> Any:
@@ -197,31 +200,37 @@ class _Proxy:
             assert spec.render_response is not None
             turn = await answer_unless_gone(call, request)
             return json_response(200, spec.render_response(turn, conv, ids))
-        task = asyncio.ensure_future(call)  # it goes on while keep-alives are streamed
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        if await wait_for_task(task, request, self.keepalive):
-            turn_of(task)  # a quick failure still gets its real status
-            return Reply(200, stream_body(spec, conv, ids, task), SSE)  # all of it at once
-        return Reply(200, media_type=SSE, stream=self.frames(spec, conv, ids, task))
+        return await self.stream(spec, conv, ids, call, request)
 
-    async def frames(
-        self,
-        spec: ProtocolSpec,
-        conv: Conversation,
-        ids: ReplyIds,
-        task: asyncio.Task[AssistantTurn],
-    ) -> AsyncIterator[bytes]:
-        assert spec.keepalive is not None
+    async def stream(self, spec: ProtocolSpec, conv, ids: ReplyIds, call, request) -> Reply:
+        """Streamed: the whole event sequence once the answer is there. Past
+        ``keepalive`` seconds a pump starts the stream and sends keep-alives until then;
+        before that, a failure still gets its real status."""
+        assert spec.keepalive is not None and spec.render_stream_error is not None
+        pump: asyncio.Future | None = None
+
+        def slow() -> None:
+            nonlocal pump
+            pump = asyncio.ensure_future(
+                keep_alive(request, spec.keepalive(conv, ids), self.keepalive)
+            )
+
+        timer = asyncio.get_running_loop().call_later(self.keepalive, slow)
         try:
-            while not task.done():
-                done, _ = await asyncio.wait({task}, timeout=self.keepalive)
-                if not done:
-                    yield spec.keepalive(conv, ids)
-            yield stream_body(spec, conv, ids, task)
-        finally:
-            if not task.done():  # the client went away (litestar cancelled us)
-                task.cancel()
+            try:
+                turn = await answer_unless_gone(call, request)
+            finally:
+                timer.cancel()
+                if pump is not None:
+                    pump.cancel()
+                    await asyncio.wait({pump})
+            return Reply(200, stream_body(spec, conv, ids, turn), SSE)
+        except ProxyError as e:
+            if not request.started:
+                raise
+            return Reply(
+                200, encode_all(spec.render_stream_error(e.kind, e.message, conv, ids)), SSE
+            )
 
     async def count(self, spec: ProtocolSpec, session: SessionInfo, parsed) -> Reply:
         conv = parsed[0]
@@ -300,64 +309,32 @@ async def answer_unless_gone(call: Awaitable[AssistantTurn], request: Request) -
             watcher.cancel()
 
 
-async def wait_for_task(
-    task: asyncio.Task[AssistantTurn], request: Request, timeout: float | None
-) -> bool:
-    """Wait for the handler (up to ``timeout``); True if it finished. A client that
-    disconnects meanwhile cancels it."""
-    quick = QUICK_SECONDS if timeout is None else min(QUICK_SECONDS, timeout)
-    await asyncio.wait({task}, timeout=quick)
-    if task.done():
-        return True
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait(
-            {task, watcher},
-            timeout=None if timeout is None else timeout - quick,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-    finally:
-        watcher.cancel()
-    if task in done:
-        return True
-    if watcher in done:
-        task.cancel()
-        raise _ClientGone
-    return False
-
-
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-def turn_of(task: asyncio.Task[AssistantTurn]) -> AssistantTurn:
-    """The handler's answer, or its failure as a ProxyError."""
-    if task.cancelled():
-        raise UpstreamError(503, "the request was cancelled upstream", ErrorKind.UNAVAILABLE)
-    error = task.exception()
-    if error is None:
-        return task.result()
-    if isinstance(error, ProxyError):
-        raise error
-    log.error("completion handler failed", exc_info=error)
-    raise ProxyError(500, "internal error in the proxy", ErrorKind.INTERNAL)
-
-
 def stream_body(
-    spec: ProtocolSpec, conv: Conversation, ids: ReplyIds, task: asyncio.Task[AssistantTurn]
+    spec: ProtocolSpec, conv: Conversation, ids: ReplyIds, turn: AssistantTurn
 ) -> bytes:
-    """The whole event sequence for a finished task: the answer, or the in-stream error."""
+    """The whole event sequence of an answer (a rendering failure: the in-stream error)."""
     assert spec.render_stream and spec.render_stream_error
     try:
-        return encode_all(spec.render_stream(turn_of(task), conv, ids))
-    except ProxyError as e:
-        return encode_all(spec.render_stream_error(e.kind, e.message, conv, ids))
+        return encode_all(spec.render_stream(turn, conv, ids))
     except Exception:
         log.exception("could not render a %s stream", spec.name)
         return encode_all(
             spec.render_stream_error(ErrorKind.INTERNAL, "internal error in the proxy", conv, ids)
         )
+
+
+async def keep_alive(request: Any, frame: bytes, every: float) -> None:
+    """Start the stream (200) and send ``frame`` every ``every`` seconds until cancelled."""
+    await request.send({"type": "http.response.start", "status": 200, "headers": SSE_START})
+    request.started = True
+    while True:
+        await request.send({"type": "http.response.body", "body": frame, "more_body": True})
+        await asyncio.sleep(every)
 
 
 def estimate_tokens(conv: Conversation) -> int:
@@ -375,8 +352,6 @@ def json_response(status: int, body: Any) -> Reply:
 
 
 def to_litestar(reply: Reply) -> Response[Any]:
-    if reply.stream is not None:
-        return Stream(reply.stream, status_code=reply.status, media_type=SSE, headers=reply.headers)
     return Response(
         reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers
     )

@@ -8,8 +8,7 @@ hands everything else (ops, admin, probes, unknown paths, lifespan) to litestar.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -28,21 +27,30 @@ class Reply:
     status: int
     body: bytes = b""
     media_type: str = JSON
-    stream: AsyncIterator[bytes] | None = None  # frames, when the answer is not there yet
 
     @property
     def headers(self) -> dict[str, str]:
         return SSE_HEADERS if self.media_type == SSE else {}
 
 
+SSE_START = [(b"content-type", SSE.encode())] + [
+    (k.encode(), v.encode()) for k, v in SSE_HEADERS.items()
+]
+
+
 class RawRequest:
-    """The parts of a request the proxy reads, straight from the ASGI scope."""
+    """The parts of a request the proxy reads, straight from the ASGI scope, and the
+    ASGI ``send`` for a stream that has to start before its answer is there
+    (``started`` then: the reply only ends it)."""
 
-    __slots__ = ("path_params", "headers", "receive", "_scope", "_query")
+    __slots__ = ("path_params", "headers", "receive", "send", "started", "_scope", "_query")
 
-    def __init__(self, scope: dict, receive: Callable, path_params: dict[str, str]) -> None:
-        self._scope, self.receive, self.path_params = scope, receive, path_params
+    def __init__(
+        self, scope: dict, receive: Callable, send: Callable, path_params: dict[str, str]
+    ) -> None:
+        self._scope, self.receive, self.send, self.path_params = scope, receive, send, path_params
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        self.started = False
         self._query: dict[str, str] | None = None
 
     @property
@@ -58,10 +66,11 @@ Serve = Callable[[Any, Any, Any], Awaitable[Reply]]
 
 class HotRoutes:
     """POST routes of the protocols: fixed paths, or a prefix and one ``{name:path}``
-    tail; each at the root and under ``/s/{token}``."""
+    tail; each at the root and under ``/s/{token}``. Another method on a fixed path gets
+    ``wrong_method`` (litestar only knows the protocols' GET routes)."""
 
-    def __init__(self, serve: Serve, protocols: Sequence[Any]) -> None:
-        self.serve = serve
+    def __init__(self, serve: Serve, protocols: Sequence[Any], wrong_method: Reply) -> None:
+        self.serve, self.wrong_method = serve, wrong_method
         self.exact: dict[str, tuple[Any, Any]] = {}
         self.tails: list[tuple[str, str, Any, Any]] = []
         for spec in protocols:
@@ -74,9 +83,7 @@ class HotRoutes:
                     prefix, _, name = r.path[:-6].partition("{")
                     self.tails.append((prefix, name, spec, r))
 
-    def match(self, method: str, path: str) -> tuple[Any, Any, dict[str, str]] | None:
-        if method != "POST":
-            return None
+    def match(self, method: str, path: str) -> tuple[Any, Any, dict[str, str]] | Reply | None:
         params: dict[str, str] = {}
         if path.startswith("/s/"):
             token, slash, rest = path[3:].partition("/")
@@ -84,6 +91,8 @@ class HotRoutes:
                 return None
             params["token"], path = token, "/" + rest
         hit = self.exact.get(path)
+        if method != "POST":
+            return self.wrong_method if hit is not None else None
         if hit is not None:
             return hit[0], hit[1], params
         for prefix, name, spec, r in self.tails:
@@ -101,49 +110,32 @@ class ProxyApp(Litestar):
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
         if scope["type"] == "http" and self.hot is not None:
             hit = self.hot.match(scope["method"], scope["path"])
+            if isinstance(hit, Reply):
+                await send_reply(hit, send)
+                return
             if hit is not None:
                 spec, route, params = hit
-                reply = await self.hot.serve(spec, route, RawRequest(scope, receive, params))
-                await send_reply(reply, receive, send)
+                request = RawRequest(scope, receive, send, params)
+                reply = await self.hot.serve(spec, route, request)
+                if request.started:  # a stream of keep-alives: the reply ends it
+                    await _end_stream(reply, send)
+                else:
+                    await send_reply(reply, send)
                 return
         await super().__call__(scope, receive, send)
 
 
-async def send_reply(reply: Reply, receive: Callable, send: Callable) -> None:
+async def send_reply(reply: Reply, send: Callable) -> None:
     headers = [(b"content-type", reply.media_type.encode())]
     headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
-    if reply.stream is None:
-        headers.append((b"content-length", str(len(reply.body)).encode()))
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply.body})
-        return
+    headers.append((b"content-length", str(len(reply.body)).encode()))
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-    await _stream(reply.stream, receive, send)
+    await send({"type": "http.response.body", "body": reply.body})
 
 
-async def _stream(frames: AsyncIterator[bytes], receive: Callable, send: Callable) -> None:
-    """Send frames until they end or the client leaves (which cancels the sender, and
-    with it whatever the frames were waiting for)."""
-
-    async def pump() -> None:
-        async for chunk in frames:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    sender = asyncio.ensure_future(pump())
-    listener = asyncio.ensure_future(disconnected(receive))
+async def _end_stream(reply: Reply, send: Callable) -> None:
+    body = reply.body if reply.media_type == SSE else b""  # a 499: the client is gone
     try:
-        await asyncio.wait({sender, listener}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone = listener.done()
-        listener.cancel()
-        if not sender.done():
-            sender.cancel()
-            await asyncio.wait({sender})
-    if not gone and not sender.cancelled():
-        sender.result()  # a failure while the client is still there is a real error
-
-
-async def disconnected(receive: Callable) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+    except Exception:  # noqa: BLE001 - the server's own "client gone" error, whatever its type
+        pass  # it left just now
