@@ -34,6 +34,9 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     default_max_tokens: int = 1024
     max_body_bytes: int = 64 * 1024 * 1024
     keepalive_seconds: float = 10.0
+    # Poll instead of sleeping for up to this long while a Redis, JetStream or engine
+    # reply is due (services/common/spin.py); 0: off.
+    busy_poll_microseconds: int = 250
     probe_backend: bool = True  # refuse to start when the engine cannot return token ids
     probe_timeout_seconds: float = 120.0  # the engine may still be starting
     # /admin/* (pause, weights) needs `Authorization: Bearer <admin_token>` when set: a

@@ -38,6 +38,7 @@ from services.common.host import ServiceHost
 from services.common.http import ops_routes
 from services.common.jspub import JetStreamPublisher
 from services.common.settings import load
+from services.common.spin import POLL
 
 log = logging.getLogger("polar.proxy")
 
@@ -151,6 +152,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar):
+        POLL.budget = cfg.busy_poll_microseconds / 1e6
         await host.start()
         backend = make_pool(engine.kind, engine.urls, model=engine.model, modes=(mode,))
         if cfg.probe_backend:  # refuses an engine that cannot return token ids

@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 import hiredis
 
 from services.common.oneconn import OneConnection
+from services.common.spin import POLL
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -70,6 +71,7 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, payload: bytes) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
+        POLL.watch(future)
         self.waiting.append(future)
         self.transport.write(payload)
         return future

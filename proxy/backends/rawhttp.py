@@ -19,6 +19,8 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
+from services.common.spin import POLL
+
 _MAX_HEAD = 64 * 1024
 
 
@@ -229,6 +231,7 @@ class Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._parser = parser
         self._waiter = waiter = loop.create_future()
+        POLL.watch(waiter)
         timer = loop.call_later(timeout_s, self._on_timeout)
         try:
             self.transport.write(request)

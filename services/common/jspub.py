@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from services.common.oneconn import OneConnection
+from services.common.spin import POLL
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class JetStreamPublisher:
                 return await self.publish(subject, payload, msg_id=msg_id)
         reply = proto.inbox + str(next(self._next)).encode()
         future = asyncio.get_running_loop().create_future()
+        POLL.watch(future)
         proto.acks[reply] = future
         headers = b"NATS/1.0\r\nNats-Msg-Id: " + msg_id.encode() + b"\r\n\r\n" if msg_id else b""
         if headers:

@@ -1,0 +1,56 @@
+"""Busy-poll the event loop, briefly, while a reply from a fast upstream is due.
+
+When the loop has nothing to run it sleeps in ``epoll_wait`` and its core may go idle;
+the reply that wakes it then waits for the core to wake too. On virtual machines that
+costs ~80 µs per wait (measured here: a Redis round trip across cores 125 µs asleep,
+43 µs polling), and a proxied model call waits on three or four such replies. While a
+watched reply is pending, ``BusyPoll`` keeps one callback scheduled, so the loop polls
+with a zero timeout instead of sleeping, for at most ``budget`` seconds after the last
+request went out: a slow reply (a real engine generating for seconds) costs at most
+``budget`` of CPU, then the loop sleeps as before. ``budget`` 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+
+class BusyPoll:
+    __slots__ = ("budget", "pending", "until", "spinning", "ticks")
+
+    def __init__(self, budget: float = 0.0) -> None:
+        self.budget = budget
+        self.pending = 0
+        self.until = 0.0
+        self.spinning: asyncio.AbstractEventLoop | None = None  # the loop kept polling
+        self.ticks = 0
+
+    def watch(self, future: asyncio.Future) -> None:
+        """Poll while ``future`` (a reply on its way) is pending, within the budget."""
+        if self.budget <= 0:
+            return
+        self.pending += 1
+        future.add_done_callback(self._done)
+        self.until = time.monotonic() + self.budget  # the loop's clock is too coarse
+        loop = future.get_loop()
+        if self.spinning is not loop:
+            self.spinning = loop
+            loop.call_soon(self._tick, loop)
+
+    def _done(self, _future: asyncio.Future) -> None:
+        self.pending -= 1
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.spinning is not loop:
+            return  # a newer loop took over
+        if self.pending > 0 and time.monotonic() < self.until:
+            self.ticks += 1
+            os.sched_yield()  # lets a thread of the server that needs the GIL have it
+            loop.call_soon(self._tick, loop)
+        else:
+            self.spinning = None
+
+
+POLL = BusyPoll()  # the process's: its services set the budget at start
