@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 
 
 class WeightGate:
@@ -23,18 +22,10 @@ class WeightGate:
     def paused(self) -> bool:
         return not self._open.is_set()
 
-    @asynccontextmanager
-    async def call(self):
-        """Wrap one model call: waits while paused, counts while in flight."""
-        await self._open.wait()
-        self._inflight += 1
-        self._drained.clear()
-        try:
-            yield
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._drained.set()
+    def call(self) -> _Admitted:
+        """Wrap one model call (``async with gate.call()``): waits while paused, counts
+        while in flight."""
+        return _Admitted(self)
 
     async def pause(self, timeout: float | None = None) -> int:
         """Stop admitting calls and wait for in-flight ones; returns how many drained."""
@@ -45,3 +36,26 @@ class WeightGate:
 
     def resume(self) -> None:
         self._open.set()
+
+
+class _Admitted:
+    """One call through the gate (a plain class: cheaper per call than a generator-based
+    context manager)."""
+
+    __slots__ = ("gate",)
+
+    def __init__(self, gate: WeightGate) -> None:
+        self.gate = gate
+
+    async def __aenter__(self) -> None:
+        gate = self.gate
+        if not gate._open.is_set():
+            await gate._open.wait()
+        gate._inflight += 1
+        gate._drained.clear()
+
+    async def __aexit__(self, *exc) -> None:
+        gate = self.gate
+        gate._inflight -= 1
+        if gate._inflight == 0:
+            gate._drained.set()
