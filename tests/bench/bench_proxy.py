@@ -5,8 +5,8 @@
 
 An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py) answers at once,
 so latency above the direct call is the proxy's own. Polar runs as ``polar serve
-proxy`` does (granian, one worker, asyncio loop), and again under uvloop (``--loops``),
-with capture on: every call is committed to a real JetStream and its state written to a
+proxy`` does (granian, one worker, uvloop when installed; ``--loops asyncio`` forces a
+loop), with capture on: every call is committed to a real JetStream and its state written to a
 real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
 same OpenAI requests through to the same engine.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import platform
@@ -165,7 +164,7 @@ class Bench:
 
     def add_polar(self, backend_port: int, mode: str, loop: str, model_dir: Path, src: Path):
         name = ("base-" if src != ROOT else "polar-") + mode
-        name += "" if loop == "asyncio" else f"+{loop}"
+        name += "" if loop == "serve" else f"+{loop}"
         proc, port = self.stack.start_polar(backend_port, mode, model_dir, loop, src)
         tokens = self._sessions(f"bench-{name}", max(self.args.levels))
         paths = [f"/s/{tok}{CHAT_PATH}" for tok in tokens]
@@ -255,8 +254,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--levels", default="1,16,64")
     ap.add_argument("--modes", default="chat,token")
-    loops = "asyncio,uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    ap.add_argument("--loops", default=loops, help="granian loops to run Polar under")
+    ap.add_argument(
+        "--loops", default="serve", help="serve (as polar serve proxy), or granian loops to force"
+    )
     ap.add_argument("--memory-sessions", type=int, default=1000)
     ap.add_argument("--first-calls", type=int, default=300, help="first calls of fresh sessions")
     ap.add_argument("--no-litellm", action="store_true")

@@ -99,9 +99,9 @@ class Stack:
 
 
 def _granian_code(port: int, loop: str) -> str:
-    """The proxy as ``polar serve proxy`` runs it; ``loop`` other than asyncio is an
-    experiment with granian's loop setting."""
-    if loop == "asyncio":
+    """The proxy as ``polar serve proxy`` runs it (``loop`` "serve"), or under the
+    granian loop named (an experiment)."""
+    if loop == "serve":
         return (
             "from services.common.http import serve; "
             f"serve('proxy.main:create_app', '127.0.0.1', {port})"
