@@ -47,7 +47,10 @@ class SessionInfo(Struct, frozen=True, kw_only=True):
     data: Any = None  # anything the resolver wants the completion handler to get
 
 
-SessionResolver = Callable[[str], Awaitable[SessionInfo | None]]
+# token, and whether the lookup is for a model call (the resolver may number it then)
+SessionResolver = Callable[[str, bool], Awaitable[SessionInfo | None]]
+# a model call's session was looked up (and maybe numbered), but the call will not be made
+UnusedCall = Callable[[SessionInfo, str, str], Awaitable[None]]
 CompletionHandler = Callable[
     [SessionInfo, Conversation, str, bytes, Mapping[str, str]], Awaitable[AssistantTurn]
 ]
@@ -63,6 +66,7 @@ def create_app(
     session_resolver: SessionResolver,
     *,
     count_tokens: TokenCounter | None = None,
+    unused_call: UnusedCall | None = None,
     max_body_bytes: int = 64 * 1024 * 1024,
     keepalive_seconds: float = 10.0,
     route_handlers: Sequence[Any] = (),
@@ -70,7 +74,12 @@ def create_app(
     lifespan: Sequence[Any] = (),
 ) -> Litestar:
     proxy = _Proxy(
-        completion_handler, session_resolver, count_tokens, max_body_bytes, keepalive_seconds
+        completion_handler,
+        session_resolver,
+        count_tokens,
+        unused_call,
+        max_body_bytes,
+        keepalive_seconds,
     )
     handlers = [  # the POST routes are answered by ``proxy.asgi.HotRoutes``
         proxy.route_handler(spec, r, prefix)
@@ -102,12 +111,14 @@ class _Proxy:
         handler: CompletionHandler,
         resolver: SessionResolver,
         counter: TokenCounter | None,
+        unused: UnusedCall | None,
         max_body: int,
         keepalive: float,
     ):
         self.handler = handler
         self.resolver = resolver
         self.counter = counter
+        self.unused = unused
         self.max_body = max_body
         self.keepalive = keepalive
         self.endpoints = {Endpoint.GENERATE: self.generate, Endpoint.COUNT_TOKENS: self.count}
@@ -124,13 +135,17 @@ class _Proxy:
             endpoint = (
                 r.endpoint if isinstance(r.endpoint, Endpoint) else r.endpoint(request.path_params)
             )
-            lookup = self.lookup(request)  # under way while the body is read and parsed
+            for_call = endpoint is Endpoint.GENERATE
+            lookup = self.lookup(request, for_call)  # under way while the body is read
             if endpoint is Endpoint.MODELS or endpoint is Endpoint.MODEL:
                 return await self.models(spec, await self.session(lookup), request)
             try:
                 parsed = await self.conversation(spec, request)
             except (ProxyError, _ClientGone) as e:
-                await self.session(lookup)  # an unknown token is a 401 before any 400
+                session = await self.session(lookup)  # an unknown token is a 401 before any 400
+                if for_call and self.unused is not None:
+                    reason = e.message if isinstance(e, ProxyError) else "client disconnected"
+                    await self.unused(session, spec.name, reason)
                 raise e from None
             except BaseException:
                 _drop(lookup)
@@ -144,7 +159,7 @@ class _Proxy:
             log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
             return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
 
-    def lookup(self, request: Request) -> Awaitable[SessionInfo | None]:
+    def lookup(self, request: Request, for_call: bool) -> Awaitable[SessionInfo | None]:
         token = (
             request.path_params.get("token")
             or token_from_headers(request.headers)
@@ -155,7 +170,7 @@ class _Proxy:
                 401, "missing session token: use the /s/<token>/ base URL or send it as the API key"
             )
         try:
-            return self.resolver(token)
+            return self.resolver(token, for_call)
         except Exception as e:
             log.warning("session lookup failed: %r", e)
             raise UpstreamError(503, "session registry unavailable", ErrorKind.UNAVAILABLE) from e

@@ -30,14 +30,18 @@ _decoder = msgspec.msgpack.Decoder(TurnState)
 SEQ_KEY, TITO_KEY = "polar:seq:", "polar:tito:"  # + session id (+ ":" + attempt)
 
 # Token -> session (the registry's GET, then HGETALL) and that attempt's TITO states: all
-# a call needs before it goes to the engine, in one round trip.
+# a call needs before it goes to the engine, in one round trip. For a model call
+# (ARGV[4] "1") to a RUNNING session it also takes the call's number.
 _OPEN = Script(
     "local sid = redis.call('GET', KEYS[1]) "
     "if not sid then return false end "
     "local key = ARGV[1] .. sid "
     "local attempt = redis.call('HGET', key, 'attempt') or '0' "
     "local states = redis.call('LRANGE', ARGV[2] .. sid .. ':' .. attempt, 0, ARGV[3]) "
-    "return {redis.call('HGETALL', key), states}"
+    "local seq = -1 "
+    "if ARGV[4] == '1' and redis.call('HGET', key, 'state') == 'RUNNING' then "
+    "seq = redis.call('INCR', ARGV[5] .. sid) - 1 end "
+    "return {redis.call('HGETALL', key), states, seq}"
 )
 # Remember a numbered call's state (stored as "<seq>:<msgpack>", newest first).
 _REMEMBER = Script(
@@ -68,19 +72,33 @@ class CallContext:
     received: float
 
 
+@dataclass(frozen=True, slots=True)
+class Opened:
+    session: Session
+    states: list[bytes]  # raw, newest first
+    seq: int | None  # the call's number, when the lookup took one
+
+
 class Reservation:
     """A call's number: ``await`` it (as often as needed) once the INCR is back."""
 
-    __slots__ = ("_reply",)
+    __slots__ = ("_reply", "_seq_now")
 
-    def __init__(self, reply: Awaitable[int]) -> None:
-        self._reply = reply
+    def __init__(self, reply: Awaitable[int] | None, seq: int | None = None) -> None:
+        self._reply, self._seq_now = reply, seq
+
+    @classmethod
+    def taken(cls, seq: int) -> Reservation:
+        """A number the session lookup already took."""
+        return cls(None, seq)
 
     def __await__(self):
         return self._seq().__await__()
 
     async def _seq(self) -> int:
-        return int(await self._reply) - 1  # INCR answers how many numbers are taken
+        if self._seq_now is None:
+            self._seq_now = int(await self._reply) - 1  # INCR answers how many are taken
+        return self._seq_now
 
 
 class SessionStore:
@@ -93,22 +111,27 @@ class SessionStore:
     def __init__(self, redis: Resp) -> None:
         self.redis = redis
 
-    def open(self, token: str) -> Coroutine[Any, Any, tuple[Session, list[bytes]] | None]:
+    def open(self, token: str, *, number: bool = False) -> Coroutine[Any, Any, Opened | None]:
         """The token's session and its attempt's stored TITO states (raw, newest first:
-        see ``decode_states``); None for an unknown token. Asked for now: the caller
-        reads the request body meanwhile (await the coroutine, or close it)."""
+        see ``decode_states``); None for an unknown token. ``number``: a model call, so
+        a RUNNING session's call is numbered in the same round trip (``Opened.seq``).
+        Asked for now: the caller reads the request body meanwhile (await the
+        coroutine, or close it)."""
         sent = self.redis.start_script(
-            _OPEN, [S.key_token(token)], [S.key_session(""), TITO_KEY, MAX_STATES - 1]
+            _OPEN,
+            [S.key_token(token)],
+            [S.key_session(""), TITO_KEY, MAX_STATES - 1, "1" if number else "0", SEQ_KEY],
         )
         return self._opened(sent)
 
-    async def _opened(self, sent: Awaitable) -> tuple[Session, list[bytes]] | None:
+    async def _opened(self, sent: Awaitable) -> Opened | None:
         reply = await sent
         if not reply:
             return None
-        row, states = reply
+        row, states, seq = reply
         fields = {k.decode(): v.decode() for k, v in zip(row[::2], row[1::2], strict=True)}
-        return msgspec.convert(fields, Session, strict=False), states
+        session = msgspec.convert(fields, Session, strict=False)
+        return Opened(session, states, None if seq < 0 else seq)
 
     def reserve(self, session_id: str) -> Reservation:
         """The call's number, asked for now and awaited later. Every number taken ends

@@ -92,7 +92,7 @@ class CompletionHandler:
         try:
             async with self.gate.call():
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
-                reserved = self.store.reserve(sid)  # numbered while the engine answers
+                reserved = self._number(session)
                 try:
                     plan, gen = await self._generate(sid, conv, messages, tools, key, states)
                     turn = self._turn(gen, tools)
@@ -122,6 +122,31 @@ class CompletionHandler:
         # counted once the answer is on its way (the next turn of the event loop)
         asyncio.get_running_loop().call_soon(metrics.observe_call, protocol, ctx, gen, plan)
         return turn
+
+    def _number(self, session: SessionInfo) -> Reservation:
+        """The number the session lookup took, else one asked for now (a call in the
+        grace window): it is back while the engine answers."""
+        seq = session.data.get("seq")
+        return Reservation.taken(seq) if seq is not None else self.store.reserve(session.session_id)
+
+    async def unused(self, session: SessionInfo, protocol: str, reason: str) -> None:
+        """The call its lookup numbered will not be made (its request was refused)."""
+        seq = session.data.get("seq")
+        if seq is None:
+            return
+        ctx = CallContext(
+            session_id=session.session_id,
+            attempt=session.data["attempt"],
+            protocol=Protocol(protocol),
+            mode=self.mode,
+            model="",
+            raw_request=b"",
+            normalized=b"null",
+            user_agent=None,
+            side_call=None,
+            received=time.time(),
+        )
+        await asyncio.shield(self._settle(ctx, Reservation.taken(seq), reason))
 
     async def _capture(self, ctx, reserved, plan, gen, turn, messages, key, queue_ms) -> None:
         """Store the call's TITO state and commit its record, both round trips at once. A

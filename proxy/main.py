@@ -53,8 +53,11 @@ class _Late:
     async def complete(self, *args):
         return await self.handler(*args)
 
-    def resolve(self, token: str) -> Awaitable[SessionInfo | None]:
-        return self.resolver(token)  # not awaited here: the lookup starts at once
+    def resolve(self, token: str, for_call: bool) -> Awaitable[SessionInfo | None]:
+        return self.resolver(token, for_call)  # not awaited here: the lookup starts at once
+
+    async def unused(self, session: SessionInfo, protocol: str, reason: str) -> None:
+        await self.handler.unused(session, protocol, reason)
 
     async def count(self, session: SessionInfo, conv: Conversation) -> int:
         if self.tokenizer is None:
@@ -191,6 +194,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         late.complete,
         late.resolve,
         count_tokens=late.count,
+        unused_call=late.unused,
         max_body_bytes=cfg.max_body_bytes,
         keepalive_seconds=cfg.keepalive_seconds,
         route_handlers=[

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from proxy.app import SessionInfo
-from proxy.capture import SessionStore
+from proxy.capture import Opened, SessionStore
 from schemas import SessionState
 
 _BEFORE_RUNNING = frozenset(
@@ -36,19 +36,25 @@ class SessionResolver:
     def __init__(self, store: SessionStore, *, grace_seconds: float):
         self.store, self.grace = store, grace_seconds
 
-    def __call__(self, token: str) -> Coroutine[Any, Any, SessionInfo | None]:
+    def __call__(
+        self, token: str, for_call: bool = False
+    ) -> Coroutine[Any, Any, SessionInfo | None]:
         """The lookup is sent now; the coroutine returned waits for it (the proxy reads
-        and parses the request body meanwhile)."""
-        return self._resolve(self.store.open(token))
+        and parses the request body meanwhile). ``for_call``: a model call, numbered in
+        the same round trip when the session is RUNNING (``data["seq"]``)."""
+        return self._resolve(self.store.open(token, number=for_call))
 
-    async def _resolve(self, opening: Awaitable) -> SessionInfo | None:
+    async def _resolve(self, opening: Awaitable[Opened | None]) -> SessionInfo | None:
         opened = await opening
         if opened is None:
             return None
-        session, states = opened
+        session = opened.session
         if not token_valid(session.state, session.updated_at, time.time(), self.grace):
-            return None
-        return SessionInfo(
-            session_id=session.session_id,
-            data={"attempt": session.attempt, "task_id": session.task_id, "states": states},
-        )
+            return None  # not RUNNING: no number was taken
+        data = {
+            "attempt": session.attempt,
+            "task_id": session.task_id,
+            "states": opened.states,
+            "seq": opened.seq,
+        }
+        return SessionInfo(session_id=session.session_id, data=data)

@@ -53,7 +53,7 @@ async def _slow(protocol: str) -> None:
         raise
 
 
-async def resolve(token: str) -> SessionInfo | None:
+async def resolve(token: str, for_call: bool = False) -> SessionInfo | None:
     return SessionInfo(session_id="sdk-0000", model="served-model") if token == TOKEN else None
 
 

@@ -25,12 +25,13 @@ from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.resp import Resp
 from proxy.sessions import SessionResolver
-from schemas import UpstreamMode
+from schemas import SessionState, UpstreamMode
 from schemas import subjects as S
 from services.builder.integrity import assess
 from services.builder.strategies.base import full_calls
 from services.common.bus import CLAIM_THRESHOLD, Bus
 from services.common.jspub import JetStreamPublisher
+from services.common.registry import Registry
 from tests.helpers.stack import new_session
 from tests.integration.proxy_agents import captured
 
@@ -92,7 +93,7 @@ async def stack(nats_url, redis_url, bus):
 
 
 async def call(handler, resolver, token: str, text: str):
-    session = await resolver(token)
+    session = await resolver(token, True)  # a model call: the lookup numbers it
     return await handler(session, conv(text), "openai_chat", b'{"x": 1}', {})
 
 
@@ -180,3 +181,47 @@ async def test_when_capture_fails_the_state_is_taken_back_and_the_number_given_b
     finally:
         await bus.close()
         await redis_client.aclose()
+
+
+async def test_a_refused_request_gives_back_the_number_its_lookup_took(stack, bus, redis_client):
+    handler, engine, resolver = stack
+    s = await new_session(redis_client, "numbering-refused")
+    engine.release("one", answer(1))
+    await call(handler, resolver, s.token, "one")
+    refused = await resolver(s.token, True)  # its body then turned out malformed
+    assert refused.data["seq"] == 1
+    await handler.unused(refused, "openai_chat", "request body is not valid JSON")
+    engine.release("two", answer(2))
+    await call(handler, resolver, s.token, "two")
+    recs = await captured(bus, s.session_id, expect=2)
+    assert [r.seq for r in recs] == [0, 1] and not any(r.void for r in recs)
+
+
+async def test_a_refused_request_overtaken_by_a_later_call_leaves_a_void_record(
+    stack, bus, redis_client
+):
+    handler, engine, resolver = stack
+    s = await new_session(redis_client, "numbering-refused-void")
+    refused = await resolver(s.token, True)  # number 0
+    engine.release("one", answer(1))
+    await call(handler, resolver, s.token, "one")  # number 1
+    await handler.unused(refused, "anthropic_messages", "messages: field required")
+    recs = sorted(await captured(bus, s.session_id, expect=2), key=lambda r: r.seq)
+    assert [(r.seq, r.void) for r in recs] == [(0, True), (1, False)]
+    assert recs[0].error == "messages: field required"
+    assert recs[0].protocol == "anthropic_messages"
+
+
+async def test_a_call_in_the_grace_window_is_numbered_after_the_lookup(stack, bus, redis_client):
+    handler, engine, resolver = stack
+    reg = Registry(redis_client)
+    s = await new_session(redis_client, "numbering-grace")
+    engine.release("one", answer(1))
+    await call(handler, resolver, s.token, "one")
+    assert (await reg.transition(s.session_id, SessionState.POSTRUN)).ok  # the harness exited
+    late = await resolver(s.token, True)
+    assert late is not None and late.data["seq"] is None  # valid (grace), not RUNNING
+    engine.release("two", answer(2))
+    await handler(late, conv("two"), "openai_chat", b"{}", {})
+    recs = await captured(bus, s.session_id, expect=2)
+    assert [r.seq for r in recs] == [0, 1]

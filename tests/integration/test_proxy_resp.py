@@ -91,8 +91,13 @@ async def test_token_lookup_matches_the_registry(redis_url, redis_client):
     store = SessionStore(r)
     try:
         for s in sessions:
-            (session, _states) = await store.open(s.token)
-            assert session == await reg.session_by_token(s.token)
+            opened = await store.open(s.token)
+            assert opened.session == await reg.session_by_token(s.token)
+            assert opened.seq is None  # a lookup that is not for a model call numbers nothing
+            numbered = await store.open(s.token, number=True)
+            assert numbered.session == opened.session and numbered.seq == 0
+            assert (await store.open(s.token, number=True)).seq == 1
         assert await store.open("ps_not_a_token") is None
+        assert await store.open("ps_not_a_token", number=True) is None
     finally:
         await r.aclose()

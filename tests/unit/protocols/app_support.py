@@ -23,7 +23,7 @@ TOOL_TURN = AssistantTurn(
 TEXT_TURN = AssistantTurn(text="Done.", usage=Usage(prompt_tokens=40, completion_tokens=2))
 
 
-async def resolve(token: str) -> SessionInfo | None:
+async def resolve(token: str, for_call: bool = False) -> SessionInfo | None:
     return SESSION if token == TOKEN else None
 
 

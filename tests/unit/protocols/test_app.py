@@ -250,8 +250,31 @@ def test_the_session_is_judged_before_the_body(client, handler, protocol) -> Non
     assert handler.calls == []
 
 
+def test_a_refused_model_call_hands_its_session_back(handler) -> None:
+    """A lookup for a model call may have numbered it: a refused request says so."""
+    lookups, unused = [], []
+
+    async def resolver(token: str, for_call: bool):
+        lookups.append(for_call)
+        return await resolve(token)
+
+    async def on_unused(session, protocol: str, reason: str) -> None:
+        unused.append((session, protocol, reason))
+
+    with TestClient(create_app(handler, resolver, unused_call=on_unused)) as c:
+        bad = {**auth(), "content-type": "application/json"}
+        assert c.post(CHAT[0], content=b"{nope", headers=bad).status_code == 400
+        assert unused == [(SESSION, "openai_chat", unused[0][2])]
+        assert "not valid JSON" in unused[0][2]
+        count = "/v1/messages/count_tokens"
+        assert c.post(count, content=b"{nope", headers=bad).status_code == 400
+        assert c.post(CHAT[0], json=CHAT[1], headers=auth()).status_code == 200
+        assert len(unused) == 1  # count_tokens numbers nothing; a call that ran is no refusal
+        assert lookups == [True, False, True]
+
+
 def test_resolver_failure_is_503_not_a_crash(handler) -> None:
-    async def broken(token: str):
+    async def broken(token: str, for_call: bool):
         raise ConnectionError("redis down")
 
     with TestClient(create_app(handler, broken)) as c:
