@@ -228,13 +228,21 @@ def void_record(ctx: CallContext, seq: int, reason: str) -> CompletionRecord:
 
 
 async def commit(publisher: JetStreamPublisher, record: CompletionRecord) -> None:
-    """Publish and wait for the JetStream ack; a failure is the harness's error."""
+    """Publish and wait for the JetStream ack; a failure is the harness's error. (Any
+    object with ``publish`` will do, e.g. a ``Bus``.)"""
+    subject, msg_id = S.completions(record.session_id), f"{record.session_id}:{record.seq}"
+    await _acked(publisher.publish(subject, encode(record), msg_id=msg_id))
+
+
+def start_commit(publisher: JetStreamPublisher, record: CompletionRecord) -> Coroutine:
+    """``commit`` with the publish written at once (await the coroutine, or close it)."""
+    subject, msg_id = S.completions(record.session_id), f"{record.session_id}:{record.seq}"
+    return _acked(publisher.start(subject, encode(record), msg_id=msg_id))
+
+
+async def _acked(sent: Awaitable[int]) -> None:
     try:
-        await publisher.publish(
-            S.completions(record.session_id),
-            encode(record),
-            msg_id=f"{record.session_id}:{record.seq}",
-        )
+        await sent
     except Exception as exc:  # noqa: BLE001 - any failure means the call is not captured
         raise UpstreamError(503, f"capture failed: {exc}", ErrorKind.CAPTURE_FAILED) from exc
 

@@ -154,6 +154,8 @@ class CompletionHandler:
         given back, so the retry re-extends the old state). A state that could not be
         stored after a committed record only costs the next call its extension."""
         seq = await reserved
+        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
+        committing = capture.start_commit(self.publisher, record)  # the longer wait: first
         state = TurnState(
             seq=seq,
             messages=messages,
@@ -163,9 +165,8 @@ class CompletionHandler:
             output=pack(gen.output_ids),
         )
         stored, remembering = self.store.remember(ctx.session_id, ctx.attempt, state)
-        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
         try:
-            await capture.commit(self.publisher, record)
+            await committing
         except UpstreamError:
             metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
             try:

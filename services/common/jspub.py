@@ -19,7 +19,8 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import orjson
@@ -142,17 +143,34 @@ class JetStreamPublisher:
         self.unsupported: str | None = None  # why everything goes to the fallback
 
     async def publish(self, subject: str, payload: bytes, *, msg_id: str | None = None) -> int:
+        """Publish and wait for the ack: the stream sequence."""
+        return await self.start(subject, payload, msg_id=msg_id)
+
+    def start(
+        self, subject: str, payload: bytes, *, msg_id: str | None = None
+    ) -> Coroutine[Any, Any, int]:
+        """``publish``, written at once when connected (the caller does other work before
+        awaiting the ack): await the coroutine returned, or close it."""
+        proto = self._conn.live
+        if proto is None or self.unsupported is not None or len(payload) > self.fallback_above:
+            return self._publish_slow(subject, payload, msg_id)
+        return self._send(proto, subject, payload, msg_id)
+
+    async def _publish_slow(self, subject: str, payload: bytes, msg_id: str | None) -> int:
         if self.unsupported is not None or len(payload) > self.fallback_above:
             ack = await self.fallback(subject, payload, msg_id=msg_id)
             return int(getattr(ack, "seq", 0) or 0)
-        proto = self._conn.live
-        if proto is None:
-            try:
-                proto = await self._conn.get()
-            except Unsupported as exc:
-                self.unsupported = str(exc)
-                log.info("lean JetStream publisher off (%s): publishing through nats-py", exc)
-                return await self.publish(subject, payload, msg_id=msg_id)
+        try:
+            proto = await self._conn.get()
+        except Unsupported as exc:
+            self.unsupported = str(exc)
+            log.info("lean JetStream publisher off (%s): publishing through nats-py", exc)
+            return await self._publish_slow(subject, payload, msg_id)
+        return await self._send(proto, subject, payload, msg_id)
+
+    def _send(
+        self, proto: _Protocol, subject: str, payload: bytes, msg_id: str | None
+    ) -> Coroutine[Any, Any, int]:
         reply = proto.inbox + str(next(self._next)).encode()
         future = asyncio.get_running_loop().create_future()
         POLL.watch(future)
@@ -169,12 +187,7 @@ class JetStreamPublisher:
                 b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload)
             )
         timer = asyncio.get_running_loop().call_later(self.ack_timeout, _expire, future)
-        try:
-            head, body = await future
-        finally:
-            timer.cancel()
-            proto.acks.pop(reply, None)
-        return _pub_ack(subject, head, body)
+        return _acked(subject, future, timer, proto, reply)
 
     async def _open_any(self) -> _Protocol:
         errors = []
@@ -225,6 +238,15 @@ class JetStreamPublisher:
 
     async def aclose(self) -> None:
         self._conn.close()
+
+
+async def _acked(subject: str, future, timer, proto: _Protocol, reply: bytes) -> int:
+    try:
+        head, body = await future
+    finally:
+        timer.cancel()
+        proto.acks.pop(reply, None)
+    return _pub_ack(subject, head, body)
 
 
 def _expire(future: asyncio.Future) -> None:
