@@ -27,16 +27,20 @@ from proxy.resp import RedisReplyError, RedisUnavailable
 from proxy.tito import (
     PromptPlan,
     TurnState,
+    head_text,
     judge_chat_prompt,
     pack,
     plan_token_prompt,
     tools_key,
 )
 from proxy.tokenization import ChatTokenizer, TemplateRenderError
+from proxy.tokenization.lru import SizedLRU
 from schemas import Protocol, UpstreamMode
 from services.common.jspub import JetStreamPublisher
 
 log = logging.getLogger("polar.proxy")
+
+HEAD_CACHE_CHARS = 64_000_000  # ~64 MB of rendered conversations
 
 _KIND = {
     BackendKind.CONTEXT_LENGTH: ErrorKind.CONTEXT_LENGTH,
@@ -62,6 +66,11 @@ class CompletionHandler:
         self.publisher, self.store, self.backend, self.gate = publisher, store, backend, gate
         self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
         self.stop_ids = sorted(set(tokenizer.eos_token_ids)) if mode == UpstreamMode.TOKEN else []
+        # token mode: each answered call's head text, rendered once the answer is out, so
+        # the call that continues it renders its conversation once instead of twice
+        self.heads: SizedLRU[tuple[str, int, int], str] = SizedLRU(
+            HEAD_CACHE_CHARS, lambda _key, text: len(text)
+        )
 
     async def __call__(
         self,
@@ -94,7 +103,7 @@ class CompletionHandler:
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
                 reserved = self._number(session)
                 try:
-                    plan, gen = await self._generate(sid, conv, messages, tools, key, states)
+                    plan, gen = await self._generate(ctx, conv, messages, tools, key, states)
                     turn = self._turn(gen, tools)
                 except Exception as exc:  # nothing sampled: the number is given back
                     settling, reserved = reserved, None  # a hang-up now gets a new one
@@ -102,7 +111,7 @@ class CompletionHandler:
                     raise
                 # Once sampled, a call is captured in full even if the harness leaves now.
                 capturing = True
-                await asyncio.shield(
+                state = await asyncio.shield(
                     self._capture(ctx, reserved, plan, gen, turn, messages, key, queue_ms)
                 )
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
@@ -120,8 +129,17 @@ class CompletionHandler:
             metrics.CALLS.labels(protocol, "state_error").inc()
             raise UpstreamError(503, f"session state unavailable: {exc}") from exc
         # counted once the answer is on its way (the next turn of the event loop)
-        asyncio.get_running_loop().call_soon(metrics.observe_call, protocol, ctx, gen, plan)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(metrics.observe_call, protocol, ctx, gen, plan)
+        if self.mode == UpstreamMode.TOKEN:
+            loop.call_soon(self._prepare_head, (sid, ctx.attempt, state.seq), state, tools)
         return turn
+
+    def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools) -> None:
+        try:
+            self.heads.put(key, head_text(self.tok, state, tools))
+        except TemplateRenderError:
+            pass  # the continuing call renders it, and reports what the template says
 
     def _number(self, session: SessionInfo) -> Reservation:
         """The number the session lookup took, else one asked for now (a call in the
@@ -148,7 +166,7 @@ class CompletionHandler:
         )
         await asyncio.shield(self._settle(ctx, Reservation.taken(seq), reason))
 
-    async def _capture(self, ctx, reserved, plan, gen, turn, messages, key, queue_ms) -> None:
+    async def _capture(self, ctx, reserved, plan, gen, turn, messages, key, queue_ms) -> TurnState:
         """Store the call's TITO state and commit its record, both round trips at once. A
         failed commit is the caller's error (the state is taken back and the number
         given back, so the retry re-extends the old state). A state that could not be
@@ -183,6 +201,7 @@ class CompletionHandler:
             log.warning(
                 "call %d of %s captured, its state not stored: %s", seq, ctx.session_id, exc
             )
+        return state
 
     async def _settle(
         self, ctx: CallContext, reserved: Reservation, reason: str, *, void: bool = True
@@ -223,10 +242,11 @@ class CompletionHandler:
         except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
             log.warning("could not record an aborted call of %s: %s", ctx.session_id, exc)
 
-    async def _generate(self, sid, conv, messages, tools, key, states):
+    async def _generate(self, ctx: CallContext, conv, messages, tools, key, states):
+        sid = ctx.session_id
         sampling = self._sampling(conv)
         if self.mode == UpstreamMode.TOKEN:
-            plan = self._plan(messages, tools, key, states)
+            plan = self._plan(messages, tools, key, states, sid, ctx.attempt)
             gen = await self.backend.generate(
                 TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
             )
@@ -242,9 +262,12 @@ class CompletionHandler:
         )
         return judge_chat_prompt(gen.prompt_ids, messages, tools, states, key), gen
 
-    def _plan(self, messages, tools, key, states) -> PromptPlan:
+    def _plan(self, messages, tools, key, states, sid: str = "", attempt: int = 0) -> PromptPlan:
+        def heads(state: TurnState) -> str | None:
+            return self.heads.get((sid, attempt, state.seq))
+
         try:
-            return plan_token_prompt(self.tok, messages, tools, states, key)
+            return plan_token_prompt(self.tok, messages, tools, states, key, heads)
         except TemplateRenderError as exc:  # e.g. image parts for a text-only template
             raise ProtocolError(
                 400, f"the model's chat template rejects this request: {exc}"

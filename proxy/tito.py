@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,13 +149,24 @@ def classify_break(messages: list[dict[str, Any]], key: str, states: list[TurnSt
 
 
 # -- building prompts -------------------------------------------------------------------
-def _glue_text(tok: ChatTokenizer, state: TurnState, messages, tools) -> str:
+def head_text(tok: ChatTokenizer, state: TurnState, tools) -> str:
+    """The template's text of ``state``'s history and answer: what a call continuing it
+    starts with (``tools`` as in that call: continuing requires the same tools)."""
+    return tok.render(state.messages + [state.reply], tools, add_generation_prompt=False)
+
+
+HeadTexts = Callable[[TurnState], str | None]  # head_text rendered earlier, if at hand
+
+
+def _glue_text(
+    tok: ChatTokenizer, state: TurnState, messages, tools, heads: HeadTexts | None = None
+) -> str:
     """Template text between the end of ``state``'s sampled output and the new prompt's end."""
     # Render the history as this proxy produced it (the harness's echo of it may differ
     # in reasoning, ids or argument spacing): only the new tail comes from the request.
     head = state.messages + [state.reply]
     tail = messages[len(head) :]
-    before = tok.render(head, tools, add_generation_prompt=False)
+    before = (heads(state) if heads is not None else None) or head_text(tok, state, tools)
     full = tok.render(head + tail, tools, add_generation_prompt=True)
     if not full.startswith(before):
         raise TemplateRenderError("the chat template re-renders earlier turns")
@@ -179,12 +191,13 @@ def plan_token_prompt(
     tools: list[dict[str, Any]] | None,
     states: list[TurnState],
     key: str | None = None,  # tools_key(tools), when the caller has it
+    heads: HeadTexts | None = None,  # head texts rendered ahead of time (an exact cache)
 ) -> PromptPlan:
     key = key or tools_key(tools)
     base = best_continued(messages, key, states)
     if base is not None:
         try:
-            glue = tok.encode(_glue_text(tok, base, messages, tools))
+            glue = tok.encode(_glue_text(tok, base, messages, tools, heads))
             return PromptPlan(base.prompt_ids + base.output_ids + glue, base, True, None)
         except TemplateRenderError:
             return PromptPlan(

@@ -47,12 +47,13 @@ def timed(fn, text: str) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def replay(tok: ChatTokenizer, name: str) -> list[tuple[str, float, bool]]:
+def replay(tok: ChatTokenizer, name: str, ahead: bool = False) -> list[tuple[str, float, bool]]:
     """(kind, ms, exact) per call of a recorded session, planned as the proxy would: each
-    call sees the turn states of the calls before it."""
+    call sees the turn states of the calls before it. ``ahead``: each answered call's
+    head text is rendered after its answer (as the proxy does, off the next call's path)."""
     import msgspec
 
-    from proxy.tito import MAX_STATES, TurnState, pack, plan_token_prompt, tools_key
+    from proxy.tito import MAX_STATES, TurnState, head_text, pack, plan_token_prompt, tools_key
     from schemas import CompletionRecord
     from schemas.completion import reconstruct_prompts
 
@@ -60,10 +61,11 @@ def replay(tok: ChatTokenizer, name: str) -> list[tuple[str, float, bool]]:
     recs = [msgspec.json.decode(line, type=CompletionRecord) for line in lines]
     convs = [orjson.loads(bytes(r.normalized)) for r in recs]
     prompts, states, out = reconstruct_prompts(recs), [], []
+    heads: dict[int, str] = {}
     for i, (rec, conv) in enumerate(zip(recs, convs, strict=True)):
         msgs, tools = conv["messages"], conv["tools"] or None
         start = time.perf_counter()
-        plan = plan_token_prompt(tok, msgs, tools, states)
+        plan = plan_token_prompt(tok, msgs, tools, states, heads=lambda st: heads.get(st.seq))
         ms = (time.perf_counter() - start) * 1000
         out.append(
             (
@@ -79,6 +81,8 @@ def replay(tok: ChatTokenizer, name: str) -> list[tuple[str, float, bool]]:
             state = TurnState(seq=rec.seq, messages=msgs, reply=nxt, tools_key=tools_key(tools),
                               prompt=pack(prompts[rec.seq]), output=pack(rec.output_ids))  # fmt: skip
             states = [state, *states][:MAX_STATES]
+            if ahead:
+                heads[rec.seq] = head_text(tok, state, tools)
     return out
 
 
@@ -110,8 +114,9 @@ def main() -> None:
         print(f"| {name} | {len(xs)} | {statistics.median(xs):.2f} | {max(xs):.2f} |")
 
     # "plain": whole-text encoding and stdlib tojson every time (as before the caches);
-    # "cached": as the proxy runs now, its caches empty before round 1 ("first session"
-    # of each CLI) and kept after ("later sessions": a proxy serving many sessions).
+    # "cached": with the caches, empty before round 1 ("first session" of each CLI) and
+    # kept after ("later sessions": a proxy serving many sessions); "heads ahead": as
+    # the proxy runs now, each call's head text rendered after its answer.
     from proxy.tokenization import template
 
     planned: dict[tuple[str, str], list[float]] = {}
@@ -119,16 +124,16 @@ def main() -> None:
     memo_min, warm = template.MEMO_MIN_BYTES, SegmentEncoder.for_tokenizer(tok.tokenizer)
     template._dumped.clear()
     for i in range(args.rounds):
-        for setup in ("plain", "cached"):
-            tok.segments = warm if setup == "cached" else None
-            template.MEMO_MIN_BYTES = memo_min if setup == "cached" else 1 << 60
-            label = (
-                setup
-                if setup == "plain"
-                else ("cached, first session", "cached, later sessions")[i > 0]
-            )
+        for setup in ("plain", "cached", "heads ahead"):
+            tok.segments = warm if setup != "plain" else None
+            template.MEMO_MIN_BYTES = memo_min if setup != "plain" else 1 << 60
+            label = {
+                "plain": "plain",
+                "cached": ("cached, first session", "cached, later sessions")[i > 0],
+                "heads ahead": "cached, later sessions, heads ahead",  # warm: after "cached"
+            }[setup]
             for name in by_cli:
-                for kind, ms, ok in replay(tok, name):
+                for kind, ms, ok in replay(tok, name, ahead=setup == "heads ahead"):
                     planned.setdefault((kind, label), []).append(ms)
                     exact = exact and ok
     tok.segments, template.MEMO_MIN_BYTES = warm, memo_min

@@ -6,6 +6,7 @@ import pytest
 from proxy.tito import (
     TurnState,
     classify_break,
+    head_text,
     judge_chat_prompt,
     pack,
     plan_token_prompt,
@@ -103,6 +104,39 @@ def test_thirty_turns_extend_exactly_despite_harness_rewrites(tok):
     # the glue of the last turn decodes to the tool result framed by the template
     glue = plan.prompt_ids[len(states[-2].prompt_ids) + len(states[-2].output_ids) :]
     assert "<tool_response>\n28\n\n</tool_response>" in tok.decode(glue, skip_special_tokens=False)
+
+
+def test_head_texts_rendered_ahead_give_the_same_prompts(tok):
+    """The proxy renders each answered call's head text once the answer is out; the call
+    continuing it then renders its conversation once. Same prompts, token for token."""
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    states: list[TurnState] = []
+    heads: dict[int, str] = {}
+    used: list[int] = []
+
+    def ahead(st: TurnState) -> str | None:
+        used.append(st.seq)
+        return heads.get(st.seq)
+
+    for i in range(12):
+        plain = plan_token_prompt(tok, messages, TOOLS, states)
+        cached = plan_token_prompt(tok, messages, TOOLS, states, heads=ahead)
+        assert cached.prompt_ids == plain.prompt_ids and cached.extends == plain.extends
+        reply = call(i, orjson.dumps({"cmd": f"ls {i}"}).decode())
+        output = sampled(tok, reply, closed=(i % 5 != 2))
+        st = state(i, list(messages), reply, plain.prompt_ids, output)
+        states.append(st)
+        if i % 4 != 1:  # some heads never prepared (the call came to another replica)
+            heads[i] = head_text(tok, st, TOOLS)
+        messages = [*messages, reply, {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"}]
+    assert used == list(range(11))  # every continuing call asked for its base's head
+    # and a head text is what is used: a wrong one changes the prompt
+    reply = call(12, "{}")
+    states.append(state(11, list(messages), reply, plain.prompt_ids, sampled(tok, reply)))
+    messages = [*messages, reply, {"role": "tool", "tool_call_id": "c12", "content": "ok"}]
+    right = plan_token_prompt(tok, messages, TOOLS, states)
+    wrong = plan_token_prompt(tok, messages, TOOLS, states, heads=lambda st: heads[10] + "X")
+    assert wrong.prompt_ids != right.prompt_ids
 
 
 def test_length_cut_turn_is_closed_by_glue(tok):
