@@ -8,12 +8,17 @@ hands everything else (ops, admin, probes, unknown paths, lifespan) to litestar.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
 from litestar import Litestar
+
+log = logging.getLogger("polar.proxy")
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -102,6 +107,19 @@ class HotRoutes:
         return None
 
 
+_AFTER_REPLY: ContextVar[list | None] = ContextVar("polar_after_reply", default=None)
+
+
+def after_reply(fn: Callable[..., None], *args: Any) -> None:
+    """Run ``fn(*args)`` once this request's answer is with the server: work the answer
+    need not wait for. Outside a hot-path request: on the event loop's next turn."""
+    pending = _AFTER_REPLY.get()
+    if pending is None:
+        asyncio.get_running_loop().call_soon(fn, *args)
+    else:
+        pending.append((fn, args))
+
+
 class ProxyApp(Litestar):
     """Litestar, with the hot routes answered before its router sees them."""
 
@@ -116,13 +134,27 @@ class ProxyApp(Litestar):
             if hit is not None:
                 spec, route, params = hit
                 request = RawRequest(scope, receive, send, params)
-                reply = await self.hot.serve(spec, route, request)
-                if request.started:  # a stream of keep-alives: the reply ends it
-                    await _end_stream(reply, send)
-                else:
-                    await send_reply(reply, send)
+                pending: list = []
+                context = _AFTER_REPLY.set(pending)
+                try:
+                    reply = await self.hot.serve(spec, route, request)
+                    if request.started:  # a stream of keep-alives: the reply ends it
+                        await _end_stream(reply, send)
+                    else:
+                        await send_reply(reply, send)
+                finally:
+                    _AFTER_REPLY.reset(context)
+                    _run(pending)
                 return
         await super().__call__(scope, receive, send)
+
+
+def _run(pending: list) -> None:
+    for fn, args in pending:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("after-reply work failed")
 
 
 async def send_reply(reply: Reply, send: Callable) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from proxy import capture, metrics, sidecalls
 from proxy.app import SessionInfo
+from proxy.asgi import after_reply
 from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.capture import CallContext, Reservation, SessionStore, decode_states
@@ -41,6 +42,9 @@ from services.common.jspub import JetStreamPublisher
 log = logging.getLogger("polar.proxy")
 
 HEAD_CACHE_CHARS = 64_000_000  # ~64 MB of rendered conversations
+# Shorter conversations render in tens of µs: not worth rendering ahead for a next call
+# that may never come (a long one costs ~0.5 ms per render at 20k tokens).
+HEAD_AHEAD_MIN_TOKENS = 2048
 
 _KIND = {
     BackendKind.CONTEXT_LENGTH: ErrorKind.CONTEXT_LENGTH,
@@ -128,11 +132,11 @@ class CompletionHandler:
         except (RedisUnavailable, RedisReplyError) as exc:  # session state: a 503, not a 500
             metrics.CALLS.labels(protocol, "state_error").inc()
             raise UpstreamError(503, f"session state unavailable: {exc}") from exc
-        # counted once the answer is on its way (the next turn of the event loop)
-        loop = asyncio.get_running_loop()
-        loop.call_soon(metrics.observe_call, protocol, ctx, gen, plan)
-        if self.mode == UpstreamMode.TOKEN:
-            loop.call_soon(self._prepare_head, (sid, ctx.attempt, state.seq), state, tools)
+        # counted as the answer goes out (the next turn of the event loop), before a
+        # client that got the answer can ask /metrics
+        asyncio.get_running_loop().call_soon(metrics.observe_call, protocol, ctx, gen, plan)
+        if self.mode == UpstreamMode.TOKEN and len(plan.prompt_ids) >= HEAD_AHEAD_MIN_TOKENS:
+            after_reply(self._prepare_head, (sid, ctx.attempt, state.seq), state, tools)
         return turn
 
     def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools) -> None:

@@ -7,6 +7,7 @@ import pytest
 from litestar.testing import TestClient
 
 from proxy.app import create_app
+from proxy.asgi import after_reply
 from proxy.errors import ErrorKind, UpstreamError
 from proxy.sse import parse
 from tests.unit.protocols.app_support import (
@@ -271,6 +272,27 @@ def test_a_refused_model_call_hands_its_session_back(handler) -> None:
         assert c.post(CHAT[0], json=CHAT[1], headers=auth()).status_code == 200
         assert len(unused) == 1  # count_tokens numbers nothing; a call that ran is no refusal
         assert lookups == [True, False, True]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_after_reply_work_runs_once_the_answer_is_sent(stream) -> None:
+    events: list[str] = []
+
+    class Deferring(Scripted):
+        async def __call__(self, *args):
+            turn = await super().__call__(*args)
+            after_reply(events.append, "after")
+            after_reply(_fail)  # a failure there is logged, never the caller's
+            events.append("answered")
+            return turn
+
+    def _fail() -> None:
+        raise RuntimeError("after-reply work broke")
+
+    with TestClient(create_app(Deferring(), resolve)) as c:
+        r = c.post(CHAT[0], json={**CHAT[1], "stream": stream}, headers=auth())
+        assert r.status_code == 200 and (b"[DONE]" in r.content) == stream
+    assert events == ["answered", "after"]
 
 
 def test_resolver_failure_is_503_not_a_crash(handler) -> None:
