@@ -240,12 +240,15 @@ class _Proxy:
                     pump.cancel()
                     await asyncio.wait({pump})
             return Reply(200, stream_body(spec, conv, ids, turn), SSE)
-        except ProxyError as e:
-            if not request.started:
-                raise
-            return Reply(
-                200, encode_all(spec.render_stream_error(e.kind, e.message, conv, ids)), SSE
-            )
+        except Exception as e:
+            if not request.started or isinstance(e, _ClientGone):
+                raise  # not streaming yet: the error keeps its real status
+            if isinstance(e, ProxyError):
+                kind, message = e.kind, e.message
+            else:  # the stream is open: even a bug ends it in the protocol's own error
+                log.exception("completion handler failed mid-stream")
+                kind, message = ErrorKind.INTERNAL, "internal error in the proxy"
+            return Reply(200, encode_all(spec.render_stream_error(kind, message, conv, ids)), SSE)
 
     async def count(self, spec: ProtocolSpec, session: SessionInfo, parsed) -> Reply:
         conv = parsed[0]

@@ -192,6 +192,20 @@ def test_a_failure_after_the_stream_started_is_the_protocols_in_stream_error(
     assert IN_STREAM_ERROR[protocol](parse([r.content]))
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_bug_after_the_stream_started_is_still_an_in_stream_error(
+    client, handler, protocol
+) -> None:
+    handler.delay = 0.2
+    handler.error = RuntimeError("a bug in the handler")
+    path, body = streaming(protocol)
+    r = client.post(path, json=body, headers=auth())
+    assert r.status_code == 200
+    last = parse([r.content])[-1]
+    assert last.event in ("error", "response.failed") or "error" in last.data
+    assert "a bug" not in r.text  # the internals stay in the log
+
+
 @pytest.mark.parametrize("prefix", ["", f"/s/{TOKEN}"])
 def test_probes_models_and_count_tokens(client, prefix) -> None:
     for path in ("/", "/api/hello"):
