@@ -140,7 +140,7 @@ class _Proxy:
             if endpoint is Endpoint.MODELS or endpoint is Endpoint.MODEL:
                 return await self.models(spec, await self.session(lookup), request)
             try:
-                parsed = await self.conversation(spec, request)
+                conv, raw = await self.conversation(spec, request)
             except (ProxyError, _ClientGone) as e:
                 session = await self.session(lookup)  # an unknown token is a 401 before any 400
                 if for_call and self.unused is not None:
@@ -150,7 +150,10 @@ class _Proxy:
             except BaseException:
                 _drop(lookup)
                 raise
-            return await self.endpoints[endpoint](spec, await self.session(lookup), parsed)
+            session = await self.session(lookup)
+            if not conv.model:
+                conv = msgspec.structs.replace(conv, model=session.model)
+            return await self.endpoints[endpoint](spec, session, conv, raw, request)
         except ProxyError as e:
             return error_response(spec, e.kind, e.message, e.param)
         except _ClientGone:
@@ -171,9 +174,8 @@ class _Proxy:
             )
         try:
             return self.resolver(token, for_call)
-        except Exception as e:
-            log.warning("session lookup failed: %r", e)
-            raise UpstreamError(503, "session registry unavailable", ErrorKind.UNAVAILABLE) from e
+        except Exception as e:  # judged where the lookup is awaited, like a later failure
+            return _failed(e)
 
     async def session(self, lookup: Awaitable[SessionInfo | None]) -> SessionInfo:
         try:
@@ -187,7 +189,7 @@ class _Proxy:
 
     async def conversation(
         self, spec: ProtocolSpec, request: Request
-    ) -> tuple[Conversation, bytes, Request]:
+    ) -> tuple[Conversation, bytes]:
         raw = await read_body(request, self.max_body)
         try:
             body = orjson.loads(raw)
@@ -203,12 +205,11 @@ class _Proxy:
         except Exception as e:  # a parser gap must still be the caller's 400, never a 500
             log.warning("unparsed %s request: %r", spec.name, e, exc_info=True)
             raise ProtocolError(400, f"malformed request: {e}") from e
-        return conv, raw, request
+        return conv, raw
 
-    async def generate(self, spec: ProtocolSpec, session: SessionInfo, parsed) -> Reply:
-        conv, raw, request = parsed
-        if not conv.model:
-            conv = msgspec.structs.replace(conv, model=session.model)
+    async def generate(
+        self, spec: ProtocolSpec, session: SessionInfo, conv: Conversation, raw: bytes, request
+    ) -> Reply:
         ids = ReplyIds.new()
         call = self.handler(session, conv, spec.name, raw, request.headers)
         if not conv.stream:
@@ -250,10 +251,9 @@ class _Proxy:
                 kind, message = ErrorKind.INTERNAL, "internal error in the proxy"
             return Reply(200, encode_all(spec.render_stream_error(kind, message, conv, ids)), SSE)
 
-    async def count(self, spec: ProtocolSpec, session: SessionInfo, parsed) -> Reply:
-        conv = parsed[0]
-        if not conv.model:
-            conv = msgspec.structs.replace(conv, model=session.model)
+    async def count(
+        self, spec: ProtocolSpec, session: SessionInfo, conv: Conversation, raw: bytes, request
+    ) -> Reply:
         n = await self.counter(session, conv) if self.counter else estimate_tokens(conv)
         assert spec.render_count_tokens is not None
         return json_response(200, spec.render_count_tokens(n))
@@ -261,6 +261,10 @@ class _Proxy:
     async def models(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
         assert spec.render_models is not None
         return json_response(200, spec.render_models(session.model, request.path_params))
+
+
+async def _failed(exc: Exception) -> None:
+    raise exc
 
 
 def _drop(pending: Awaitable) -> None:

@@ -9,6 +9,7 @@ hands everything else (ops, admin, probes, unknown paths, lifespan) to litestar.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -167,7 +168,6 @@ async def send_reply(reply: Reply, send: Callable) -> None:
 
 async def _end_stream(reply: Reply, send: Callable) -> None:
     body = reply.body if reply.media_type == SSE else b""  # a 499: the client is gone
-    try:
+    # a client that left just now: ASGI servers raise an OSError from send then
+    with contextlib.suppress(OSError):
         await send({"type": "http.response.body", "body": body, "more_body": False})
-    except Exception:  # noqa: BLE001 - the server's own "client gone" error, whatever its type
-        pass  # it left just now

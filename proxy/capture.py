@@ -104,8 +104,9 @@ class Reservation:
 class SessionStore:
     """Per-session call numbering and TITO states, in Redis (through ``proxy.resp``).
 
-    Per call: ``open`` before the engine; ``reserve`` while the engine answers;
-    ``remember`` while JetStream acks the record. Only ``open`` is waited for on its own.
+    Per call: ``open`` before the engine (it also numbers a RUNNING session's call;
+    ``reserve`` numbers one in the grace window while the engine answers); ``remember``
+    while JetStream acks the record. Only ``open`` is waited for on its own.
     """
 
     def __init__(self, redis: Resp) -> None:
@@ -151,9 +152,6 @@ class SessionStore:
     async def forget(self, session_id: str, attempt: int, stored: bytes) -> None:
         """Undo ``remember`` (its call turned out not to be captured)."""
         await self.redis.call("LREM", f"{TITO_KEY}{session_id}:{attempt}", 1, stored)
-
-    async def next_seq(self, session_id: str) -> int:
-        return await self.reserve(session_id)
 
     async def release_seq(self, session_id: str, seq: int) -> bool:
         """Give back a number whose record was never committed, if no call took a later

@@ -10,6 +10,7 @@ Either way the record is committed to JetStream before the turn is returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -140,10 +141,9 @@ class CompletionHandler:
         return turn
 
     def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools) -> None:
-        try:
+        # a template that refuses it: the continuing call renders it and reports why
+        with contextlib.suppress(TemplateRenderError):
             self.heads.put(key, head_text(self.tok, state, tools))
-        except TemplateRenderError:
-            pass  # the continuing call renders it, and reports what the template says
 
     def _number(self, session: SessionInfo) -> Reservation:
         """The number the session lookup took, else one asked for now (a call in the
@@ -191,11 +191,10 @@ class CompletionHandler:
             await committing
         except UpstreamError:
             metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
-            try:
+            # not stored, or Redis is gone: then the state is gone with it
+            with contextlib.suppress(RedisUnavailable, RedisReplyError):
                 await remembering
                 await self.store.forget(ctx.session_id, ctx.attempt, stored)
-            except (RedisUnavailable, RedisReplyError):
-                pass  # not stored, or Redis is gone: the state is gone with it
             await self._settle(ctx, reserved, "capture failed", void=False)
             raise
         try:
@@ -228,7 +227,7 @@ class CompletionHandler:
         metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
         try:
             if self.mode == UpstreamMode.TOKEN:
-                plan = self._plan(messages, tools, key, states)
+                plan = self._plan(messages, tools, key, states, ctx.session_id, ctx.attempt)
             else:  # the engine templates the prompt and only says what it was when done
                 plan = PromptPlan([], None, None, None)
             empty = Generation(
@@ -236,12 +235,11 @@ class CompletionHandler:
             )
             if reserved is None:  # it left while waiting at the gate
                 reserved = self.store.reserve(ctx.session_id)
-            seq = await reserved
-            record = capture.build_record(ctx, seq, plan, empty, aborted=True)
+            record = capture.build_record(ctx, await reserved, plan, empty, aborted=True)
             try:
                 await capture.commit(self.publisher, record)
             except UpstreamError:
-                await self.store.release_seq(ctx.session_id, seq)
+                await self._settle(ctx, reserved, "aborted call not captured", void=False)
                 raise
         except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
             log.warning("could not record an aborted call of %s: %s", ctx.session_id, exc)
@@ -266,7 +264,7 @@ class CompletionHandler:
         )
         return judge_chat_prompt(gen.prompt_ids, messages, tools, states, key), gen
 
-    def _plan(self, messages, tools, key, states, sid: str = "", attempt: int = 0) -> PromptPlan:
+    def _plan(self, messages, tools, key, states, sid: str, attempt: int) -> PromptPlan:
         def heads(state: TurnState) -> str | None:
             return self.heads.get((sid, attempt, state.seq))
 

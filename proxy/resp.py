@@ -1,8 +1,9 @@
 """A small pipelined Redis client for the proxy's per-call session state.
 
-Each model call does three Redis commands (find the session and read its TITO states,
-number the call, remember the new state). Through redis-py's pool each costs ~3x the CPU of the round
-trip itself, which made Redis the largest share of the proxy's per-call cost. This
+Each model call does two Redis commands (one script finds the session, reads its TITO
+states and numbers the call; one stores the new state). Through redis-py's pool each
+cost ~3x the CPU of the round trip itself, which made Redis the largest share of the
+proxy's per-call cost. This
 client keeps one connection, writes commands as they come (concurrent calls share
 round trips) and matches replies in order with hiredis' C parser.
 
@@ -122,8 +123,7 @@ class Resp:
         return proto.send(hiredis.pack_command(args))
 
     async def script(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        sent = self.start("EVALSHA", script.sha, len(keys), *keys, *args)
-        return await self._script_reply(sent, script, keys, args)
+        return await self.start_script(script, keys, args)
 
     def start_script(self, script: Script, keys: list[str], args: list[Any]) -> Coroutine:
         """``start`` for a script (by its SHA1, loaded on the first NOSCRIPT): await the

@@ -166,7 +166,9 @@ def _glue_text(
     # in reasoning, ids or argument spacing): only the new tail comes from the request.
     head = state.messages + [state.reply]
     tail = messages[len(head) :]
-    before = (heads(state) if heads is not None else None) or head_text(tok, state, tools)
+    before = heads(state) if heads is not None else None
+    if before is None:
+        before = head_text(tok, state, tools)
     full = tok.render(head + tail, tools, add_generation_prompt=True)
     if not full.startswith(before):
         raise TemplateRenderError("the chat template re-renders earlier turns")

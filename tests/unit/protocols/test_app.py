@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import orjson
 import pytest
 from litestar.testing import TestClient
@@ -289,7 +290,7 @@ def test_a_refused_model_call_hands_its_session_back(handler) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_after_reply_work_runs_once_the_answer_is_sent(stream) -> None:
+async def test_after_reply_work_runs_once_the_answer_is_sent(stream) -> None:
     events: list[str] = []
 
     class Deferring(Scripted):
@@ -303,10 +304,21 @@ def test_after_reply_work_runs_once_the_answer_is_sent(stream) -> None:
     def _fail() -> None:
         raise RuntimeError("after-reply work broke")
 
-    with TestClient(create_app(Deferring(), resolve)) as c:
-        r = c.post(CHAT[0], json={**CHAT[1], "stream": stream}, headers=auth())
+    app = create_app(Deferring(), resolve)
+
+    async def spied(scope, receive, send):  # notes when the answer's last bytes go out
+        async def spy(message):
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                events.append("sent")
+
+        await app(scope, receive, spy)
+
+    transport = httpx.ASGITransport(app=spied)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as c:
+        r = await c.post(CHAT[0], json={**CHAT[1], "stream": stream}, headers=auth())
         assert r.status_code == 200 and (b"[DONE]" in r.content) == stream
-    assert events == ["answered", "after"]
+    assert events == ["answered", "sent", "after"]
 
 
 def test_resolver_failure_is_503_not_a_crash(handler) -> None:
