@@ -211,9 +211,14 @@ def test_weight_update_pause_and_continue(servers, model_dirs, tok):
         "sampling_params": {"max_new_tokens": 12, "temperature": 0},
     }
     before = _post(url, "/generate", greedy).json()
+    # long enough to be in flight 0.3 s later on a fast CPU (~1,700 tokens/s seen)
     long_body = {
         "input_ids": [5, 6],
-        "sampling_params": {"max_new_tokens": 500, "ignore_eos": True},
+        "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
+    }
+    longer_body = {  # aborted after 0.3 s: its length only matters if the abort fails
+        "input_ids": [5, 6],
+        "sampling_params": {"max_new_tokens": 20000, "ignore_eos": True},
     }
     thread, box = _in_background(lambda: _post(url, "/generate", long_body).json())
     time.sleep(0.3)
@@ -222,14 +227,14 @@ def test_weight_update_pause_and_continue(servers, model_dirs, tok):
     assert "now 2" in update.json()["message"]
     thread.join(timeout=60)
     in_flight = box["value"]
-    assert len(in_flight["output_ids"]) == 500 and in_flight["meta_info"]["weight_version"] == "1"
+    assert len(in_flight["output_ids"]) == 2000 and in_flight["meta_info"]["weight_version"] == "1"
     after = _post(url, "/generate", greedy).json()
     assert (
         after["meta_info"]["weight_version"] == "2" and after["output_ids"] != before["output_ids"]
     )
     assert httpx.get(url + "/model_info").json()["weight_version"] == "2"
 
-    thread, box = _in_background(lambda: _post(url, "/generate", long_body).json())
+    thread, box = _in_background(lambda: _post(url, "/generate", longer_body).json())
     time.sleep(0.3)
     assert _post(url, "/pause_generation", {"mode": "abort"}).json()["status"] == "ok"
     thread.join(timeout=30)
