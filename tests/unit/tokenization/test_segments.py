@@ -89,3 +89,33 @@ def test_the_chat_tokenizer_uses_it(tok):
         [{"role": "system", "content": "S " * 800}, {"role": "user", "content": "hi"}]
     )
     assert tok.encode(text) == plain(tok, text)
+
+
+def test_short_pieces_are_cached_too_and_new_ones_cost_one_call_per_cluster(tok, fresh):
+    calls = []
+    encode = fresh._encode
+    fresh._encode = lambda text: calls.append(text) or encode(text)
+    system = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    far = "<|im_start|>user\n" + "filler text " * 400 + "<|im_end|>\n"  # > JOIN_GAP_CHARS
+    first = system + far + "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+    assert fresh.encode(first) == plain(tok, first)
+    assert len(calls) == 1  # every piece new, all in one span
+    calls.clear()
+    assert fresh.encode(first) == plain(tok, first)
+    assert calls == []  # every piece cached, even the two-character ones
+    # two new pieces far apart (a cached piece between them): one call each, not one
+    # call re-encoding the cached text between them
+    second = first.replace("You are", "You were").replace("Say hello.", "Say bye.")
+    assert fresh.encode(second) == plain(tok, second)
+    assert calls == ["system\nYou were a helpful assistant.", "user\nSay bye."]
+
+
+def test_a_split_the_tokenizer_disagrees_with_falls_back_to_plain_encoding(tok, fresh):
+    text = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    special = tok.tokenizer.token_to_id("<|im_end|>")
+    real = fresh._encode
+    # as if the tokenizer merged a special token away inside a span (it never does for a
+    # tokenizer for_tokenizer accepts; the check is what makes the cache safe regardless)
+    fresh._encode = lambda t: [i for i in real(t) if i != special] if t != text else real(t)
+    assert fresh.encode(text) == plain(tok, text)
+    assert len(fresh.cache) == 0  # nothing from the disagreeing split was kept
