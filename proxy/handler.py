@@ -15,9 +15,10 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from functools import partial
 
 from proxy import capture, metrics, sidecalls
-from proxy.app import SessionInfo
+from proxy.app import ModelCall, SessionInfo
 from proxy.asgi import after_reply
 from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.backends.base import ErrorKind as BackendKind
@@ -77,27 +78,48 @@ class CompletionHandler:
             HEAD_CACHE_CHARS, lambda _key, text: len(text)
         )
 
-    async def __call__(
-        self,
-        session: SessionInfo,
-        conv: Conversation,
-        protocol: str,
-        raw: bytes,
-        headers: Mapping[str, str],
-    ) -> AssistantTurn:
+    def prepare(
+        self, conv: Conversation, protocol: str, raw: bytes, headers: Mapping[str, str]
+    ) -> ModelCall:
+        """The call's work that its request alone decides, done while its session lookup
+        is under way (``proxy.app``): the OpenAI-shaped conversation, and in token mode a
+        first call's prompt ids. Raises nothing: a failure is raised when the call is made."""
+        request = _Request(conv, protocol, raw, headers)
+        try:
+            request.messages = messages = conv.to_openai_messages()
+            request.tools = tools = conv.to_openai_tools() or None
+            request.key = tools_key(tools)
+            request.normalized = capture.normalized_json(messages, tools)
+            request.side_call = sidecalls.classify(protocol, conv)
+        except Exception as exc:  # a bug: the call fails once it is made (its number given back)
+            request.broken = exc
+            return partial(self._complete, request)
+        # A request without an assistant turn continues no state (continuing one means
+        # echoing its answer), so it is rendered in full whatever the session holds.
+        if self.mode == UpstreamMode.TOKEN and all(m.get("role") != "assistant" for m in messages):
+            try:
+                request.prompt_ids = self.tok.render_ids(messages, tools)
+            except TemplateRenderError as exc:
+                request.rejected = _rejected(exc)
+        return partial(self._complete, request)
+
+    async def _complete(self, request: _Request, session: SessionInfo) -> AssistantTurn:
+        protocol, conv = request.protocol, request.conv
+        if request.broken is not None:
+            await self.unused(session, protocol, _failure(request.broken))
+            raise request.broken
+        messages, tools, key = request.messages, request.tools, request.key
         sid = session.session_id
-        messages, tools = conv.to_openai_messages(), conv.to_openai_tools() or None
-        key = tools_key(tools)
         ctx = CallContext(
             session_id=sid,
             attempt=session.data["attempt"],
             protocol=Protocol(protocol),
             mode=self.mode,
-            model=conv.model,
-            raw_request=raw,
-            normalized=capture.normalized_json(messages, tools),
-            user_agent=headers.get("user-agent"),
-            side_call=sidecalls.classify(protocol, conv),
+            model=conv.model or session.model,
+            raw_request=request.raw,
+            normalized=request.normalized,
+            user_agent=request.headers.get("user-agent"),
+            side_call=request.side_call,
             received=time.time(),
         )
         states = decode_states(session.data["states"])  # as the session was when called
@@ -108,7 +130,7 @@ class CompletionHandler:
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
                 reserved = self._number(session)
                 try:
-                    plan, gen = await self._generate(ctx, conv, messages, tools, key, states)
+                    plan, gen = await self._generate(ctx, conv, request, states)
                     turn = self._turn(gen, tools)
                 except Exception as exc:  # nothing sampled: the number is given back
                     settling, reserved = reserved, None  # a hang-up now gets a new one
@@ -121,9 +143,7 @@ class CompletionHandler:
                 )
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
-                await asyncio.shield(
-                    self._record_abort(ctx, reserved, messages, tools, key, states)
-                )
+                await asyncio.shield(self._record_abort(ctx, reserved, request, states))
             raise
         except BackendError as exc:
             metrics.CALLS.labels(protocol, "backend_error").inc()
@@ -222,12 +242,12 @@ class CompletionHandler:
         except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
             log.warning("call %d of %s left a gap (%s): %s", seq, ctx.session_id, reason, exc)
 
-    async def _record_abort(self, ctx: CallContext, reserved, messages, tools, key, states) -> None:
+    async def _record_abort(self, ctx: CallContext, reserved, request: _Request, states) -> None:
         """The harness left before an answer: record the call, aborted, with its prompt."""
         metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
         try:
             if self.mode == UpstreamMode.TOKEN:
-                plan = self._plan(messages, tools, key, states, ctx.session_id, ctx.attempt)
+                plan = self._plan(request, states, ctx.session_id, ctx.attempt)
             else:  # the engine templates the prompt and only says what it was when done
                 plan = PromptPlan([], None, None, None)
             empty = Generation(
@@ -244,11 +264,11 @@ class CompletionHandler:
         except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
             log.warning("could not record an aborted call of %s: %s", ctx.session_id, exc)
 
-    async def _generate(self, ctx: CallContext, conv, messages, tools, key, states):
-        sid = ctx.session_id
+    async def _generate(self, ctx: CallContext, conv, request: _Request, states):
+        sid, messages, tools = ctx.session_id, request.messages, request.tools
         sampling = self._sampling(conv)
         if self.mode == UpstreamMode.TOKEN:
-            plan = self._plan(messages, tools, key, states, sid, ctx.attempt)
+            plan = self._plan(request, states, sid, ctx.attempt)
             gen = await self.backend.generate(
                 TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
             )
@@ -259,21 +279,30 @@ class CompletionHandler:
                 messages=messages,
                 tools=tools,
                 sampling=sampling,
-                model=conv.model,
+                model=ctx.model,
             )
         )
-        return judge_chat_prompt(gen.prompt_ids, messages, tools, states, key), gen
+        return judge_chat_prompt(gen.prompt_ids, messages, tools, states, request.key), gen
 
-    def _plan(self, messages, tools, key, states, sid: str, attempt: int) -> PromptPlan:
+    def _plan(self, request: _Request, states, sid: str, attempt: int) -> PromptPlan:
+        if request.rejected is not None:
+            raise request.rejected
+
         def heads(state: TurnState) -> str | None:
             return self.heads.get((sid, attempt, state.seq))
 
         try:
-            return plan_token_prompt(self.tok, messages, tools, states, key, heads)
-        except TemplateRenderError as exc:  # e.g. image parts for a text-only template
-            raise ProtocolError(
-                400, f"the model's chat template rejects this request: {exc}"
-            ) from exc
+            return plan_token_prompt(
+                self.tok,
+                request.messages,
+                request.tools,
+                states,
+                request.key,
+                heads,
+                rendered=request.prompt_ids,
+            )
+        except TemplateRenderError as exc:
+            raise _rejected(exc) from exc
 
     def _sampling(self, conv: Conversation) -> SamplingParams:
         s = conv.sampling
@@ -308,6 +337,32 @@ class CompletionHandler:
         return AssistantTurn(
             text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
         )
+
+
+class _Request:
+    """A call's request and what ``prepare`` made of it."""
+
+    __slots__ = (
+        "conv", "protocol", "raw", "headers", "messages", "tools", "key", "normalized",
+        "side_call", "prompt_ids", "rejected", "broken",
+    )  # fmt: skip
+
+    def __init__(
+        self, conv: Conversation, protocol: str, raw: bytes, headers: Mapping[str, str]
+    ) -> None:
+        self.conv, self.protocol, self.raw, self.headers = conv, protocol, raw, headers
+        self.messages: list[dict] = []
+        self.tools: list[dict] | None = None
+        self.key = self.side_call = None
+        self.normalized = b"null"
+        self.prompt_ids: list[int] | None = None  # token mode: rendered in full ahead
+        self.rejected: ProtocolError | None = None  # the chat template refused it
+        self.broken: Exception | None = None  # converting it failed (a bug)
+
+
+def _rejected(exc: TemplateRenderError) -> ProtocolError:
+    # e.g. image parts for a text-only template
+    return ProtocolError(400, f"the model's chat template rejects this request: {exc}")
 
 
 def _failure(exc: Exception) -> str:

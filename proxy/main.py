@@ -18,7 +18,7 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 
 from proxy import metrics
-from proxy.app import SessionInfo, estimate_tokens
+from proxy.app import ModelCall, SessionInfo, estimate_tokens
 from proxy.app import create_app as create_proxy_app
 from proxy.backends.base import BackendError
 from proxy.backends.base import ErrorKind as BackendKind
@@ -50,8 +50,8 @@ class _Late:
     resolver: SessionResolver | None = None
     tokenizer: ChatTokenizer | None = None
 
-    async def complete(self, *args):
-        return await self.handler(*args)
+    def prepare(self, *args) -> ModelCall:
+        return self.handler.prepare(*args)
 
     def resolve(self, token: str, for_call: bool) -> Awaitable[SessionInfo | None]:
         return self.resolver(token, for_call)  # not awaited here: the lookup starts at once
@@ -191,7 +191,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
             await host.stop()
 
     app = create_proxy_app(
-        late.complete,
+        late.prepare,
         late.resolve,
         count_tokens=late.count,
         unused_call=late.unused,

@@ -194,6 +194,7 @@ def plan_token_prompt(
     states: list[TurnState],
     key: str | None = None,  # tools_key(tools), when the caller has it
     heads: HeadTexts | None = None,  # head texts rendered ahead of time (an exact cache)
+    rendered: list[int] | None = None,  # tok.render_ids(messages, tools), if done ahead
 ) -> PromptPlan:
     key = key or tools_key(tools)
     base = best_continued(messages, key, states)
@@ -202,10 +203,9 @@ def plan_token_prompt(
             glue = tok.encode(_glue_text(tok, base, messages, tools, heads))
             return PromptPlan(base.prompt_ids + base.output_ids + glue, base, True, None)
         except TemplateRenderError:
-            return PromptPlan(
-                tok.render_ids(messages, tools), base, False, "template_rerender_mismatch"
-            )
-    prompt = tok.render_ids(messages, tools)
+            prompt = rendered if rendered is not None else tok.render_ids(messages, tools)
+            return PromptPlan(prompt, base, False, "template_rerender_mismatch")
+    prompt = rendered if rendered is not None else tok.render_ids(messages, tools)
     if not states:
         return PromptPlan(prompt, None, None, None)
     return PromptPlan(prompt, None, False, classify_break(messages, key, states))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from proxy.app import SessionInfo, create_app
+from proxy.app import SessionInfo, create_app, unprepared
 from proxy.conversation import AssistantTurn, Conversation, TextPart, ToolCall, Usage
 
 TOKEN = "sdk-test-7d2e91b0"
@@ -58,4 +58,4 @@ async def resolve(token: str, for_call: bool = False) -> SessionInfo | None:
 
 
 def make_app():  # granian factory target
-    return create_app(scripted_model, resolve, keepalive_seconds=0.2)
+    return create_app(unprepared(scripted_model), resolve, keepalive_seconds=0.2)

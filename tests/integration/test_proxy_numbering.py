@@ -19,12 +19,13 @@ import redis.asyncio as aioredis
 from proxy import metrics
 from proxy.backends.base import BackendError, ChatRequest, ErrorKind, Generation
 from proxy.capture import SEQ_KEY, TITO_KEY, SessionStore
-from proxy.conversation import Conversation, Message, TextPart
-from proxy.errors import UpstreamError
+from proxy.conversation import Conversation, ImagePart, Message, TextPart
+from proxy.errors import ProtocolError, UpstreamError
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.resp import Resp
 from proxy.sessions import SessionResolver
+from proxy.tokenization import ChatTokenizer
 from schemas import SessionState, UpstreamMode
 from schemas import subjects as S
 from services.builder.integrity import assess
@@ -34,6 +35,7 @@ from services.common.jspub import JetStreamPublisher
 from services.common.registry import Registry
 from tests.helpers.stack import new_session
 from tests.integration.proxy_agents import captured
+from tests.unit.embedded.tiny import tiny_model_dir
 
 
 class Engine:
@@ -69,15 +71,18 @@ def conv(text: str) -> Conversation:
 
 
 @contextlib.asynccontextmanager
-async def handler_on(nats_url: str, redis_url: str, bus: Bus):
+async def handler_on(nats_url: str, redis_url: str, bus: Bus, tokenizer=None):
+    """Chat mode, or token mode with ``tokenizer`` (its calls must fail before the engine:
+    this engine answers chat requests only)."""
     redis = Resp.from_url(redis_url)
     publisher = JetStreamPublisher(
         nats_url, name="test-numbering", fallback=bus.publish, fallback_above=CLAIM_THRESHOLD
     )
     store, engine = SessionStore(redis), Engine()
+    mode = UpstreamMode.TOKEN if tokenizer is not None else UpstreamMode.CHAT
     handler = CompletionHandler(
         publisher=publisher, store=store, backend=engine, gate=WeightGate(),
-        mode=UpstreamMode.CHAT, tokenizer=None, default_max_tokens=16,
+        mode=mode, tokenizer=tokenizer, default_max_tokens=16,
     )  # fmt: skip
     try:
         yield handler, engine, SessionResolver(store, grace_seconds=30)
@@ -94,7 +99,7 @@ async def stack(nats_url, redis_url, bus):
 
 async def call(handler, resolver, token: str, text: str):
     session = await resolver(token, True)  # a model call: the lookup numbers it
-    return await handler(session, conv(text), "openai_chat", b'{"x": 1}', {})
+    return await handler.prepare(conv(text), "openai_chat", b'{"x": 1}', {})(session)
 
 
 async def test_a_failed_call_gives_its_number_back(stack, bus, redis_client):
@@ -222,6 +227,54 @@ async def test_a_call_in_the_grace_window_is_numbered_after_the_lookup(stack, bu
     late = await resolver(s.token, True)
     assert late is not None and late.data["seq"] is None  # valid (grace), not RUNNING
     engine.release("two", answer(2))
-    await handler(late, conv("two"), "openai_chat", b"{}", {})
+    await handler.prepare(conv("two"), "openai_chat", b"{}", {})(late)
     recs = await captured(bus, s.session_id, expect=2)
     assert [r.seq for r in recs] == [0, 1]
+
+
+async def test_a_request_the_chat_template_rejects_is_a_400_and_gives_its_number_back(
+    nats_url, redis_url, bus, redis_client
+):
+    """Token mode renders a first call's prompt while its lookup is out; the template's
+    refusal (an image for a text-only template) is only raised once the call is made."""
+    async with handler_on(nats_url, redis_url, bus, ChatTokenizer.load(tiny_model_dir())) as (
+        handler,
+        _engine,
+        resolver,
+    ):
+        s = await new_session(redis_client, "numbering-template")
+        image = Message(role="user", content=[ImagePart("data:image/png;base64,AAAA")])
+        prepared = handler.prepare(
+            Conversation(model="m", messages=[image]), "openai_chat", b"{}", {}
+        )
+        session = await resolver(s.token, True)
+        assert session.data["seq"] == 0
+        with pytest.raises(ProtocolError) as refused:
+            await prepared(session)
+        assert refused.value.status == 400 and "template rejects" in refused.value.message
+        again = await resolver(s.token, True)
+        assert again.data["seq"] == 0  # given back: no gap in the numbering
+        await handler.unused(again, "openai_chat", "test done")
+
+
+class BrokenConversation:
+    """A conversation whose conversion fails: a bug in the proxy, not in the request."""
+
+    model = "m"
+
+    def to_openai_messages(self):
+        raise RuntimeError("conversion bug")
+
+
+async def test_a_request_whose_preparation_breaks_fails_and_gives_its_number_back(
+    stack, redis_client
+):
+    handler, _engine, resolver = stack
+    s = await new_session(redis_client, "numbering-broken")
+    prepared = handler.prepare(BrokenConversation(), "openai_chat", b"{}", {})  # raises nothing
+    session = await resolver(s.token, True)
+    with pytest.raises(RuntimeError, match="conversion bug"):
+        await prepared(session)
+    again = await resolver(s.token, True)
+    assert again.data["seq"] == 0
+    await handler.unused(again, "openai_chat", "test done")

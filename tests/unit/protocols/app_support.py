@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.app import SessionInfo
+from proxy.app import SessionInfo, unprepared
 from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
 
 TOKEN = "tok-3f9a1c"
@@ -60,6 +60,10 @@ class Scripted:
         if self.error is not None:
             raise self.error
         return self.turn
+
+    def prepare(self, conv: Conversation, protocol: str, raw: bytes, headers: Mapping[str, str]):
+        """The two-step shape ``create_app`` takes (nothing to prepare)."""
+        return unprepared(self)(conv, protocol, raw, headers)
 
 
 # One minimal valid request per generation endpoint: (path, body, stream flag key)

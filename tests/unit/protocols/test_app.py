@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import orjson
 import pytest
@@ -32,7 +34,9 @@ SHARED = Scripted()
 
 @pytest.fixture(scope="module")
 def client():
-    with TestClient(create_app(SHARED, resolve, max_body_bytes=4096, keepalive_seconds=0.05)) as c:
+    with TestClient(
+        create_app(SHARED.prepare, resolve, max_body_bytes=4096, keepalive_seconds=0.05)
+    ) as c:
         yield c
 
 
@@ -229,7 +233,7 @@ def test_count_tokens_uses_the_wired_counter(handler) -> None:
     async def counter(session, conv) -> int:
         return 1000 + len(conv.messages)
 
-    with TestClient(create_app(handler, resolve, count_tokens=counter)) as c:
+    with TestClient(create_app(handler.prepare, resolve, count_tokens=counter)) as c:
         r = c.post("/v1/messages/count_tokens", json=MESSAGES[1], headers=auth())
         assert r.json() == {"input_tokens": 1001}
 
@@ -277,7 +281,7 @@ def test_a_refused_model_call_hands_its_session_back(handler) -> None:
     async def on_unused(session, protocol: str, reason: str) -> None:
         unused.append((session, protocol, reason))
 
-    with TestClient(create_app(handler, resolver, unused_call=on_unused)) as c:
+    with TestClient(create_app(handler.prepare, resolver, unused_call=on_unused)) as c:
         bad = {**auth(), "content-type": "application/json"}
         assert c.post(CHAT[0], content=b"{nope", headers=bad).status_code == 400
         assert unused == [(SESSION, "openai_chat", unused[0][2])]
@@ -304,7 +308,7 @@ async def test_after_reply_work_runs_once_the_answer_is_sent(stream) -> None:
     def _fail() -> None:
         raise RuntimeError("after-reply work broke")
 
-    app = create_app(Deferring(), resolve)
+    app = create_app(Deferring().prepare, resolve)
 
     async def spied(scope, receive, send):  # notes when the answer's last bytes go out
         async def spy(message):
@@ -325,8 +329,45 @@ def test_resolver_failure_is_503_not_a_crash(handler) -> None:
     async def broken(token: str, for_call: bool):
         raise ConnectionError("redis down")
 
-    with TestClient(create_app(handler, broken)) as c:
+    with TestClient(create_app(handler.prepare, broken)) as c:
         r = c.post(MESSAGES[0], json=MESSAGES[1], headers={"x-api-key": TOKEN})
         assert (
             r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
         )  # retried by Claude Code
+
+
+async def test_a_model_call_is_prepared_while_its_session_lookup_is_out(handler) -> None:
+    """The handler's CPU work on the request runs before the lookup's reply is awaited;
+    an unknown token is still a 401, and what the preparation decided is not made."""
+    events: list[str] = []
+    replies: list[asyncio.Future] = []
+
+    def resolver(token: str, for_call: bool):  # sends the lookup; its reply comes later
+        events.append("lookup sent")
+        replies.append(asyncio.get_running_loop().create_future())
+        replies[-1].set_result(SESSION if token == TOKEN else None)  # back before awaited
+        return _awaited(replies[-1])
+
+    async def _awaited(reply):
+        events.append("lookup awaited")
+        return await reply
+
+    def prepare(conv, protocol, raw, headers):
+        events.append("prepared")
+        made = handler.prepare(conv, protocol, raw, headers)
+
+        def make(session):
+            events.append("made")
+            return made(session)
+
+        return make
+
+    transport = httpx.ASGITransport(app=create_app(prepare, resolver))
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as c:
+        r = await c.post(CHAT[0], json=CHAT[1], headers=auth())
+        assert r.status_code == 200
+        assert events == ["lookup sent", "prepared", "lookup awaited", "made"]
+        events.clear()
+        r = await c.post(CHAT[0], json=CHAT[1], headers=auth("not-a-session"))
+        assert r.status_code == 401 and protocol_shaped("openai_chat", r.json())
+        assert events == ["lookup sent", "prepared", "lookup awaited"]  # never made

@@ -58,7 +58,7 @@ json_values = st.recursive(
 @pytest.fixture(scope="module")
 def client():
     with TestClient(
-        create_app(Scripted(), resolve, max_body_bytes=LIMIT, keepalive_seconds=5)
+        create_app(Scripted().prepare, resolve, max_body_bytes=LIMIT, keepalive_seconds=5)
     ) as c:
         yield c
 
