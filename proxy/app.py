@@ -149,6 +149,7 @@ class _Proxy:
         return route(prefix + r.path, http_method=[r.method], name=name)(endpoint)
 
     async def serve(self, spec: ProtocolSpec, r: Route, request: Request) -> Reply:
+        unread = False  # a body over the limit is left unread
         try:
             endpoint = (
                 r.endpoint if isinstance(r.endpoint, Endpoint) else r.endpoint(request.path_params)
@@ -160,6 +161,7 @@ class _Proxy:
             try:
                 conv, raw = await self.conversation(spec, request)
             except (ProxyError, _ClientGone) as e:
+                unread = isinstance(e, ProxyError) and e.status == 413
                 session = await self.session(lookup)  # an unknown token is a 401 before any 400
                 if for_call and self.unused is not None:
                     reason = e.message if isinstance(e, ProxyError) else "client disconnected"
@@ -177,7 +179,11 @@ class _Proxy:
                 return await self.generate(spec, session, conv, call, request)
             return await self.count(spec, session, conv)
         except ProxyError as e:
-            return error_response(spec, e.kind, e.message, e.param)
+            reply = error_response(spec, e.kind, e.message, e.param)
+            # the rest of the body is still on its way: the client must not send its next
+            # request after it on this connection (RFC 9112 9.6)
+            reply.close = unread
+            return reply
         except _ClientGone:
             return Reply(499)
         except Exception:

@@ -24,6 +24,7 @@ log = logging.getLogger("polar.proxy")
 JSON = "application/json"
 SSE = "text/event-stream"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+CLOSE = {"connection": "close"}
 
 
 @dataclass(slots=True)
@@ -33,9 +34,12 @@ class Reply:
     status: int
     body: bytes = b""
     media_type: str = JSON
+    close: bool = False  # end the connection after it (the request body was left unread)
 
     @property
     def headers(self) -> dict[str, str]:
+        if self.close:
+            return CLOSE
         return SSE_HEADERS if self.media_type == SSE else {}
 
 

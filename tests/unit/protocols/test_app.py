@@ -114,6 +114,12 @@ def test_body_over_the_limit_is_413_in_the_callers_protocol(client, handler, pro
 
     r = client.post(path, content=chunks(), headers={**auth(), "content-type": "application/json"})
     assert r.status_code == 413 and protocol_shaped(protocol, r.json())
+    assert r.headers["connection"] == "close"  # the rest of the body was never read
+    # an unknown token with it: the 401 wins, and still closes the connection
+    r = client.post(path, content=chunks(), headers={**auth("not-a-session")})
+    assert r.status_code == 401 and r.headers["connection"] == "close"
+    r = client.post(path, content=orjson.dumps(body), headers={**auth("not-a-session")})
+    assert r.status_code == 401 and "connection" not in r.headers  # read whole: stays open
     assert handler.calls == []
 
 
