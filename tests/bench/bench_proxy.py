@@ -2,6 +2,7 @@
 (chat mode and token mode), through LiteLLM's proxy (plain script, issue 4).
 
     python tests/bench/bench_proxy.py [--requests 1000] [--levels 1,16,64] [--no-litellm]
+                                      [--unique-prompts]
 
 An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py) answers at once,
 so latency above the direct call is the proxy's own. Polar runs as ``polar serve
@@ -18,6 +19,11 @@ so load from anything else on the machine falls on all of them alike.
 brackets: counting NATS and Valkey too): requests per second per fully used core.
 Memory per session: the proxy's RSS growth over ``--memory-sessions`` fresh sessions
 that each made two calls, divided by their number.
+By default every request carries the same body. ``--unique-prompts`` makes every
+request's user message new (`` (request <tag>-<n>)`` appended, never repeated: see
+proxy_bench/client.py) on every path and in every section (warm-up, cells, first calls,
+memory), so a proxy's caches of tokenized prompt pieces miss as they would on
+never-seen user text; the Machine line says so.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from tests.bench.proxy_bench.stack import LITELLM_KEY, ROOT, Stack  # noqa: E402
 from tests.helpers.stack import running_session  # noqa: E402
 
 CHAT_PATH = "/v1/chat/completions"
+UNIQUE = "UNIQUE PROMPTS (--unique-prompts): a never-seen user message in every request; "
 
 
 def request_body(stream: bool) -> dict:
@@ -108,16 +115,22 @@ class Bench:
         self.runs: list[Run] = []
         self.notes: list[str] = []
 
+    def load(self, port: int, paths: list[str], per_path: int, stream: bool, **kw) -> dict:
+        """``load`` on the load generator's cores, with ``--unique-prompts`` applied."""
+        if self.args.unique_prompts:
+            kw["unique"] = True
+        return load(port, paths, per_path, stream, self.stack.other_cpus, **kw)
+
     def run_all(self) -> None:
         for stream in (False, True):
             for c in self.args.levels:
                 self._cell(stream, c)
 
     def _cell(self, stream: bool, c: int) -> None:
-        a, cpus = self.args, self.stack.other_cpus
+        a = self.args
         cells = {t.name: Cell() for t in self.targets}
         for t in self.targets:
-            load(t.port, t.paths[:c], max(1, a.warmup // c), stream, cpus, headers=t.headers)
+            self.load(t.port, t.paths[:c], max(1, a.warmup // c), stream, headers=t.headers)
         per_round = max(1, a.requests // a.rounds // c)
         for i in range(a.rounds):
             shift = i % len(self.targets)  # a different order each round
@@ -144,7 +157,7 @@ class Bench:
     def _round(self, t: Target, cell: Cell, stream: bool, c: int, per_path: int, paths=None, **kw):
         cpu0, bus0 = self._cpu(t)
         paths = paths or t.paths[:c]
-        res = load(t.port, paths, per_path, stream, self.stack.other_cpus, headers=t.headers, **kw)
+        res = self.load(t.port, paths, per_path, stream, headers=t.headers, **kw)
         cpu1, bus1 = self._cpu(t)
         cell.latencies += res["latencies"]
         cell.wall += res["wall"]
@@ -215,7 +228,7 @@ class Bench:
             tokens = self._sessions(f"bench-mem-{t.name}", n)
             before = procs.rss_bytes(t.pgid)
             paths = [f"/s/{tok}{CHAT_PATH}" for tok in tokens]
-            load(t.port, paths, 2, False, self.stack.other_cpus, concurrency=64)
+            self.load(t.port, paths, 2, False, concurrency=64)
             after = procs.rss_bytes(t.pgid)
             self.notes.append(
                 f"memory per session, {t.name}: RSS {before / 2**20:.1f} -> "
@@ -239,7 +252,8 @@ def machine(args) -> str:
         f"{platform.python_version()}; proxies under test on CPU {sorted(args.proxy_cpus)}, "
         f"engine + load generator + NATS + Valkey on CPU {sorted(args.other_cpus)}; "
         f"{args.requests} requests per cell in {args.rounds} rounds after {args.warmup} "
-        f"warm-up; load average (1 min) {args.load_before} before, {_load()} after"
+        f"warm-up; {UNIQUE if args.unique_prompts else ''}"
+        f"load average (1 min) {args.load_before} before, {_load()} after"
     )
 
 
@@ -260,6 +274,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--memory-sessions", type=int, default=1000)
     ap.add_argument("--first-calls", type=int, default=300, help="first calls of fresh sessions")
     ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument(
+        "--unique-prompts",
+        action="store_true",
+        help="a different user message in every request, on every path (default: one body)",
+    )
     ap.add_argument("--proxy-cpus", default="0")
     ap.add_argument("--other-cpus", default="1")
     ap.add_argument("--out", type=Path, help="also write the markdown here")

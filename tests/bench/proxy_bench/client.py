@@ -5,17 +5,26 @@
 Spec: ``port``, ``paths`` (one per session; each gets its own connection and
 ``per_path`` requests), ``concurrency`` (sessions at once; default all), ``body`` (the
 JSON request), ``headers`` (extra), ``stream`` (expect SSE ending in ``[DONE]``),
-``one_connection`` (all sessions in turn over one connection). A raw asyncio protocol,
-so the client costs a few µs a call and never limits what is measured. Latency is send
--> last byte of the response.
+``one_connection`` (all sessions in turn over one connection), ``unique`` (the last user
+message gets `` (request <tag>-<n>)`` appended, ``tag`` random per process and ``n`` a
+counter over every request of the run, so no two requests carry the same prompt). A raw
+asyncio protocol, so the client costs a few µs a call and never limits what is measured:
+the request bytes are built once per path, or with ``unique`` spliced per call from a
+body split once around the number. Latency is send -> last byte of the response (the
+bytes are built before the clock starts).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+
+MARK = "{{request-number}}"  # where ``unique`` splices its number (plain ASCII: no JSON escape)
 
 
 class Response:
@@ -91,11 +100,50 @@ class Connection(asyncio.Protocol):
         return await self.waiter
 
 
-def build_request(path: str, body: bytes, headers: dict[str, str]) -> bytes:
+def _head(path: str, headers: dict[str, str]) -> bytes:
+    """The request's head up to the content-length's value (the last header)."""
     lines = [f"POST {path} HTTP/1.1", "host: 127.0.0.1", "content-type: application/json"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
-    lines.append(f"content-length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    return ("\r\n".join(lines) + "\r\ncontent-length: ").encode()
+
+
+def build_request(path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    return _head(path, headers) + str(len(body)).encode() + b"\r\n\r\n" + body
+
+
+def split_body(body: dict) -> tuple[bytes, bytes]:
+    """``body`` as JSON bytes, cut where the number goes: the last user message (a
+    string) ends in `` (request <number>)``."""
+    user = [m for m in body["messages"] if m.get("role") == "user"]
+    if not user or not isinstance(user[-1].get("content"), str):
+        raise ValueError("unique needs a user message with string content")
+    marked = {**user[-1], "content": f"{user[-1]['content']} (request {MARK})"}
+    messages = [marked if m is user[-1] else m for m in body["messages"]]
+    raw = json.dumps({**body, "messages": messages}).encode()
+    if raw.count(MARK.encode()) != 1:
+        raise ValueError(f"the body must not contain {MARK!r} already")
+    pre, post = raw.split(MARK.encode())
+    return pre, post
+
+
+def unique_request(
+    path: str, body: dict, headers: dict[str, str], numbers: Iterator[str]
+) -> Callable[[], bytes]:
+    """A maker of ``path``'s request bytes, each call with the next of ``numbers``."""
+    head, (pre, post) = _head(path, headers), split_body(body)
+    end = b"\r\n\r\n"
+
+    def make() -> bytes:
+        data = pre + next(numbers).encode() + post
+        return head + str(len(data)).encode() + end + data
+
+    return make
+
+
+def numbers(tag: str | None = None) -> Iterator[str]:
+    """``<tag>-0``, ``<tag>-1``, ...: ``tag`` random unless given (no two runs repeat)."""
+    tag = tag or os.urandom(6).hex()
+    return (f"{tag}-{n}" for n in itertools.count())
 
 
 def ok(resp: Response, stream: bool) -> bool:
@@ -105,12 +153,16 @@ def ok(resp: Response, stream: bool) -> bool:
 
 
 async def session(port: int, requests, n: int, stream: bool, out: list, bad: list) -> None:
-    """One connection: each of ``requests`` sent ``n`` times, one after another."""
+    """One connection: each of ``requests`` (bytes, or a maker of them per call) sent
+    ``n`` times, one after another."""
     loop = asyncio.get_running_loop()
     _, conn = await loop.create_connection(Connection, "127.0.0.1", port)
     try:
         for request in requests:
+            make = None if isinstance(request, bytes) else request
             for _ in range(n):
+                if make is not None:
+                    request = make()
                 t0 = time.perf_counter()
                 resp = await conn.call(request)
                 out.append(time.perf_counter() - t0)
@@ -123,9 +175,13 @@ async def session(port: int, requests, n: int, stream: bool, out: list, bad: lis
 
 
 async def run(spec: dict) -> dict:
-    body = json.dumps(spec["body"]).encode()
     headers = spec.get("headers", {})
-    requests = [build_request(p, body, headers) for p in spec["paths"]]
+    if spec.get("unique"):  # one counter over every path and session of the run
+        count = numbers()
+        requests = [unique_request(p, spec["body"], headers, count) for p in spec["paths"]]
+    else:
+        body = json.dumps(spec["body"]).encode()
+        requests = [build_request(p, body, headers) for p in spec["paths"]]
     latencies: list[float] = []
     bad: list[int] = []
     port, n, stream = spec["port"], spec["per_path"], spec["stream"]
