@@ -77,10 +77,12 @@ def load(port: int, paths: list[str], per_path: int, stream: bool, cpus, **kw) -
     out = subprocess.run(
         [sys.executable, "-m", "tests.bench.proxy_bench.client", json.dumps(spec)],
         capture_output=True,
-        check=True,
         cwd=str(ROOT),
         preexec_fn=lambda: os.sched_setaffinity(0, cpus),
     )
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr.decode()[-3000:])
+        raise RuntimeError(f"the load generator failed on port {port} (exit {out.returncode})")
     result = json.loads(out.stdout)
     if result["bad"]:
         sys.stderr.write(out.stderr.decode()[-2000:])

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 
 import pytest
 
-from tests.bench.proxy_bench.client import build_request, numbers, split_body, unique_request
+from tests.bench.proxy_bench.client import (
+    build_request,
+    numbers,
+    session,
+    split_body,
+    unique_request,
+)
 
 BODY = {
     "model": "bench-model",
@@ -71,3 +78,36 @@ def test_split_body_needs_a_string_user_message() -> None:
         split_body({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]})
     pre, post = split_body(BODY)
     assert json.loads(pre + b"7" + post)["messages"][-1]["content"] == "Say hello. (request 7)"
+
+
+async def test_a_server_that_hangs_up_is_a_bad_answer_not_a_crash() -> None:
+    """A proxy under test that closes a kept-alive connection (LiteLLM did, at 16
+    concurrent streams) costs that request, counted as bad; the session reconnects."""
+    answered = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            answered += 1
+            if answered == 2:  # the second request: hang up instead of answering
+                writer.close()
+                return
+            body = b'{"choices": []}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            if answered == 3:  # the third: answer, then hang up before the next request
+                await writer.drain()
+                writer.close()
+                return
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    out: list[float] = []
+    bad: list[int] = []
+    request = build_request("/v1/chat/completions", json.dumps(BODY).encode(), {})
+    async with server:
+        await asyncio.sleep(0)
+        await session(port, [request], 5, False, out, bad)
+    assert len(out) == 5 and bad == [0, 0]  # the hang-up, and the closed connection found

@@ -95,6 +95,8 @@ class Connection(asyncio.Protocol):
             self.waiter.set_exception(ConnectionError("server closed the connection"))
 
     async def call(self, request: bytes) -> Response:
+        if self.transport.is_closing():  # closed by the server since the last answer
+            raise ConnectionError("server closed the connection")
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         return await self.waiter
@@ -164,7 +166,12 @@ async def session(port: int, requests, n: int, stream: bool, out: list, bad: lis
                 if make is not None:
                     request = make()
                 t0 = time.perf_counter()
-                resp = await conn.call(request)
+                try:
+                    resp = await conn.call(request)
+                except ConnectionError as exc:  # the server hung up: a bad answer, reconnect
+                    resp = Response(0, str(exc).encode())
+                    conn.transport.close()
+                    _, conn = await loop.create_connection(Connection, "127.0.0.1", port)
                 out.append(time.perf_counter() - t0)
                 if not ok(resp, stream):
                     bad.append(resp.status)
