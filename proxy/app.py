@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import orjson
@@ -41,6 +41,7 @@ log = logging.getLogger("polar.proxy")
 
 SESSION_PREFIX = "/s/{token:str}"
 PROBE_PATHS = ("/", "/api/hello")
+T = TypeVar("T")
 QUICK_SECONDS = 0.05  # most answers are back sooner: no disconnect watcher for those
 
 
@@ -57,8 +58,10 @@ UnusedCall = Callable[[SessionInfo, str, str], Awaitable[None]]
 # A model call in two steps: prepared from its request (conversation, protocol name, raw
 # body, headers) while the session lookup is under way, then made for the session. A
 # preparation raises nothing: what fails in it fails when the call is made, so a 401
-# still comes before it.
-ModelCall = Callable[[SessionInfo], Awaitable[AssistantTurn]]
+# still comes before it. The call returns its answer rendered by ``Render``, which the
+# handler runs while the capture's round trips are out.
+Render = Callable[[AssistantTurn], Any]
+ModelCall = Callable[[SessionInfo, Render], Awaitable[Any]]
 CompletionHandler = Callable[[Conversation, str, bytes, Mapping[str, str]], ModelCall]
 TokenCounter = Callable[[SessionInfo, Conversation], Awaitable[int]]
 
@@ -71,7 +74,10 @@ def unprepared(
     """A handler with nothing to prepare, in the two-step shape ``create_app`` takes."""
 
     def prepare(conv: Conversation, protocol: str, raw: bytes, headers: Mapping[str, str]):
-        return lambda session: handler(session, conv, protocol, raw, headers)
+        async def call(session: SessionInfo, render: Render) -> Any:
+            return render(await handler(session, conv, protocol, raw, headers))
+
+        return call
 
     return prepare
 
@@ -239,14 +245,20 @@ class _Proxy:
         self, spec: ProtocolSpec, session: SessionInfo, conv: Conversation, call: ModelCall, request
     ) -> Reply:
         ids = ReplyIds.new()
-        answer = call(session)
         if not conv.stream:
             assert spec.render_response is not None
-            turn = await answer_unless_gone(answer, request)
-            return json_response(200, spec.render_response(turn, conv, ids))
+            render_json = spec.render_response
+
+            def rendered(turn: AssistantTurn) -> Reply:
+                return json_response(200, render_json(turn, conv, ids))
+
+            return await answer_unless_gone(call(session, rendered), request)
+        answer = call(session, lambda turn: stream_body(spec, conv, ids, turn))
         return await self.stream(spec, conv, ids, answer, request)
 
-    async def stream(self, spec: ProtocolSpec, conv, ids: ReplyIds, call, request) -> Reply:
+    async def stream(
+        self, spec: ProtocolSpec, conv, ids: ReplyIds, answer: Awaitable[bytes], request
+    ) -> Reply:
         """Streamed: the whole event sequence once the answer is there. Past
         ``keepalive`` seconds a pump starts the stream and sends keep-alives until then;
         before that, a failure still gets its real status."""
@@ -262,13 +274,13 @@ class _Proxy:
         timer = asyncio.get_running_loop().call_later(self.keepalive, slow)
         try:
             try:
-                turn = await answer_unless_gone(call, request)
+                events = await answer_unless_gone(answer, request)
             finally:
                 timer.cancel()
                 if pump is not None:
                     pump.cancel()
                     await asyncio.wait({pump})
-            return Reply(200, stream_body(spec, conv, ids, turn), SSE)
+            return Reply(200, events, SSE)
         except Exception as e:
             if not request.started or isinstance(e, _ClientGone):
                 raise  # not streaming yet: the error keeps its real status
@@ -327,7 +339,7 @@ async def read_body(request: Request, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-async def answer_unless_gone(call: Awaitable[AssistantTurn], request: Request) -> AssistantTurn:
+async def answer_unless_gone(call: Awaitable[T], request: Request) -> T:
     """Run the handler in this request's own task (no task of its own: most answers are
     back within ``QUICK_SECONDS``); past that, a client that disconnects cancels it."""
     me = asyncio.current_task()

@@ -16,9 +16,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 from proxy import capture, metrics, sidecalls
-from proxy.app import ModelCall, SessionInfo
+from proxy.app import ModelCall, Render, SessionInfo
 from proxy.asgi import after_reply
 from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.backends.base import ErrorKind as BackendKind
@@ -103,13 +104,12 @@ class CompletionHandler:
                 request.rejected = _rejected(exc)
         return partial(self._complete, request)
 
-    async def _complete(self, request: _Request, session: SessionInfo) -> AssistantTurn:
+    async def _complete(self, request: _Request, session: SessionInfo, render: Render) -> Any:
         protocol, conv = request.protocol, request.conv
         if request.broken is not None:
             await self.unused(session, protocol, _failure(request.broken))
             raise request.broken
-        messages, tools, key = request.messages, request.tools, request.key
-        sid = session.session_id
+        tools, sid = request.tools, session.session_id
         ctx = CallContext(
             session_id=sid,
             attempt=session.data["attempt"],
@@ -131,15 +131,14 @@ class CompletionHandler:
                 reserved = self._number(session)
                 try:
                     plan, gen = await self._generate(ctx, conv, request, states)
-                    turn = self._turn(gen, tools)
                 except Exception as exc:  # nothing sampled: the number is given back
                     settling, reserved = reserved, None  # a hang-up now gets a new one
                     await asyncio.shield(self._settle(ctx, settling, _failure(exc)))
                     raise
                 # Once sampled, a call is captured in full even if the harness leaves now.
                 capturing = True
-                state = await asyncio.shield(
-                    self._capture(ctx, reserved, plan, gen, turn, messages, key, queue_ms)
+                state, reply = await asyncio.shield(
+                    self._capture(ctx, reserved, plan, gen, request, queue_ms, render)
                 )
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
@@ -158,7 +157,7 @@ class CompletionHandler:
         asyncio.get_running_loop().call_soon(metrics.observe_call, protocol, ctx, gen, plan)
         if self.mode == UpstreamMode.TOKEN and len(plan.prompt_ids) >= HEAD_AHEAD_MIN_TOKENS:
             after_reply(self._prepare_head, (sid, ctx.attempt, state.seq), state, tools)
-        return turn
+        return reply
 
     def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools) -> None:
         # a template that refuses it: the continuing call renders it and reports why
@@ -190,23 +189,33 @@ class CompletionHandler:
         )
         await asyncio.shield(self._settle(ctx, Reservation.taken(seq), reason))
 
-    async def _capture(self, ctx, reserved, plan, gen, turn, messages, key, queue_ms) -> TurnState:
-        """Store the call's TITO state and commit its record, both round trips at once. A
-        failed commit is the caller's error (the state is taken back and the number
-        given back, so the retry re-extends the old state). A state that could not be
-        stored after a committed record only costs the next call its extension."""
+    async def _capture(
+        self, ctx, reserved, plan, gen, request: _Request, queue_ms, render: Render
+    ) -> tuple[TurnState, Any]:
+        """Commit the call's record and store its TITO state, both round trips at once,
+        the answer parsed and rendered (``render``) while they are out. A failed commit
+        is the caller's error (the state is taken back and the number given back, so the
+        retry re-extends the old state). A state that could not be stored after a
+        committed record only costs the next call its extension."""
         seq = await reserved
         record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
         committing = capture.start_commit(self.publisher, record)  # the longer wait: first
-        state = TurnState(
-            seq=seq,
-            messages=messages,
-            reply=_reply_message(turn),
-            tools_key=key,
-            prompt=pack(plan.prompt_ids),
-            output=pack(gen.output_ids),
-        )
-        stored, remembering = self.store.remember(ctx.session_id, ctx.attempt, state)
+        try:
+            turn = self._turn(gen, request.tools)
+            state = TurnState(
+                seq=seq,
+                messages=request.messages,
+                reply=_reply_message(turn),
+                tools_key=request.key,
+                prompt=pack(plan.prompt_ids),
+                output=pack(gen.output_ids),
+            )
+            stored, remembering = self.store.remember(ctx.session_id, ctx.attempt, state)
+            reply = render(turn)
+        except Exception:  # a bug: the record is out all the same, and the harness gets a 500
+            with contextlib.suppress(UpstreamError):
+                await committing
+            raise
         try:
             await committing
         except UpstreamError:
@@ -224,7 +233,7 @@ class CompletionHandler:
             log.warning(
                 "call %d of %s captured, its state not stored: %s", seq, ctx.session_id, exc
             )
-        return state
+        return state, reply
 
     async def _settle(
         self, ctx: CallContext, reserved: Reservation, reason: str, *, void: bool = True

@@ -66,6 +66,10 @@ def fail() -> Generation:
     raise BackendError(ErrorKind.CONTEXT_LENGTH, "prompt too long", status=400)
 
 
+def as_is(turn):  # the app renders the answer; here the call returns the turn itself
+    return turn
+
+
 def conv(text: str) -> Conversation:
     return Conversation(model="m", messages=[Message(role="user", content=[TextPart(text)])])
 
@@ -99,7 +103,7 @@ async def stack(nats_url, redis_url, bus):
 
 async def call(handler, resolver, token: str, text: str):
     session = await resolver(token, True)  # a model call: the lookup numbers it
-    return await handler.prepare(conv(text), "openai_chat", b'{"x": 1}', {})(session)
+    return await handler.prepare(conv(text), "openai_chat", b'{"x": 1}', {})(session, as_is)
 
 
 async def test_a_failed_call_gives_its_number_back(stack, bus, redis_client):
@@ -227,7 +231,7 @@ async def test_a_call_in_the_grace_window_is_numbered_after_the_lookup(stack, bu
     late = await resolver(s.token, True)
     assert late is not None and late.data["seq"] is None  # valid (grace), not RUNNING
     engine.release("two", answer(2))
-    await handler.prepare(conv("two"), "openai_chat", b"{}", {})(late)
+    await handler.prepare(conv("two"), "openai_chat", b"{}", {})(late, as_is)
     recs = await captured(bus, s.session_id, expect=2)
     assert [r.seq for r in recs] == [0, 1]
 
@@ -250,7 +254,7 @@ async def test_a_request_the_chat_template_rejects_is_a_400_and_gives_its_number
         session = await resolver(s.token, True)
         assert session.data["seq"] == 0
         with pytest.raises(ProtocolError) as refused:
-            await prepared(session)
+            await prepared(session, as_is)
         assert refused.value.status == 400 and "template rejects" in refused.value.message
         again = await resolver(s.token, True)
         assert again.data["seq"] == 0  # given back: no gap in the numbering
@@ -274,7 +278,7 @@ async def test_a_request_whose_preparation_breaks_fails_and_gives_its_number_bac
     prepared = handler.prepare(BrokenConversation(), "openai_chat", b"{}", {})  # raises nothing
     session = await resolver(s.token, True)
     with pytest.raises(RuntimeError, match="conversion bug"):
-        await prepared(session)
+        await prepared(session, as_is)
     again = await resolver(s.token, True)
     assert again.data["seq"] == 0
     await handler.unused(again, "openai_chat", "test done")

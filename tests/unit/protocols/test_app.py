@@ -362,9 +362,9 @@ async def test_a_model_call_is_prepared_while_its_session_lookup_is_out(handler)
         events.append("prepared")
         made = handler.prepare(conv, protocol, raw, headers)
 
-        def make(session):
+        def make(session, render):
             events.append("made")
-            return made(session)
+            return made(session, render)
 
         return make
 
