@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from proxy.tokenization.lru import SizedLRU
 
-MAX_CACHED_TOKENS = 4_000_000  # ~16 MB of packed ids (and about as much text)
+MAX_CACHED_BYTES = 32_000_000  # packed ids and the text they key, ~4M tokens of prose
 # Pieces not cached that lie closer than this are tokenized in one call (the tokenizer's
 # fixed cost is ~20 µs a call; re-encoding this much cached text costs about as much).
 JOIN_GAP_CHARS = 2048
@@ -42,7 +42,7 @@ class SegmentEncoder:
         # tokenizer's own added-vocabulary matcher does)
         alternatives = sorted(added, key=len, reverse=True)
         self.split = re.compile("|".join(re.escape(t) for t in alternatives))
-        self.cache: SizedLRU[str, array] = SizedLRU(MAX_CACHED_TOKENS, lambda _, ids: len(ids))
+        self.cache: SizedLRU[str, array] = SizedLRU(MAX_CACHED_BYTES, _cached_bytes)
         self.hits = self.misses = 0
 
     @classmethod
@@ -118,6 +118,12 @@ class SegmentEncoder:
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _cached_bytes(piece: str, ids: array) -> int:
+    # the text counts too: every piece is cached now, and whitespace or repeated text
+    # can be many characters per token
+    return ids.itemsize * len(ids) + len(piece)
 
 
 def _find(ids: list[int], value: int, start: int) -> int:
