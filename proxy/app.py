@@ -176,12 +176,12 @@ class _Proxy:
             except BaseException:
                 _drop(lookup)
                 raise
-            if for_call:  # its CPU work while the lookup's round trip is out
-                call = self.handler(conv, spec.name, raw, request.headers)
+            # a model call's CPU work runs while the lookup's round trip is out
+            call = self.handler(conv, spec.name, raw, request.headers) if for_call else None
             session = await self.session(lookup)
             if not conv.model:
                 conv = msgspec.structs.replace(conv, model=session.model)
-            if for_call:
+            if call is not None:
                 return await self.generate(spec, session, conv, call, request)
             return await self.count(spec, session, conv)
         except ProxyError as e:

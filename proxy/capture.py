@@ -228,14 +228,19 @@ def void_record(ctx: CallContext, seq: int, reason: str) -> CompletionRecord:
 async def commit(publisher: JetStreamPublisher, record: CompletionRecord) -> None:
     """Publish and wait for the JetStream ack; a failure is the harness's error. (Any
     object with ``publish`` will do, e.g. a ``Bus``.)"""
-    subject, msg_id = S.completions(record.session_id), f"{record.session_id}:{record.seq}"
-    await _acked(publisher.publish(subject, encode(record), msg_id=msg_id))
+    subject, payload, msg_id = _addressed(record)
+    await _acked(publisher.publish(subject, payload, msg_id=msg_id))
 
 
 def start_commit(publisher: JetStreamPublisher, record: CompletionRecord) -> Coroutine:
     """``commit`` with the publish written at once (await the coroutine, or close it)."""
-    subject, msg_id = S.completions(record.session_id), f"{record.session_id}:{record.seq}"
-    return _acked(publisher.start(subject, encode(record), msg_id=msg_id))
+    subject, payload, msg_id = _addressed(record)
+    return _acked(publisher.start(subject, payload, msg_id=msg_id))
+
+
+def _addressed(record: CompletionRecord) -> tuple[str, bytes, str]:
+    # the message id makes JetStream drop a retried publish of the same call
+    return S.completions(record.session_id), encode(record), f"{record.session_id}:{record.seq}"
 
 
 async def _acked(sent: Awaitable[int]) -> None:

@@ -110,18 +110,7 @@ class CompletionHandler:
             await self.unused(session, protocol, _failure(request.broken))
             raise request.broken
         tools, sid = request.tools, session.session_id
-        ctx = CallContext(
-            session_id=sid,
-            attempt=session.data["attempt"],
-            protocol=Protocol(protocol),
-            mode=self.mode,
-            model=conv.model or session.model,
-            raw_request=request.raw,
-            normalized=request.normalized,
-            user_agent=request.headers.get("user-agent"),
-            side_call=request.side_call,
-            received=time.time(),
-        )
+        ctx = self._context(session, protocol, request)
         states = decode_states(session.data["states"])  # as the session was when called
         reserved: Reservation | None = None
         capturing = False
@@ -175,19 +164,23 @@ class CompletionHandler:
         seq = session.data.get("seq")
         if seq is None:
             return
-        ctx = CallContext(
+        ctx = self._context(session, protocol, None)
+        await asyncio.shield(self._settle(ctx, Reservation.taken(seq), reason))
+
+    def _context(self, session: SessionInfo, protocol: str, request: _Request | None):
+        """The call as its record describes it (``request`` None: a call never made)."""
+        return CallContext(
             session_id=session.session_id,
             attempt=session.data["attempt"],
             protocol=Protocol(protocol),
             mode=self.mode,
-            model="",
-            raw_request=b"",
-            normalized=b"null",
-            user_agent=None,
-            side_call=None,
+            model=(request.conv.model or session.model) if request else "",
+            raw_request=request.raw if request else b"",
+            normalized=request.normalized if request else b"null",
+            user_agent=request.headers.get("user-agent") if request else None,
+            side_call=request.side_call if request else None,
             received=time.time(),
         )
-        await asyncio.shield(self._settle(ctx, Reservation.taken(seq), reason))
 
     async def _capture(
         self, ctx, reserved, plan, gen, request: _Request, queue_ms, render: Render

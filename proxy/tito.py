@@ -202,10 +202,11 @@ def plan_token_prompt(
         try:
             glue = tok.encode(_glue_text(tok, base, messages, tools, heads))
             return PromptPlan(base.prompt_ids + base.output_ids + glue, base, True, None)
-        except TemplateRenderError:
-            prompt = rendered if rendered is not None else tok.render_ids(messages, tools)
-            return PromptPlan(prompt, base, False, "template_rerender_mismatch")
+        except TemplateRenderError:  # the template re-renders earlier turns: whole, below
+            pass
     prompt = rendered if rendered is not None else tok.render_ids(messages, tools)
+    if base is not None:
+        return PromptPlan(prompt, base, False, "template_rerender_mismatch")
     if not states:
         return PromptPlan(prompt, None, None, None)
     return PromptPlan(prompt, None, False, classify_break(messages, key, states))
