@@ -48,6 +48,10 @@ HEAD_CACHE_CHARS = 64_000_000  # ~64 MB of rendered conversations
 # Shorter conversations render in tens of µs: not worth rendering ahead for a next call
 # that may never come (a long one costs ~0.5 ms per render at 20k tokens).
 HEAD_AHEAD_MIN_TOKENS = 2048
+# Rendering a first call's prompt while its lookup is out saves at most that round trip
+# (~0.1 ms): worth it for short requests only, and a longer one is then not rendered
+# before its token is known to be valid.
+RENDER_AHEAD_MAX_BYTES = 64 * 1024
 
 _KIND = {
     BackendKind.CONTEXT_LENGTH: ErrorKind.CONTEXT_LENGTH,
@@ -97,7 +101,11 @@ class CompletionHandler:
             return partial(self._complete, request)
         # A request without an assistant turn continues no state (continuing one means
         # echoing its answer), so it is rendered in full whatever the session holds.
-        if self.mode == UpstreamMode.TOKEN and all(m.get("role") != "assistant" for m in messages):
+        if (
+            self.mode == UpstreamMode.TOKEN
+            and len(raw) <= RENDER_AHEAD_MAX_BYTES
+            and all(m.get("role") != "assistant" for m in messages)
+        ):
             try:
                 request.prompt_ids = self.tok.render_ids(messages, tools)
             except TemplateRenderError as exc:

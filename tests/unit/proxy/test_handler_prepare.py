@@ -1,0 +1,53 @@
+"""What ``CompletionHandler.prepare`` does before a call's session is known (no servers:
+preparing touches none of them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.conversation import Conversation, Message, TextPart
+from proxy.gate import WeightGate
+from proxy.handler import RENDER_AHEAD_MAX_BYTES, CompletionHandler
+from proxy.tokenization import ChatTokenizer
+from schemas import UpstreamMode
+from tests.unit.embedded.tiny import tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tok() -> ChatTokenizer:
+    return ChatTokenizer.load(tiny_model_dir())
+
+
+def handler(tok: ChatTokenizer, renders: list) -> CompletionHandler:
+    counted = ChatTokenizer(tok.tokenizer, tok.chat_template, tok.special_tokens, tok.eos_token_ids)
+    render_ids = counted.render_ids
+    counted.render_ids = lambda *a, **k: renders.append(1) or render_ids(*a, **k)
+    return CompletionHandler(
+        publisher=None, store=None, backend=None, gate=WeightGate(), mode=UpstreamMode.TOKEN,
+        tokenizer=counted, default_max_tokens=16,
+    )  # fmt: skip
+
+
+def conv(*turns: tuple[str, str]) -> Conversation:
+    messages = [Message(role=role, content=[TextPart(text)]) for role, text in turns]
+    return Conversation(model="m", messages=messages)
+
+
+def test_a_short_first_call_is_rendered_while_its_lookup_is_out(tok):
+    renders: list = []
+    first = conv(("system", "Be brief."), ("user", "Say hello."))
+    call = handler(tok, renders).prepare(first, "openai_chat", b"{}", {})
+    assert renders == [1]
+    prepared = call.args[0]
+    assert prepared.prompt_ids == tok.render_ids(first.to_openai_messages())
+
+
+def test_a_long_request_or_one_that_may_continue_a_state_is_not(tok):
+    renders: list = []
+    h = handler(tok, renders)
+    first = conv(("user", "Say hello."))
+    h.prepare(first, "openai_chat", b"x" * (RENDER_AHEAD_MAX_BYTES + 1), {})
+    # an unknown token must not cost a long render: it waits for the session
+    later = conv(("user", "Say hello."), ("assistant", "Hello."), ("user", "Again."))
+    h.prepare(later, "openai_chat", b"{}", {})  # its prompt depends on the session's states
+    assert renders == []
