@@ -88,7 +88,10 @@ async def test_a_server_that_hangs_up_is_a_bad_answer_not_a_crash() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal answered
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the client is done with this connection
+                return
             length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
             await reader.readexactly(length)
             answered += 1
