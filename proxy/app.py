@@ -13,7 +13,7 @@ after ``QUICK_SECONDS``) cancels it (it sees ``CancelledError``). Streams: the w
 sequence is sent once the answer is there; a call still running after
 ``keepalive_seconds`` gets its stream started by a pump that sends protocol-legal
 keep-alives until then (a failure then becomes the protocol's in-stream error; before,
-it keeps its real status). The protocols' POST routes are answered by ``proxy.asgi``
+it keeps its real status). The protocols' POST routes are answered by ``proxy.serving``
 before litestar's router (fewer layers); litestar serves everything else.
 """
 
@@ -30,11 +30,11 @@ from litestar import Litestar, Request, Response, route
 from litestar.exceptions import HTTPException
 from msgspec import Struct
 
-from proxy.asgi import SSE, SSE_START, HotRoutes, ProxyApp, Reply
 from proxy.conversation import AssistantTurn, Conversation, TextPart
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
 from proxy.protocols import models as generic
+from proxy.serving import SSE, BodyTooLarge, ClientGone, HotRoutes, ProxyApp, Reply
 from proxy.sse import encode_all
 
 log = logging.getLogger("polar.proxy")
@@ -82,10 +82,6 @@ def unprepared(
     return prepare
 
 
-class _ClientGone(Exception):
-    pass
-
-
 def create_app(
     completion_handler: CompletionHandler,
     session_resolver: SessionResolver,
@@ -106,7 +102,7 @@ def create_app(
         max_body_bytes,
         keepalive_seconds,
     )
-    handlers = [  # the POST routes are answered by ``proxy.asgi.HotRoutes``
+    handlers = [  # the POST routes are answered by ``proxy.serving.HotRoutes``
         proxy.route_handler(spec, r, prefix)
         for spec in protocols
         for r in spec.routes
@@ -166,7 +162,7 @@ class _Proxy:
                 return await self.models(spec, await self.session(lookup), request)
             try:
                 conv, raw = await self.conversation(spec, request)
-            except (ProxyError, _ClientGone) as e:
+            except (ProxyError, ClientGone) as e:
                 unread = isinstance(e, ProxyError) and e.status == 413
                 session = await self.session(lookup)  # an unknown token is a 401 before any 400
                 if for_call and self.unused is not None:
@@ -190,7 +186,7 @@ class _Proxy:
             # request after it on this connection (RFC 9112 9.6)
             reply.close = unread
             return reply
-        except _ClientGone:
+        except ClientGone:
             return Reply(499)
         except Exception:
             log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
@@ -224,7 +220,10 @@ class _Proxy:
     async def conversation(
         self, spec: ProtocolSpec, request: Request
     ) -> tuple[Conversation, bytes]:
-        raw = await read_body(request, self.max_body)
+        try:
+            raw = await request.read(self.max_body)
+        except BodyTooLarge:
+            raise ProtocolError(413, f"request body is larger than {self.max_body} bytes") from None
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -282,7 +281,7 @@ class _Proxy:
                     await asyncio.wait({pump})
             return Reply(200, events, SSE)
         except Exception as e:
-            if not request.started or isinstance(e, _ClientGone):
+            if not request.started or isinstance(e, ClientGone):
                 raise  # not streaming yet: the error keeps its real status
             if isinstance(e, ProxyError):
                 kind, message = e.kind, e.message
@@ -320,25 +319,6 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key") or headers.get("x-goog-api-key") or None
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ProtocolError(413, f"request body is larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        body = message.get("body", b"")
-        size += len(body)
-        if size > limit:
-            raise ProtocolError(413, f"request body is larger than {limit} bytes")
-        chunks.append(body)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 async def answer_unless_gone(call: Awaitable[T], request: Request) -> T:
     """Run the handler in this request's own task (no task of its own: most answers are
     back within ``QUICK_SECONDS``); past that, a client that disconnects cancels it."""
@@ -352,7 +332,7 @@ async def answer_unless_gone(call: Awaitable[T], request: Request) -> T:
 
     def watch() -> None:
         nonlocal watcher
-        watcher = asyncio.ensure_future(_disconnected(request))
+        watcher = asyncio.ensure_future(request.disconnected())
         watcher.add_done_callback(hang_up)
 
     timer = asyncio.get_running_loop().call_later(QUICK_SECONDS, watch)
@@ -361,17 +341,12 @@ async def answer_unless_gone(call: Awaitable[T], request: Request) -> T:
     except asyncio.CancelledError:
         if watcher is not None and watcher.done() and not watcher.cancelled():
             me.uncancel()
-            raise _ClientGone from None
+            raise ClientGone from None
         raise
     finally:
         timer.cancel()
         if watcher is not None:
             watcher.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def stream_body(
@@ -390,10 +365,9 @@ def stream_body(
 
 async def keep_alive(request: Any, frame: bytes, every: float) -> None:
     """Start the stream (200) and send ``frame`` every ``every`` seconds until cancelled."""
-    await request.send({"type": "http.response.start", "status": 200, "headers": SSE_START})
-    request.started = True
+    await request.start_stream()
     while True:
-        await request.send({"type": "http.response.body", "body": frame, "more_body": True})
+        await request.send_chunk(frame)
         await asyncio.sleep(every)
 
 

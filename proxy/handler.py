@@ -20,7 +20,6 @@ from typing import Any
 
 from proxy import capture, metrics, sidecalls
 from proxy.app import ModelCall, Render, SessionInfo
-from proxy.asgi import after_reply
 from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.capture import CallContext, Reservation, SessionStore, decode_states
@@ -28,6 +27,7 @@ from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
 from proxy.resp import RedisReplyError, RedisUnavailable
+from proxy.serving import after_reply
 from proxy.tito import (
     PromptPlan,
     TurnState,

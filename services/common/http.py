@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
 
 from litestar import Response, get
@@ -29,15 +30,18 @@ def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
 
 
 def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
-    """Run an ASGI app (``module:callable``) under granian, one worker."""
+    """Run an app (``module:callable``) under granian, one worker: over RSGI when the
+    callable is marked ``serves_rsgi`` (see ``services.common.rsgi``), else over ASGI."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
+    module, _, name = target.partition(":")
+    rsgi = getattr(getattr(importlib.import_module(module), name), "serves_rsgi", False)
     Granian(
         target,
         address=host,
         port=port,
-        interface=Interfaces.ASGI,
+        interface=Interfaces.RSGI if rsgi else Interfaces.ASGI,
         workers=1,
         factory=factory,
         loop=_fastest_loop(Loops),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from proxy.app import SessionInfo, create_app, unprepared
 from proxy.conversation import AssistantTurn, Conversation, TextPart, ToolCall, Usage
+from services.common.http import ops_routes
 
 TOKEN = "sdk-test-7d2e91b0"
 ARGS = {"command": "echo proof > proof.txt"}
@@ -57,5 +58,18 @@ async def resolve(token: str, for_call: bool = False) -> SessionInfo | None:
     return SessionInfo(session_id="sdk-0000", model="served-model") if token == TOKEN else None
 
 
+MAX_BODY_BYTES = 1_000_000  # small, so a test can send more than that cheaply
+
+
+async def health() -> dict[str, object]:
+    return {"scripted_model": True}
+
+
 def make_app():  # granian factory target
-    return create_app(unprepared(scripted_model), resolve, keepalive_seconds=0.2)
+    return create_app(
+        unprepared(scripted_model),
+        resolve,
+        keepalive_seconds=0.2,
+        max_body_bytes=MAX_BODY_BYTES,
+        route_handlers=ops_routes("proxy-sdk-test", health),
+    )

@@ -4,13 +4,17 @@ The official ``openai`` (Chat Completions and Responses), ``anthropic`` and
 ``google-genai`` SDKs each run a full tool-call round trip, streaming and not, with the
 session token in the base URL or as the API key. The model behind the proxy is a
 scripted test double: it calls the first tool offered, then answers with the tool's
-result. Also here: a client that disconnects cancels the handler (stream and not).
+result. Also here: a client that disconnects cancels the handler (stream and not), and
+raw HTTP (lengths, kept-alive and closed connections, 413s, litestar's own routes).
+Each test runs against the app served over RSGI (as `polar serve proxy` serves it) and
+over ASGI.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +29,7 @@ from google import genai
 from google.genai import types as gt
 
 from infra import localservers
-from tests.integration.proxy_sdk_app import ARGS, TOKEN
+from tests.integration.proxy_sdk_app import ARGS, MAX_BODY_BYTES, TOKEN
 
 MODEL = "harness-model"  # what the harness asks for; the session's model is different
 RESULT = "proof written"
@@ -40,14 +44,16 @@ SHELL_SCHEMA = {
 # ---------------------------------------------------------------- server fixture
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+# RSGI: as `polar serve proxy` runs the proxy; ASGI: the same app as any ASGI server runs it
+@pytest.fixture(scope="module", params=["RSGI", "ASGI"])
+def server(request, tmp_path_factory) -> Iterator[tuple[str, Path]]:
     markers = tmp_path_factory.mktemp("markers")
     port = localservers.free_port()
     code = (
         "from granian import Granian; from granian.constants import Interfaces, Loops; "
         f"Granian('tests.integration.proxy_sdk_app:make_app', address='127.0.0.1', port={port}, "
-        "interface=Interfaces.ASGI, workers=1, factory=True, loop=Loops.asyncio, log_access=False).serve()"
+        f"interface=Interfaces.{request.param}, workers=1, factory=True, loop=Loops.asyncio, "
+        "log_access=False).serve()"
     )
     env = {**os.environ, "POLAR_TEST_MARKERS": str(markers), "PYTHONPATH": str(REPO)}
     log = markers / "granian.log"
@@ -396,3 +402,105 @@ def test_a_client_leaving_a_plain_request_cancels_the_handler(server) -> None:
             timeout=0.5,
         )
     _wait_for_marker(markers, "openai_chat", before)
+
+
+# ---------------------------------------------------------------- raw HTTP
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One response with a Content-Length body (what these tests expect)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-response: {buf!r}"
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    length = int(headers["content-length"])
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-body"
+        rest += chunk
+    return int(lines[0].split()[1]), headers, rest[:length]
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _post_head(path: str, extra: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n{extra}\r\n"
+    ).encode()
+
+
+def test_json_answers_carry_their_length_on_a_kept_alive_connection(server) -> None:
+    url, _ = server
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = _post_head(f"/s/{TOKEN}/v1/chat/completions", f"content-length: {len(body)}\r\n")
+    with _connect(url) as sock:
+        for _ in range(3):  # one connection, one request after another
+            sock.sendall(request + body)
+            status, headers, answer = _read_response(sock)
+            assert status == 200 and headers["content-type"] == "application/json"
+            assert json.loads(answer)["choices"][0]["message"]["content"] == "Hello from the proxy."
+
+
+def test_a_declared_body_over_the_limit_is_a_413_that_closes_the_connection(server) -> None:
+    url, _ = server
+    too_long = f"content-length: {MAX_BODY_BYTES + 1}\r\n"
+    with _connect(url) as sock:  # the body is never sent: the answer must not wait for it
+        sock.sendall(_post_head(f"/s/{TOKEN}/v1/messages", too_long))
+        status, headers, answer = _read_response(sock)
+        assert status == 413
+        assert json.loads(answer)["type"] == "error"  # Anthropic's shape, on its route
+        assert headers.get("connection") == "close"
+        assert _closed_by_server(sock)
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(server) -> None:
+    url, _ = server
+    chunk = b"x" * 65536
+    framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    with _connect(url) as sock:
+        sock.sendall(
+            _post_head(f"/s/{TOKEN}/v1/chat/completions", "transfer-encoding: chunked\r\n")
+        )
+        try:  # the server may answer and close before all of it is sent
+            for _ in range(MAX_BODY_BYTES // len(chunk) + 2):
+                sock.sendall(framed)
+            sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, _, answer = _read_response(sock)
+    assert status == 413
+    assert "larger than" in json.loads(answer)["error"]["message"]
+
+
+def test_litestar_serves_the_other_routes(server) -> None:
+    url, _ = server
+    with httpx.Client(base_url=url, timeout=10) as client:
+        models = client.get(f"/s/{TOKEN}/v1/models")
+        assert models.status_code == 200 and models.json()["object"] == "list"
+        health = client.get("/healthz")
+        assert health.status_code == 200 and health.json()["ok"] is True
+        metrics = client.get("/metrics")
+        assert metrics.status_code == 200 and "# TYPE" in metrics.text
+        assert client.head(f"/s/{TOKEN}/").status_code == 200  # a harness's probe
+        missing = client.post(f"/s/{TOKEN}/v1/nothing-here", json={})
+        assert missing.status_code == 404 and "error" in missing.json()
+        wrong = client.get(f"/s/{TOKEN}/v1/chat/completions")
+        assert wrong.status_code == 405 and "error" in wrong.json()
+        unknown = client.get("/v1/models", headers={"authorization": "Bearer nope"})
+        assert unknown.status_code == 401

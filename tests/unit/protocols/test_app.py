@@ -10,8 +10,8 @@ import pytest
 from litestar.testing import TestClient
 
 from proxy.app import create_app
-from proxy.asgi import after_reply
 from proxy.errors import ErrorKind, UpstreamError
+from proxy.serving import after_reply
 from proxy.sse import parse
 from tests.unit.protocols.app_support import (
     CHAT,
