@@ -7,6 +7,7 @@ Admin (for trainers, per replica): ``POST /admin/pause``, ``POST /admin/resume``
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager
@@ -182,6 +183,11 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
             tokenizer=late.tokenizer,
             default_max_tokens=cfg.default_max_tokens,
         )
+        # What start-up made (modules, tokenizer, template) lives as long as the process:
+        # out of the collector's sight, a full collection scans only what came later
+        # (~1 ms instead of ~100 ms here, and every call in flight waits for it).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
