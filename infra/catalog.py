@@ -24,13 +24,14 @@ class ServiceKind(NamedTuple):
     port: int  # default port (per-node services: the first node's)
     per_node: bool = False
     takes: tuple[str, ...] = ()
+    rsgi: bool = False  # served over granian's RSGI interface (the app speaks it), else ASGI
 
 
 SERVICES: dict[str, ServiceKind] = {
     # the embedded CPU model server (SGLang surface); disable it when backends are GPUs
     "model": ServiceKind("proxy.backends.embedded.stack:create_app", 30000),
     # the harnesses' model API: token-exact capture in front of the inference engine
-    "proxy": ServiceKind("proxy.main:create_app", 8200, takes=TOPOLOGY_FIELDS),
+    "proxy": ServiceKind("proxy.main:create_app", 8200, takes=TOPOLOGY_FIELDS, rsgi=True),
     # the task front door: HTTP API + polar.tasks.* consumers
     "scheduler": ServiceKind("services.scheduler.main:create_app", 8100),
     # INIT stage per node: sandboxes prepared ahead into the READY buffer

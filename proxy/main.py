@@ -212,6 +212,3 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         lifespan=[lifespan],
     )
     return app
-
-
-create_app.serves_rsgi = True  # type: ignore[attr-defined]  # ProxyApp speaks RSGI too

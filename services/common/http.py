@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable
 
 from litestar import Response, get
@@ -29,14 +28,13 @@ def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
     return [healthz, metrics]
 
 
-def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
-    """Run an app (``module:callable``) under granian, one worker: over RSGI when the
-    callable is marked ``serves_rsgi`` (see ``services.common.rsgi``), else over ASGI."""
+def serve(target: str, host: str, port: int, *, factory: bool = True, rsgi: bool = False) -> None:
+    """Run an app (``module:callable``) under granian, one worker, over ASGI, or over
+    RSGI for an app that speaks it (``proxy.serving.ProxyApp``; ``infra.catalog`` says
+    which services do)."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
-    module, _, name = target.partition(":")
-    rsgi = getattr(getattr(importlib.import_module(module), name), "serves_rsgi", False)
     Granian(
         target,
         address=host,

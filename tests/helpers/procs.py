@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from infra import localservers
+from infra.catalog import SERVICES
 
 
 class ServiceProcess:
@@ -23,9 +24,10 @@ class ServiceProcess:
 
     def start(self, timeout: float = 30.0) -> ServiceProcess:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
-        code = (
+        rsgi = any(k.target == self.target and k.rsgi for k in SERVICES.values())
+        code = (  # served as `polar serve` serves it
             "from services.common.http import serve; "
-            f"serve({self.target!r}, '127.0.0.1', {self.port})"
+            f"serve({self.target!r}, '127.0.0.1', {self.port}, rsgi={rsgi})"
         )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
