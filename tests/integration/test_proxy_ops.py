@@ -319,15 +319,16 @@ async def test_pause_drains_in_flight_calls_and_holds_new_ones(proxy, redis_clie
         await new_session(redis_client, "pause-b"),
     )
     sdk = openai.AsyncOpenAI(base_url=f"{proxy.url}/s/{slow_s.token}/v1", api_key="x")
+    # long enough to still be in the engine when the pause comes on a fast CPU (~0.5 s)
     slow = asyncio.create_task(
-        sdk.chat.completions.create(model="m", messages=SLOW, max_tokens=300)
+        sdk.chat.completions.create(model="m", messages=SLOW, max_tokens=1500)
     )
     await wait_in_flight(proxy.url)  # it is in the engine now
     assert (await post(proxy.url + "/admin/pause")).status_code == 401  # the admin token
     paused = await post(proxy.url + "/admin/pause", headers=ADMIN)
     assert paused.json() == {"paused": True, "drained": 1}
     (rec,) = await captured(bus, slow_s.session_id, expect=1)  # drained = answered and captured
-    assert len(rec.output_ids) == 300
+    assert len(rec.output_ids) == 1500
     await slow
     metrics = (await get(proxy.url + "/metrics")).text
     assert metric(metrics, "polar_proxy_paused") == 1
