@@ -12,7 +12,7 @@ import pytest
 from schemas.task import LocalRuntime
 from services.executor.harnesses.base import HarnessContext
 from services.executor.harnesses.cli import CliHarness, Variant
-from services.executor.harnesses.npm import NpmPackage
+from services.executor.harnesses.npm import NpmPackage, ensure_installed
 from services.runtimes.base import OutputBuffer
 from services.runtimes.local_backend import LocalSandboxRuntime
 from tests.unit.harnesses.support import TOKEN, context, fake_cli_tarball
@@ -82,6 +82,37 @@ async def test_install_configure_run_on_a_local_runtime(tmp_path, runtime):
     await second.install(runtime, ctx)
     record = json.loads(await runtime.download(f"{runtime.home}/.polar/logs/harness.json"))
     assert record["cached"] is True and record["install_seconds"] < 0.5
+
+
+async def test_a_read_only_preinstalled_dir_is_used_as_it_is(tmp_path, runtime):
+    """CLIs pre-installed in the cache layout (``polar``'s preinstall, mounted read-only
+    into containers) run from there: nothing is installed or written for the session."""
+    harness = FakeCli()
+    harness.tarball = str(fake_cli_tarball(tmp_path / "pkg"))
+    ro = tmp_path / "ro"
+    await ensure_installed(ro, harness.npm_package(harness.default_version))
+    for path in [ro, *ro.rglob("*")]:  # read-only, as the mount would be
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~0o222)
+    before = sorted(str(p) for p in ro.rglob("*"))
+    ctx = context(harness="fake", settings={"install_dir": str(ro)})
+    ctx = dataclasses.replace(ctx, workdir=runtime.workdir, home=runtime.home)
+    try:
+        await harness.install(runtime, ctx)
+        await harness.configure(runtime, ctx)
+        record = json.loads(await runtime.download(f"{runtime.home}/.polar/logs/harness.json"))
+        assert record["source"] == "install_dir" and record["cached"] is True
+        run = harness.run(ctx)
+        out = OutputBuffer()
+        proc = await runtime.spawn(run.argv, cwd=run.cwd, env=run.env, stdout=out)
+        assert (await proc.wait(60)).exit_code == 0
+        assert json.loads(out.data())["argv"][-1] == "Fix the bug."
+        assert sorted(str(p) for p in ro.rglob("*")) == before
+        assert not (tmp_path / "harness-cache").exists()  # the node cache was not used
+    finally:
+        for path in [ro, *ro.rglob("*")]:  # let pytest clean it up
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | 0o200)
 
 
 async def test_preinstalled_dir_is_checked_not_installed(tmp_path, runtime):
