@@ -121,17 +121,34 @@ async def resolve_version(name: str, spec: str, timeout: float = 60.0) -> str:
     """An exact version for a range or tag (``latest``, ``^1.2``): asks the registry."""
     if is_exact(spec):
         return spec
-    out = await run_npm(
-        ["view", f"{name}@{spec}", "version", "--json"], env=npm_env(), timeout=timeout
-    )
+    try:
+        out = await run_npm(
+            ["view", f"{name}@{spec}", "version", "--json"], env=npm_env(), timeout=timeout
+        )
+    except InstallError as e:
+        if "E404" in str(e) and "No match found" in str(e):
+            raise InstallError(f"no version of {name} matches {spec!r}") from None
+        raise
     try:
         found = orjson.loads(out) if out.strip() else None
     except orjson.JSONDecodeError:
         found = None
     versions = found if isinstance(found, list) else [found] if isinstance(found, str) else []
+    versions = [str(v) for v in versions if is_exact(str(v))]
     if not versions:
         raise InstallError(f"no version of {name} matches {spec!r}")
-    return str(versions[-1])
+    # the registry lists matches in no promised order (0.73.1 came before 0.73.0)
+    return max(versions, key=version_key)
+
+
+def version_key(version: str) -> tuple:
+    """Semver order: numbers numerically, a release after its pre-releases."""
+    core, _, pre = version.partition("+")[0].partition("-")
+    numbers = tuple(int(x) for x in core.split("."))
+    if not pre:
+        return (numbers, 1, ())
+    parts = tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in pre.split("."))
+    return (numbers, 0, parts)
 
 
 @contextlib.asynccontextmanager

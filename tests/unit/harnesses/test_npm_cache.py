@@ -77,3 +77,17 @@ async def test_file_lock_excludes_and_times_out(tmp_path):
                 pass
     async with npm.file_lock(lock, timeout=0.3):  # released
         pass
+
+
+def test_versions_sort_as_semver():
+    listed = ["0.73.1", "0.73.0", "0.10.2", "0.9.12", "1.0.0-beta.2", "1.0.0-beta.10", "1.0.0"]
+    assert max(listed, key=npm.version_key) == "1.0.0"
+    assert sorted(listed, key=npm.version_key) == [
+        "0.9.12",
+        "0.10.2",
+        "0.73.0",
+        "0.73.1",
+        "1.0.0-beta.2",
+        "1.0.0-beta.10",
+        "1.0.0",
+    ]
