@@ -201,6 +201,9 @@ def build_record(
         output_logprobs=gen.output_logprobs,
         finish_reason="abort" if aborted else gen.finish_reason,
         weight_version=gen.weight_version,
+        # one version throughout is what weight_version already says
+        weight_versions=gen.weight_versions if len(gen.weight_versions) > 1 else [],
+        weight_version_starts=gen.weight_version_starts if len(gen.weight_versions) > 1 else [],
         timings=Timings(
             received=ctx.received,
             upstream_start=gen.upstream_start,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from services.common.settings import ServiceSettings
@@ -9,6 +11,9 @@ class BackendConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     kind: str = "embedded"  # sglang | vllm | embedded (SGLang surface)
     urls: list[str] = msgspec.field(default_factory=lambda: ["http://127.0.0.1:30000"])
     model: str = "default"
+    # the kind's client and pool settings (proxy/backends/factory.py), e.g. a vLLM
+    # deployment's reload_path or SGLang's pause_mode; an unknown name refuses the start
+    settings: dict[str, Any] = {}
 
 
 class TopologyBackend(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -18,10 +23,26 @@ class TopologyBackend(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     kind: str = "sglang"
     url: str | None = None  # None: the embedded model server the stack runs
     model: str | None = None
-    settings: dict[str, object] = {}
+    settings: dict[str, Any] = {}
 
 
 EMBEDDED_URL = "http://127.0.0.1:30000"
+
+
+def merged_settings(group: list[TopologyBackend]) -> dict[str, Any]:
+    """One pool serves the group, so its entries' settings are one set: a name may be
+    given on any entry, but two entries giving it different values is an error."""
+    merged: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for b in group:
+        for key, value in b.settings.items():
+            if key in merged and merged[key] != value:
+                raise ValueError(
+                    f"backends {owner[key]!r} and {b.name!r} set `{key}` differently "
+                    f"({merged[key]!r} vs {value!r}); one pool serves them both"
+                )
+            merged[key], owner[key] = value, b.name
+    return merged
 
 
 class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
@@ -44,7 +65,8 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     admin_token: str | None = None
 
     def engine(self) -> BackendConfig:
-        """The backend to use: the topology's first kind (all its URLs), else ``backend``."""
+        """The backend to use: the topology's first kind (all its URLs, their settings
+        merged), else ``backend``."""
         if not self.backends:
             return self.backend
         kind = self.backends[0].kind
@@ -53,6 +75,7 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
             kind=kind,
             urls=[b.url or EMBEDDED_URL for b in group],
             model=group[0].model or "default",
+            settings=merged_settings(group),
         )
 
     def tokenizer_dir(self) -> str | None:

@@ -1,8 +1,13 @@
 """Proxy service: ``polar serve proxy``. Harnesses call it as their model API.
 
-Admin (for trainers, per replica): ``POST /admin/pause``, ``POST /admin/resume``,
-``POST /admin/update_weights {"model_path": ...}`` (pause, drain, update, resume),
-``GET /admin/weight_version``; with ``admin_token`` set they need it as a Bearer token.
+Admin (for trainers, per replica): ``POST /admin/pause``, ``POST /admin/resume`` (the
+proxy's own gate: new calls wait, in-flight ones drain), ``POST /admin/update_weights
+{"model_path": ...}`` (pause, drain, update, resume), ``GET /admin/weight_version``; and
+the engine's own control on every healthy worker, passed through: ``POST
+/admin/pause_generation``, ``POST /admin/continue_generation``, ``POST /admin/flush_cache``
+(``{"ok": true}``). An engine's refusal is ``{"ok": false, "error", "kind", "worker"}``
+with 400 (it refused the request), 501 (it has no such endpoint) or 502 (it failed). With
+``admin_token`` set every admin route needs it as a Bearer token.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from proxy.app import ModelCall, SessionInfo, estimate_tokens
 from proxy.app import create_app as create_proxy_app
 from proxy.backends.base import BackendError
 from proxy.backends.base import ErrorKind as BackendKind
-from proxy.backends.factory import make_pool
+from proxy.backends.factory import engine_settings, make_pool
 from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
 from proxy.conversation import Conversation
@@ -89,6 +94,14 @@ def admin_guard(token: str | None):
     return guard
 
 
+def engine_error(exc: BackendError) -> Response:
+    """An engine's failure as the admin caller's JSON error: a refusal of the request is
+    the caller's 4xx, a missing endpoint 501, anything else the engine's fault (502)."""
+    status = {BackendKind.BAD_REQUEST: 400, BackendKind.UNSUPPORTED: 501}.get(exc.kind, 502)
+    body = {"ok": False, "error": exc.message, "kind": exc.kind.value, "worker": exc.worker}
+    return Response(body, status_code=status)
+
+
 def admin_routes(gate: WeightGate, state: dict) -> list:
     @post("/admin/pause", status_code=200)
     async def pause() -> dict:
@@ -111,9 +124,8 @@ def admin_routes(gate: WeightGate, state: dict) -> list:
         metrics.PAUSED.set(1)
         try:
             version = await state["backend"].update_weights_from_disk(body.model_path, body.version)
-        except BackendError as exc:  # the engine's refusal is the caller's 4xx
-            status = 400 if exc.kind == BackendKind.BAD_REQUEST else 502
-            return Response({"ok": False, "error": exc.message}, status_code=status)
+        except BackendError as exc:
+            return engine_error(exc)
         finally:
             gate.resume()
             metrics.PAUSED.set(0)
@@ -123,7 +135,36 @@ def admin_routes(gate: WeightGate, state: dict) -> list:
     async def weight_version() -> dict:
         return {"weight_version": await state["backend"].weight_version()}
 
-    return [pause, resume, update_weights, weight_version]
+    # The engine's control on every worker, for a trainer that runs its own sequence (the
+    # proxy's gate is not touched: /admin/pause is that).
+    async def engine_control(op) -> Response:
+        try:
+            await op(state["backend"])
+        except BackendError as exc:
+            return engine_error(exc)
+        return Response({"ok": True})
+
+    @post("/admin/pause_generation", status_code=200)
+    async def pause_generation() -> Response:
+        return await engine_control(lambda b: b.pause())
+
+    @post("/admin/continue_generation", status_code=200)
+    async def continue_generation() -> Response:
+        return await engine_control(lambda b: b.resume())
+
+    @post("/admin/flush_cache", status_code=200)
+    async def flush_cache() -> Response:
+        return await engine_control(lambda b: b.flush_cache())
+
+    return [
+        pause,
+        resume,
+        update_weights,
+        weight_version,
+        pause_generation,
+        continue_generation,
+        flush_cache,
+    ]
 
 
 async def probe_until_up(backend, timeout: float) -> None:
@@ -153,12 +194,15 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
     metrics.INFLIGHT.set_function(lambda: gate.inflight)
     mode = UpstreamMode(cfg.mode)
     engine = cfg.engine()
+    engine_settings(engine.kind, engine.settings)  # a bad or unknown setting refuses the start
 
     @asynccontextmanager
     async def lifespan(app: Litestar):
         POLL.budget = cfg.busy_poll_microseconds / 1e6
         await host.start()
-        backend = make_pool(engine.kind, engine.urls, model=engine.model, modes=(mode,))
+        backend = make_pool(
+            engine.kind, engine.urls, model=engine.model, modes=(mode,), settings=engine.settings
+        )
         if cfg.probe_backend:  # refuses an engine that cannot return token ids
             await probe_until_up(backend, cfg.probe_timeout_seconds)
         if cfg.tokenizer_dir():  # after the probe: an embedded engine creates its model dir

@@ -52,6 +52,10 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     output_logprobs: list[float] = []
     finish_reason: str = "stop"  # stop | length | tool_calls | abort | error
     weight_version: str | None = None
+    # A swap mid-call (engines that say so): weight_versions[i] produced output_ids from
+    # weight_version_starts[i] on. Empty when one version produced the whole output.
+    weight_versions: list[str] = []
+    weight_version_starts: list[int] = []
     timings: Timings | None = None
     user_agent: str | None = None
     side_call: str | None = None  # title | router | count_tokens | probe | None (main loop)

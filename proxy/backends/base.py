@@ -66,7 +66,11 @@ class Generation(Struct, frozen=True, kw_only=True):
     output_ids: list[int]
     output_logprobs: list[float]  # one per output id
     finish_reason: FinishReason
-    weight_version: str | None = None
+    weight_version: str | None = None  # the version that produced the last token
+    # Where the engine says so (the embedded one does): weight_versions[i] produced the
+    # output from weight_version_starts[i] on; two or more when a swap came mid-request.
+    weight_versions: list[str] = []
+    weight_version_starts: list[int] = []
     text: str = ""
     reasoning: str | None = None
     tool_calls: list[ToolCall] = []  # chat mode only: parsed by the engine

@@ -3,7 +3,9 @@
 Shapes by version (tests/fixtures/backends/sglang/*, README there says where each came from):
   /generate           {text, output_ids?, meta_info{id, finish_reason{type, matched|length|
                       message}, prompt_tokens, completion_tokens, weight_version?,
-                      output_token_logprobs[[logprob, token_id, text|null], ...]}}
+                      output_token_logprobs[[logprob, token_id, text|null], ...],
+                      weight_versions?, weight_version_starts? (the embedded server's:
+                      the versions a request spanned, and the output index each began)}}
                       ``output_ids`` is top level from 0.5 on; older servers only have the
                       ids inside ``output_token_logprobs``.
   chat completions    choice.prompt_token_ids (return_prompt_token_ids, >= 0.5.13),
@@ -86,6 +88,29 @@ def output_pairs(meta: dict[str, Any], worker: str = "") -> tuple[list[int], lis
     return None
 
 
+def weight_spans(
+    meta: dict[str, Any], n_output: int, worker: str = ""
+) -> tuple[list[str], list[int]]:
+    """``(weight_versions, weight_version_starts)`` when the server sends them, else empty:
+    which weights produced which part of the output (a request paused across a swap)."""
+    versions, starts = meta.get("weight_versions"), meta.get("weight_version_starts")
+    if versions is None and starts is None:
+        return [], []
+    if (
+        not isinstance(versions, list)
+        or not isinstance(starts, list)
+        or len(versions) != len(starts)
+    ):
+        raise bad_response("meta_info.weight_versions and weight_version_starts differ", worker)
+    begins = int_ids(starts, "meta_info.weight_version_starts", worker)
+    if begins and (begins[0] != 0 or begins != sorted(begins) or begins[-1] > n_output):
+        raise bad_response(
+            f"meta_info.weight_version_starts {begins} do not split {n_output} output tokens",
+            worker,
+        )
+    return [str(v) for v in versions], begins
+
+
 def _check_same(ids: list[int], other: Any, what: str, worker: str) -> None:
     if other is not None and list(other) != ids:
         raise bad_response(f"{what} disagrees with meta_info.output_token_logprobs", worker)
@@ -106,6 +131,7 @@ def parse_generate(
             f"server counted {prompt_tokens} prompt tokens, {len(req.input_ids)} were sent", worker
         )
     finish = meta.get("finish_reason")
+    versions, starts = weight_spans(meta, len(ids), worker)
     return Generation(
         prompt_ids=list(req.input_ids),
         output_ids=ids,
@@ -113,6 +139,8 @@ def parse_generate(
         finish_reason=normalize_finish(finish),
         matched_stop=matched_stop(finish),
         weight_version=_version(meta.get("weight_version")),
+        weight_versions=versions,
+        weight_version_starts=starts,
         text=body.get("text") or "",
         served_model=served_model,
         worker=worker,
@@ -165,6 +193,7 @@ def parse_chat(body: dict[str, Any], worker: str = "") -> Generation:
     message = choice.get("message") or {}
     meta = choice.get("meta_info") or {}
     version = meta.get("weight_version", (body.get("metadata") or {}).get("weight_version"))
+    versions, starts = weight_spans(meta, len(ids), worker)
     return Generation(
         prompt_ids=prompt_ids,
         output_ids=ids,
@@ -172,6 +201,8 @@ def parse_chat(body: dict[str, Any], worker: str = "") -> Generation:
         finish_reason=normalize_finish(choice.get("finish_reason")),
         matched_stop=matched_stop(None, choice),
         weight_version=_version(version),
+        weight_versions=versions,
+        weight_version_starts=starts,
         text=message.get("content") or "",
         reasoning=reasoning_text(message),
         tool_calls=parse_tool_calls(message),

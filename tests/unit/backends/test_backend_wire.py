@@ -37,6 +37,39 @@ def test_sglang_output_ids_must_agree_with_logprob_ids():
         sglang_wire.parse_generate(body, REQ)
 
 
+SPANNED = {  # the embedded engine's meta_info for a request paused across a weight swap
+    "weight_version": "2",
+    "weight_versions": ["1", "2"],
+    "weight_version_starts": [0, 2],
+    "output_token_logprobs": [[-0.5, 11, None], [-0.2, 12, None], [-0.1, 13, None]],
+}
+
+
+def test_sglang_generation_says_which_weights_produced_which_tokens():
+    gen = sglang_wire.parse_generate({"meta_info": SPANNED}, REQ)
+    assert (gen.weight_version, gen.weight_versions, gen.weight_version_starts) == (
+        "2",
+        ["1", "2"],
+        [0, 2],
+    )
+    chat = {"choices": [{"prompt_token_ids": [5, 6], "meta_info": SPANNED, "message": {}}]}
+    gen = sglang_wire.parse_chat(chat)
+    assert (gen.weight_versions, gen.weight_version_starts) == (["1", "2"], [0, 2])
+    plain = {"meta_info": {"output_token_logprobs": [[-0.5, 11, None]], "weight_version": 3}}
+    gen = sglang_wire.parse_generate(plain, REQ)  # a server that does not say: none claimed
+    assert (gen.weight_version, gen.weight_versions, gen.weight_version_starts) == ("3", [], [])
+
+
+@pytest.mark.parametrize(
+    ("versions", "starts"),
+    [(["1", "2"], [0]), (["1", "2"], [0, 4]), (["1", "2"], [1, 2]), (["1", "2"], [2, 0])],
+)
+def test_sglang_weight_spans_that_do_not_split_the_output_are_refused(versions, starts):
+    meta = {**SPANNED, "weight_versions": versions, "weight_version_starts": starts}
+    with pytest.raises(BackendError, match="weight_version"):
+        sglang_wire.parse_generate({"meta_info": meta}, REQ)
+
+
 def test_sglang_generate_body_omits_unset_sampling():
     body = sglang_wire.build_generate_body(REQ)
     assert body["sampling_params"] == {} and body["return_logprob"] is True
