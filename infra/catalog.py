@@ -35,7 +35,9 @@ SERVICES: dict[str, ServiceKind] = {
     # the task front door: HTTP API + polar.tasks.* consumers
     "scheduler": ServiceKind("services.scheduler.main:create_app", 8100),
     # INIT stage per node: sandboxes prepared ahead into the READY buffer
-    "pool": ServiceKind("services.pool.main:create_app", 8110, per_node=True, takes=NODE_FIELDS),
+    "pool": ServiceKind(
+        "services.pool.main:create_app", 8110, per_node=True, takes=NODE_FIELDS + TOPOLOGY_FIELDS
+    ),
     # RUNNING stage per node: harnesses run, deadlines enforced, artifacts collected
     "executor": ServiceKind(
         "services.executor.main:create_app", 8120, per_node=True, takes=NODE_FIELDS

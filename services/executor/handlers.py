@@ -36,9 +36,10 @@ from services.common.registry import Registry
 from services.executor import artifacts as A
 from services.executor.config import ExecutorConfig
 from services.executor.harnesses import Harness, HarnessContext
+from services.executor.prewarm import ROLE as PREWARM_ROLE
+from services.executor.prewarm import Prewarm, wants_prewarm
 from services.executor.reaper import finish_session
 from services.runtimes.base import OutputBuffer, Runtime
-from services.runtimes.prepare import run_prepare
 
 log = logging.getLogger(__name__)
 ST = SessionState
@@ -100,13 +101,16 @@ class Executor:
         self.running[work.session_id] = run  # from here on a cancel message finds it
         STAGE_WAIT.labels(self.node, "run").observe(max(0.0, time.time() - work.ts))
         t0 = time.monotonic()
+        ended = False
         try:
             await self.registry.hold([work.session_id], self.owner, self.config.lease_seconds)
             await self._cancelled_meanwhile(run)
             outcome = await self._run_session(run, task.spec, session, work)
+            ended = True
         finally:
             self.running.pop(work.session_id, None)
-            await self.registry.release(work.session_id)
+            if ended:  # else the lease runs out and a reaper ends and cleans the session
+                await self.registry.release(work.session_id)
             STAGE_SECONDS.labels(self.node, "run").observe(time.monotonic() - t0)
         STAGE_RESULTS.labels(self.node, "run", outcome.value).inc()
 
@@ -118,10 +122,53 @@ class Executor:
             run.cancelled.set()
 
     async def _run_session(self, run: RunningSession, spec, session, work: ReadyWork) -> Outcome:
-        paths = SessionPaths.of(self.config.work_dir, session.session_id)
-        harness = self.harnesses.create(spec.agent.harness)
-        ctx = harness_context(session, spec, run.runtime, self.config.proxy_url, paths)
+        """Run, collect, finish. Every path stops both the runtime and a prewarmed eval
+        runtime, except a finish event that hands one of them to the evaluator."""
         prewarm = self._start_prewarm(spec, session.session_id)
+        kept: Runtime | None = None  # named in the finish event: the evaluator stops it
+        try:
+            result, arts = await self._run_and_collect(run, spec, session)
+            if result.outcome == Outcome.CANCELLED:  # the canceller moved it to CANCELLED
+                return result.outcome
+            if spec.evaluator.runtime == "live" and spec.evaluator.name != "session_completed":
+                kept = run.runtime
+            elif prewarm is not None:
+                kept = await prewarm.ready()
+            # Stopped before the event: an evaluator may then start its own eval runtime.
+            await self._stop_unkept(run, prewarm, kept)
+            eval_rt = kept.runtime_id if kept else None
+            if not await self._finish(session, work, result, arts, eval_rt):
+                kept = None  # cancelled or ended meanwhile: nobody takes it over
+            return result.outcome
+        except Exception as exc:  # noqa: BLE001 - an executor fault ends it as ERROR
+            log.exception("run of %s failed", session.session_id)
+            kept = None
+            await self._stop_unkept(run, prewarm, None)
+            reason = f"executor failed: {exc}"[:2000]
+            error = RunResult(Outcome.ERROR, reason, None, b"", b"")
+            await self._finish(session, work, error, Artifacts(), None)
+            return Outcome.ERROR
+        finally:  # cancelled (node stopping), or the finish lost a race
+            await self._stop_unkept(run, prewarm, kept)
+
+    async def _stop_unkept(self, run: RunningSession, prewarm, kept: Runtime | None) -> None:
+        grace = self.config.kill_grace_seconds
+        if kept is not run.runtime:
+            with contextlib.suppress(Exception):
+                await run.runtime.stop(grace)
+        if prewarm is not None and kept is not prewarm.runtime:
+            with contextlib.suppress(Exception):
+                await prewarm.stop()
+
+    async def _run_and_collect(self, run: RunningSession, spec, session):
+        paths = SessionPaths.of(self.config.work_dir, session.session_id)
+        try:
+            harness = self.harnesses.create(spec.agent.harness)
+            ctx = harness_context(session, spec, run.runtime, self.config.proxy_url, paths)
+        except Exception as exc:  # noqa: BLE001 - it ends as ERROR; never stuck in RUNNING
+            log.warning("harness of %s could not be set up: %s", session.session_id, exc)
+            reason = f"harness could not be set up: {exc}"[:2000]
+            return RunResult(Outcome.ERROR, reason, None, b"", b""), Artifacts()
         t0 = time.monotonic()
         try:
             result = await self._run_harness(run, harness, ctx, spec, session)
@@ -131,16 +178,9 @@ class Executor:
                 Outcome.ERROR, f"harness could not run: {exc}"[:2000], None, b"", b""
             )
         STAGE_SECONDS.labels(self.node, "harness").observe(time.monotonic() - t0)
-        keep_live = spec.evaluator.runtime == "live" and spec.evaluator.name != "session_completed"
-        arts = await self._collect(run.runtime, harness, ctx, result, spec, paths)
-        eval_runtime_id = await _finish_prewarm(prewarm)
-        if keep_live and result.outcome != Outcome.CANCELLED:
-            eval_runtime_id = run.runtime.runtime_id  # the evaluator stops it
-        else:
-            await run.runtime.stop(self.config.kill_grace_seconds)
-        if result.outcome != Outcome.CANCELLED:  # else the canceller moved it to CANCELLED
-            await self._finish(session, work, result, arts, eval_runtime_id)
-        return result.outcome
+        if result.outcome == Outcome.CANCELLED:
+            return result, Artifacts()
+        return result, await self._collect(run.runtime, harness, ctx, result, spec, paths)
 
     async def _run_harness(self, run, harness, ctx: HarnessContext, spec, session) -> RunResult:
         if run.cancelled.is_set():
@@ -205,8 +245,8 @@ class Executor:
             protocol=harness.protocol,
         )
 
-    async def _finish(self, session, work, result: RunResult, arts: Artifacts, eval_rt) -> None:
-        await finish_session(
+    async def _finish(self, session, work, result: RunResult, arts: Artifacts, eval_rt) -> bool:
+        return await finish_session(
             self.registry,
             self.bus,
             session,
@@ -217,21 +257,11 @@ class Executor:
             eval_rt,
         )
 
-    def _start_prewarm(self, spec, session_id: str) -> asyncio.Task | None:
-        ev = spec.evaluator
-        if not (ev.prewarm and ev.runtime == "fresh"):
+    def _start_prewarm(self, spec, session_id: str) -> Prewarm | None:
+        if not wants_prewarm(spec):
             return None
-
-        async def prewarm() -> str:
-            rt = node_runtime(self.config, spec.runtime, session_id, role="eval")
-            await rt.start()
-            logs = await run_prepare(rt, spec.runtime.prepare)
-            if not all(a.ok for a in logs):
-                await rt.stop()
-                raise RuntimeError("eval runtime prepare failed")
-            return rt.runtime_id
-
-        return asyncio.create_task(prewarm())
+        rt = node_runtime(self.config, spec.runtime, session_id, role=PREWARM_ROLE)
+        return Prewarm(rt, spec.runtime.prepare)
 
     # -- cancellation, leases, heartbeats ---------------------------------------------
     async def subscribe(self) -> list:
@@ -257,13 +287,3 @@ class Executor:
             capacity={"RUNNING": self.config.max_run},
         )
         await send_heartbeat(self.bus, self.registry, beat)
-
-
-async def _finish_prewarm(task: asyncio.Task | None) -> str | None:
-    if task is None:
-        return None
-    try:
-        return await task
-    except Exception as exc:  # noqa: BLE001 - the evaluator will start its own
-        log.warning("eval prewarm failed: %s", exc)
-        return None

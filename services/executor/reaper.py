@@ -5,7 +5,9 @@ when it stops renewing, any pool or executor that notices takes the expired leas
 (exactly one wins), cleans the runtime if it can reach it, and retries the session if
 the task allows — otherwise a RUNNING session is finished as ERROR so what it captured
 is still built, and an earlier one ends as ERROR. A session that ended (cancelled, or
-ended by a deadline) while its holder still had it only has its runtime stopped.
+ended by a deadline) while its holder still had it only has its runtime stopped. The
+runtimes cleaned are the session's own and, when the task prewarms its evaluator, the
+fresh eval runtime a dead executor may have left.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from schemas import Artifacts, InitWork, Outcome, SessionFinished, SessionState,
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.registry import Registry
+from services.executor.prewarm import prewarm_runtime_id
 
 log = logging.getLogger(__name__)
 ST = SessionState
@@ -124,6 +127,11 @@ class Reaper:
 
     async def _stop_runtime(self, task, sid: str) -> None:
         raw = await self.registry.redis.hget(S.key_session(sid), "runtime_id")
-        runtime_id = raw.decode() if raw else f"{sid}-main"
-        with contextlib.suppress(Exception):  # clean what is reachable from this node
-            await self.runtime_for(task.spec.runtime, sid, runtime_id).stop()
+        ids = [raw.decode() if raw else f"{sid}-main"]
+        # A dead executor may have left an eval runtime prewarming; nothing was handed
+        # over (the session never finished), so it is stopped before any retry or finish.
+        if eval_id := prewarm_runtime_id(task.spec, sid):
+            ids.append(eval_id)
+        for runtime_id in ids:
+            with contextlib.suppress(Exception):  # clean what is reachable from this node
+                await self.runtime_for(task.spec.runtime, sid, runtime_id).stop()

@@ -44,6 +44,7 @@ from services.executor.artifacts import baseline_command
 from services.executor.harnesses import Harness
 from services.executor.reaper import retry_session
 from services.pool import logic
+from services.pool.backpressure import EngineWatch
 from services.pool.config import PoolConfig
 from services.runtimes.base import Runtime
 from services.runtimes.errors import SandboxError
@@ -55,6 +56,7 @@ POOL_STAGES = {"INIT": ST.INITIALIZING, "READY": ST.READY}
 # A READY session that moves to one of these never reaches an executor: its runtime,
 # prepared and detached by this pool, is the pool's to stop.
 LEFT_READY = (ST.CANCELLED, ST.ERROR)
+READY_POLL_SECONDS = 0.2  # a prepared runtime waiting for room re-checks at least this often
 
 
 class RuntimePool:
@@ -70,6 +72,7 @@ class RuntimePool:
         self._jobs: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        self._ready_freed = asyncio.Event()  # a READY session was taken or ended
 
     # -- main loop --------------------------------------------------------------------
     async def run(self, *, drain: bool = False) -> None:
@@ -149,7 +152,22 @@ class RuntimePool:
             return started
 
     async def _engine_struggling(self) -> bool:
+        """Set by an ``EngineWatch`` (this node's or another's) or by an operator."""
         return bool(await self.registry.redis.exists(S.KEY_BACKPRESSURE))
+
+    def engine_watch(self) -> EngineWatch | None:
+        """The writer of the backpressure signal, when this pool has engines to watch."""
+        cfg = self.config
+        urls = cfg.watched_engines()
+        if not urls:
+            return None
+        return EngineWatch(
+            self.registry.redis,
+            urls,
+            high=cfg.backpressure_queue,
+            low=cfg.backpressure_resume,
+            ttl_seconds=cfg.backpressure_ttl_seconds,
+        )
 
     async def _admit(self, item: InitWork, msg: Msg) -> bool:
         t = await self.registry.transition(
@@ -181,10 +199,7 @@ class RuntimePool:
             runtime = node_runtime(self.config, task.spec.runtime, sid)
             self.initializing[sid] = runtime
             await self._prepare(runtime, task.spec, session, paths)
-            ready = await self.registry.transition(
-                sid, ST.READY, from_=[ST.INITIALIZING], runtime_id=runtime.runtime_id
-            )
-            if not ready.ok:  # cancelled while preparing
+            if not await self._become_ready(sid, runtime):  # cancelled while preparing
                 result = "cancelled"
                 await runtime.cancel()
                 return
@@ -212,6 +227,27 @@ class RuntimePool:
             with contextlib.suppress(Exception):
                 await msg.ack()
             await self.dispatch()
+
+    async def _become_ready(self, sid: str, runtime: Runtime) -> bool:
+        """INITIALIZING -> READY once the READY buffer has room; False if the session
+        ended meanwhile. Checked and moved under the admission lock (one pool per node),
+        so READY never exceeds its bound even while the executor lags."""
+        while True:
+            self._ready_freed.clear()  # before counting: a later hand-over wakes us
+            async with self._lock:
+                counts = await self.registry.node_stage_counts(self.node, [ST.READY])
+                if logic.ready_room(counts["READY"], self.limits) > 0:
+                    t = await self.registry.transition(
+                        sid, ST.READY, from_=[ST.INITIALIZING], runtime_id=runtime.runtime_id
+                    )
+                    return t.ok
+            if runtime.state != "running":  # cancelled (a cancel message, or stopping)
+                return False
+            now = await self.registry.get_session(sid)
+            if now is None or now.state != ST.INITIALIZING:
+                return False
+            with contextlib.suppress(TimeoutError):  # the wake-up is a hint; poll anyway
+                await asyncio.wait_for(self._ready_freed.wait(), READY_POLL_SECONDS)
 
     async def _prepare(self, runtime: Runtime, spec, session, paths: SessionPaths) -> None:
         await runtime.start()
@@ -256,7 +292,12 @@ class RuntimePool:
         return [
             await nc.subscribe(S.session_cancel("*"), cb=self.on_cancel),
             *[await nc.subscribe(S.session_event(st), cb=self.on_left_ready) for st in LEFT_READY],
+            await nc.subscribe(S.session_event(ST.RUNNING), cb=self.on_taken),
         ]
+
+    async def on_taken(self, msg: Msg) -> None:
+        """A READY session went RUNNING: room in the READY buffer, maybe."""
+        self._ready_freed.set()
 
     async def on_cancel(self, msg: Msg) -> None:
         """A session cancelled while this pool prepares it: stop its runtime now."""
@@ -276,6 +317,7 @@ class RuntimePool:
             return
         if ev.from_state != ST.READY:
             return
+        self._ready_freed.set()
         node, raw = await self.registry.redis.hmget(
             S.key_session(ev.session_id), ["node", "runtime_id"]
         )

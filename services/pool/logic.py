@@ -3,8 +3,13 @@
 Bounds per node (checked against the registry's per-node stage sets):
 - at most ``max_init`` sessions INITIALIZING;
 - at most ``max_run + ready_buffer`` sessions held at once (INITIALIZING + READY +
-  RUNNING): when every run slot is busy, at most ``ready_buffer`` prepared runtimes wait.
-``ready_buffer=0`` is just-in-time preparation: an INIT starts only for a free run slot.
+  RUNNING): an INIT starts only for a free run slot or a free place in the buffer;
+- at most ``ready_buffer`` sessions READY (handed over, not yet taken by the executor),
+  whatever the executor does: a prepared runtime goes READY only while there is room,
+  else it waits, still INITIALIZING and holding its INIT slot, so a lagging executor
+  stops new INITs instead of growing the buffer.
+``ready_buffer=0`` is just-in-time preparation: an INIT starts only for a free run slot,
+and prepared runtimes are handed over one at a time (READY <= 1).
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ def room_to_init(initializing: int, ready: int, running: int, limits: Limits) ->
     by_init = limits.max_init - initializing
     by_hold = limits.max_run + limits.ready_buffer - (initializing + ready + running)
     return max(0, min(by_init, by_hold))
+
+
+def ready_room(ready: int, limits: Limits) -> int:
+    """How many prepared runtimes may go READY now (``ready``: the node's READY count)."""
+    return max(0, ready_cap(limits) - ready)
+
+
+def ready_cap(limits: Limits) -> int:
+    return max(limits.ready_buffer, 1)  # a hand-over passes through READY even just in time
 
 
 @dataclass(order=True)

@@ -36,6 +36,9 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
             host.registry, host.bus, partial(node_runtime, cfg), keep=pool.initializing.__contains__
         )
         host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
+        watch = pool.engine_watch()
+        if watch is not None:
+            host.every(cfg.backpressure_poll_seconds, watch.poll, "backpressure")
         host.every(cfg.backpressure_poll_seconds, _dispatch(pool), "dispatch")
         try:
             yield
@@ -44,6 +47,8 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
             for sub in subs:
                 await sub.unsubscribe()
             await host.stop()
+            if watch is not None:
+                await watch.close()
 
     return Litestar(route_handlers=ops_routes("pool", host.health), lifespan=[lifespan])
 

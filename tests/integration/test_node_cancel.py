@@ -49,8 +49,9 @@ async def state_of(node: Node, sid: str) -> ST:
 
 
 async def left_behind(node: Node, work: Path, sids: list[str]) -> list[str]:
-    """What still exists for these sessions: processes, directories, containers."""
-    rids = [f"{sid}-main" for sid in sids]
+    """What still exists for these sessions: processes, directories, containers (of the
+    session's runtime and of a prewarmed eval runtime)."""
+    rids = [f"{sid}-{role}" for sid in sids for role in ("main", "eval")]
     procs = [f"pid {p}" for sid in sids for p in session_procs(sid)]
     dirs = [d for d in leftover_dirs(work) if d in rids]
     return procs + dirs + await asyncio.to_thread(containers, rids)
@@ -130,3 +131,50 @@ async def test_cancel_in_ready_and_running(node_of, tmp_path, backend):
 async def _both(states, wanted: set) -> dict | None:
     got = await states
     return got if set(got) == wanted else None
+
+
+PREWARM = {"name": "session_completed", "runtime": "fresh", "prewarm": True}
+BG_PREPARE = [{"action": "exec", "command": "nohup sleep 400 >/dev/null 2>&1 &"}]
+
+
+async def prewarmed_run(node: Node, work: Path, task_id: str, backend: str, harness: str):
+    """One session RUNNING, its evaluator's fresh runtime prewarmed by the executor
+    itself (a prepare action left a background process in each runtime)."""
+    spec = task(
+        task_id, runtime=runtime(backend, BG_PREPARE), agent={"command": harness}, evaluator=PREWARM
+    )
+    [s] = await node.scheduler.accept(logic.with_task_id(spec))
+    sid = s.session_id
+    # main: prepare's sleep; eval: prepare's sleep; harness: sh + sleep
+    await wait_until(lambda: len(session_procs(sid)) >= 4, 30, "run + prewarm")
+    await wait_until(lambda: f"{sid}-eval" in leftover_dirs(work) or backend == "docker", 5)
+    assert await state_of(node, sid) == ST.RUNNING
+    return sid
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_cancel_in_running_stops_the_prewarmed_eval_runtime(node_of, tmp_path, backend):
+    node = await node_of(backend)
+    work = tmp_path / "work"
+    sid = await prewarmed_run(node, work, "cx-prewarm", backend, "sleep 200")
+    if backend == "docker":
+        assert len(await asyncio.to_thread(containers, [f"{sid}-eval"])) == 1
+
+    assert await node.scheduler.cancel_session(sid, "cancel with a prewarm")
+    await wait_until(lambda: gone(node, work, [sid]), CLEAN_SECONDS, "run + prewarm cleanup")
+    await wait_until(lambda: not node.executor.running, 5, "the run to end")
+    assert await state_of(node, sid) == ST.CANCELLED and not node.finished
+
+
+async def test_finish_that_loses_a_race_stops_the_prewarmed_eval_runtime(node_of, tmp_path):
+    """The session ends while the harness is still running, without a cancel message
+    reaching the executor (as when a cancel lands just after the harness exited): the
+    finish finds it no longer RUNNING and hands nothing over, so both runtimes stop."""
+    node = await node_of("local")
+    work = tmp_path / "work"
+    sid = await prewarmed_run(node, work, "race-prewarm", "local", "sleep 2")
+    t = await node.registry.transition(sid, ST.CANCELLED, from_=[ST.RUNNING], reason="raced")
+    assert t.ok
+    await wait_until(lambda: not node.executor.running, 10, "the run to end")
+    assert await left_behind(node, work, [sid]) == []
+    assert await state_of(node, sid) == ST.CANCELLED and not node.finished

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from schemas import Outcome, SessionState, TaskRequest, decode
+from schemas import InitWork, Outcome, SessionState, TaskRequest, decode
+from schemas import subjects as S
 from services.scheduler import logic
 from tests.helpers.node import Node
 
@@ -38,6 +39,7 @@ def check_bounds(events, node: str, limits: dict) -> dict[str, int]:
         counts["HELD"] = counts["INITIALIZING"] + counts["READY"] + counts["RUNNING"]
         assert counts["INITIALIZING"] <= limits["max_init"], ev
         assert counts["RUNNING"] <= limits["max_run"], ev
+        assert counts["READY"] <= limits["ready_buffer"], ev
         assert counts["HELD"] <= limits["max_run"] + limits["ready_buffer"], ev
         peak = {k: max(peak[k], counts[k]) for k in peak}
     return peak
@@ -50,6 +52,12 @@ async def test_200_sessions_flow_within_bounds_and_priority(fresh_servers, tmp_p
         cmd = 'echo "$POLAR_SESSION_ID" > out.txt; sleep 0.05'
         node.pool.stop()  # queue everything first so priorities decide the order
         await node.tasks[0]
+        arrived: list[str] = []  # init work in stream order: what FIFO means
+
+        async def on_init(msg) -> None:
+            arrived.append(decode(msg.data, InitWork).session_id)
+
+        await node.bus.nc.subscribe(S.SESSIONS_INIT, cb=on_init)
         low = await node.scheduler.accept(
             logic.with_task_id(shell_task("low", 100, cmd, priority=0))
         )
@@ -72,6 +80,10 @@ async def test_200_sessions_flow_within_bounds_and_priority(fresh_servers, tmp_p
         first_low = min(i for i, sid in enumerate(inits) if sid not in high_ids)
         last_high = max(i for i, sid in enumerate(inits) if sid in high_ids)
         assert last_high < first_low, "a low-priority session started before a high one"
+        assert len(arrived) == 200
+        for level in (high_ids, {s.session_id for s in low}):  # FIFO within a level
+            assert [i for i in inits if i in level] == [i for i in arrived if i in level]
+        assert peak["READY"] == LIMITS["ready_buffer"]  # the buffer was used, never exceeded
         for sid in [s.session_id for s in low][:3]:
             st = await node.registry.get_session(sid)
             assert st.state == SessionState.POSTRUN
@@ -115,5 +127,38 @@ async def test_failures_end_the_session_never_leave_it_stuck(fresh_servers, tmp_
             await asyncio.sleep(0.05)
         assert s.attempt == 1 and "prepare action 0" in s.reason and "broken" in s.reason
         assert leftover_dirs(tmp_path / "work") == []
+    finally:
+        await node.stop()
+
+
+class _BrokenPresets:
+    """The executor's harness registry failing before the run's own try (create)."""
+
+    def create(self, name: str):
+        raise RuntimeError(f"no preset {name!r} on this executor")
+
+
+async def test_harness_setup_failure_ends_in_error_with_the_reason(fresh_servers, tmp_path):
+    from tests.helpers.node import leftover_dirs
+    from tests.helpers.node import task as node_task
+
+    nats_url, redis_url = fresh_servers
+    node = await Node.start(nats_url, redis_url, tmp_path / "work", **LIMITS)
+    try:
+        node.executor.harnesses = _BrokenPresets()
+        spec = node_task(
+            "nosetup", agent={"command": "true"}, evaluator={"runtime": "fresh", "prewarm": True}
+        )
+        [s] = await node.scheduler.accept(logic.with_task_id(spec))
+        await node.wait_finished(1, timeout=30)
+        ev = node.finished[s.session_id]
+        assert ev.outcome == Outcome.ERROR and "could not be set up" in ev.reason
+        assert "no preset 'shell'" in ev.reason
+        assert ev.eval_runtime_id == f"{s.session_id}-eval"  # an errored run is scored too
+        st = await node.registry.get_session(s.session_id)
+        assert st.state == SessionState.POSTRUN and st.outcome == Outcome.ERROR
+        assert s.session_id not in await node.registry.expired_leases(now=1e12)  # released
+        # the session's runtime stopped; the prewarmed one is the evaluator's to stop
+        assert leftover_dirs(tmp_path / "work") == [f"{s.session_id}-eval"]
     finally:
         await node.stop()

@@ -4,7 +4,8 @@
 Sessions of a task without retries end as ERROR (POSTRUN with outcome error, so what
 they captured is still built) within about the lease time; sessions of a task that
 allows a retry go back to REGISTERED and complete on a restarted executor. The
-orphaned harness processes are killed and the runtimes removed by the pool's reaper.
+orphaned harness processes are killed and the runtimes removed by the pool's reaper,
+the fresh eval runtimes the dead executor was prewarming included.
 """
 
 import asyncio
@@ -105,7 +106,8 @@ async def test_kill_9_executor_mid_run(fresh_servers, tmp_path):
         procs.append(pool)
         executor = await start("services.executor.main:create_app", cfg, logs)
         procs.append(executor)
-        no_retry = task("k9-err", 2, max_retries=0, agent={"command": HARNESS})
+        prewarm = {"runtime": "fresh", "prewarm": True}  # an eval runtime the reaper must find
+        no_retry = task("k9-err", 2, max_retries=0, agent={"command": HARNESS}, evaluator=prewarm)
         retry = task("k9-retry", 2, max_retries=1, agent={"command": HARNESS})
         err_ids = [s.session_id for s in await sched.accept(logic.with_task_id(no_retry))]
         retry_ids = [s.session_id for s in await sched.accept(logic.with_task_id(retry))]
@@ -121,6 +123,8 @@ async def test_kill_9_executor_mid_run(fresh_servers, tmp_path):
             "4 harnesses (sh + sleep each)",
         )
         await check_observability(pool, executor, reg, bus)
+        evals = [f"{sid}-eval" for sid in err_ids]
+        await wait_until(lambda: set(evals) <= set(leftover_dirs(work)), 10, "prewarms")
 
         executor.kill()  # kill -9: no goodbye, leases stop being renewed
         killed_at = time.monotonic()
@@ -139,7 +143,7 @@ async def test_kill_9_executor_mid_run(fresh_servers, tmp_path):
             sid: (Outcome.ERROR, 0) for sid in err_ids
         }
         await wait_until(lambda: all(dead(p) for p in harness_pids), 5, "orphans killed")
-        assert not [d for d in leftover_dirs(work) if d.startswith("k9-err")]
+        assert not [d for d in leftover_dirs(work) if d.startswith("k9-err")]  # eval ones too
 
         # A new executor on the node runs the retried attempts; stale hand-overs of the
         # first attempt come back to it and are dropped (not run, runtime not stopped).

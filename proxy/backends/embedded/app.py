@@ -3,7 +3,7 @@
 Routes: /generate, /v1/chat/completions, /v1/models, /model_info (/get_model_info),
 /server_info (/get_server_info), /get_weight_version, /health, /health_generate,
 /update_weights_from_disk, /pause_generation, /continue_generation, /flush_cache,
-/abort_request.
+/abort_request, /metrics (SGLang's queue gauges, read by the runtime pool's backpressure).
 """
 
 from __future__ import annotations
@@ -184,6 +184,20 @@ async def server_info(request: Request) -> Response:
     return _json(info)
 
 
+@get("/metrics")
+async def metrics(request: Request) -> Response:
+    """SGLang's names, so one reader serves both (``services/pool/backpressure.py``)."""
+    state = _state(request)
+    stats, label = state.engine.stats(), f'{{model_name="{state.served_model_name}"}}'
+    lines = []
+    for name, value in (
+        ("num_queue_reqs", stats["waiting"]),
+        ("num_running_reqs", stats["running"]),
+    ):
+        lines += [f"# TYPE sglang:{name} gauge", f"sglang:{name}{label} {value}"]
+    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
 @get("/get_weight_version")
 async def weight_version(request: Request) -> Response:
     return _json({"weight_version": _state(request).engine.version})
@@ -336,6 +350,7 @@ ROUTES = [
     continue_generation,
     flush_cache,
     abort_request,
+    metrics,
 ]
 
 
