@@ -188,7 +188,9 @@ class Executor:
         hrun = harness.run(ctx)
         if hrun is None:
             return RunResult(Outcome.COMPLETED, None, 0, b"", b"")
-        budget = min(spec.agent_timeout, session.deadline - time.time())
+        left = session.deadline - time.time()
+        budget = min(spec.agent_timeout, left)
+        limit = "agent timeout" if spec.agent_timeout <= left else "session deadline"
         if budget <= 0:
             return RunResult(
                 Outcome.TIMEOUT, "session deadline passed before the run", None, b"", b""
@@ -207,7 +209,7 @@ class Executor:
             return RunResult(Outcome.CANCELLED, run.cancel_reason, None, out.data(), err.data())
         status = await waiter
         if status.timed_out:
-            reason = f"agent timeout after {budget:.0f}s: process tree killed"
+            reason = f"{limit} after {budget:.0f}s: process tree killed"
             return RunResult(Outcome.TIMEOUT, reason, status.exit_code, out.data(), err.data())
         outcome, reason = harness.judge(
             status.exit_code, A.tail(out.data(), 65536), A.tail(err.data(), 65536)

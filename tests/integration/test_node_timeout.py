@@ -1,6 +1,8 @@
 """Agent timeout through pool + executor: the harness's whole process tree is killed
 (background, double-forked, setsid'd and TERM-ignoring children included), the session
-ends TIMEOUT, and the completions it made before the timeout stay for the builder.
+ends TIMEOUT, and the completions it made before the timeout stay for the builder. The
+session's own deadline (``timeout_seconds``, from submission) kills it the same way when
+it comes before the agent timeout.
 
 The harness here publishes CompletionRecords to ``polar.completions.<session>`` itself
 (the bus-level contract the builder consumes); records made by the proxy from real model
@@ -114,5 +116,42 @@ async def test_timeout_kills_the_tree_and_keeps_the_completions(fresh_servers, t
         assert [(r.session_id, r.seq, r.output_ids) for r in kept] == [
             (sid, i, [7, 8]) for i in range(3)
         ]
+    finally:
+        await node.stop()
+
+
+async def test_the_session_deadline_kills_the_tree_before_the_agent_timeout(
+    fresh_servers, tmp_path
+):
+    nats_url, redis_url = fresh_servers
+    work = tmp_path / "work"
+    node = await Node.start(nats_url, redis_url, work, executor={"kill_grace_seconds": GRACE})
+    try:
+        deadline_s = 5.0
+        spec = task(
+            "ddl",
+            # the agent may run as long as the whole session, but a slow INIT (2.5 s)
+            # leaves it less: the session's deadline binds first
+            agent_timeout_seconds=deadline_s,
+            timeout_seconds=deadline_s,
+            runtime={
+                "backend": "local",
+                "prepare": [{"action": "exec", "command": "sleep 2.5"}],
+            },
+            agent={"harness": "shell", "command": f"{FORKS} sleep 304"},
+        )
+        submitted = time.monotonic()
+        [session] = await node.scheduler.accept(logic.with_task_id(spec))
+        sid = session.session_id
+        pids = await wait_until(
+            lambda: (p := session_procs(sid)) and len(p) >= 7 and p, 20, "the forked tree"
+        )
+        await node.wait_finished(1, timeout=30)
+        took = time.monotonic() - submitted
+        ev = node.finished[sid]
+        assert ev.outcome == Outcome.TIMEOUT and "session deadline" in ev.reason, ev.reason
+        assert took < deadline_s + GRACE + 5  # on time, not after the agent's 600 s
+        assert all(dead(p) for p in pids), [p for p in pids if not dead(p)]
+        assert session_procs(sid) == [] and leftover_dirs(work) == []
     finally:
         await node.stop()
