@@ -101,6 +101,12 @@ def key_token(token: str) -> str:
     return f"polar:token:{token}"
 
 
+def key_submit_dedupe(digest: str) -> str:
+    """String "<task id> <published at>": the first anonymous task message with these
+    exact bytes (sha256 hex), so a copy published soon after joins its task."""
+    return f"polar:submit:{digest}"
+
+
 KEY_STATE_COUNTS = "polar:counts"  # global hash state -> count
 KEY_TASKS_ACTIVE = "polar:tasks:active"  # set of task ids not yet finished
 KEY_NODES = "polar:nodes"  # hash "<node>/<service>" -> last NodeHeartbeat json

@@ -11,3 +11,6 @@ class SchedulerConfig(ServiceSettings, frozen=True, kw_only=True):
     callback_timeout_seconds: float = 10.0
     callback_backoff_seconds: float = 0.5
     reconcile_interval_seconds: float = 5.0
+    # A task message without task_id or Nats-Msg-Id published again with the same bytes
+    # within this many seconds joins the first copy's task; 0 turns that off.
+    submit_dedupe_seconds: float = 120.0

@@ -33,11 +33,21 @@ from services.scheduler.config import SchedulerConfig
 
 log = logging.getLogger(__name__)
 
+# Set KEYS[1] to ARGV[2] (expiring in ARGV[3] s) only if it still holds ARGV[1] ('' for
+# absent): copies racing in several handlers or replicas agree on one first copy.
+_SWAP = """
+local v = redis.call('GET', KEYS[1]) or ''
+if v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+
 
 class Scheduler:
     def __init__(self, bus: Bus, registry: Registry, config: SchedulerConfig) -> None:
         self.bus, self.registry, self.config = bus, registry, config
         self.id = uuid.uuid4().hex  # this replica, for claims
+        self._swap = registry.redis.register_script(_SWAP)
 
     # -- submission -----------------------------------------------------------------
     async def on_submit(self, msg: Msg) -> None:
@@ -47,9 +57,35 @@ class Scheduler:
         if isinstance(parsed, logic.Rejection):
             await self.reject(raw, parsed)
             return
-        result = await self.accept(logic.with_task_id(parsed, msg_id))
+        fresh = None
+        if logic.needs_payload_dedupe(parsed, msg_id):
+            fresh = await self.anonymous_task_id(raw, msg)
+        result = await self.accept(logic.with_task_id(parsed, msg_id, fresh))
         if isinstance(result, logic.Rejection):
             await self.reject(raw, result)
+
+    async def anonymous_task_id(self, raw: bytes, msg: Msg) -> str:
+        """The task id of a message that names none: the first copy's when the same bytes
+        were published within ``submit_dedupe_seconds`` of it (a retry, a second
+        ``nats pub``), else one of its own."""
+        meta = msg.metadata
+        published = meta.timestamp.timestamp()
+        digest = logic.payload_digest(raw)
+        own = logic.FirstCopy(
+            logic.message_task_id(digest, meta.sequence.stream, published), published
+        )
+        window = self.config.submit_dedupe_seconds
+        if window <= 0:
+            return own.task_id
+        key, ttl = S.key_submit_dedupe(digest), logic.dedupe_ttl(window)
+        while True:  # retried only when another copy changed the record meanwhile
+            stored = await self.registry.redis.get(key)
+            chosen = logic.join_first(logic.FirstCopy.parse(stored), own, window)
+            if chosen is not own:
+                log.info("task message is a copy of task %s: joining it", chosen.task_id)
+                return chosen.task_id
+            if await self._swap(keys=[key], args=[stored or b"", own.encode(), ttl]):
+                return own.task_id
 
     async def accept(self, task: TaskRequest) -> list[Session] | logic.Rejection:
         created, sessions = await self.registry.create_task(task)

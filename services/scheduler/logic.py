@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import math
 import re
 import uuid
 from collections.abc import Iterable
@@ -25,6 +27,7 @@ from schemas import subjects as S
 from schemas.task import BUILTIN_BUILDERS, BUILTIN_EVALUATORS, BUILTIN_HARNESSES
 
 _CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_MSG_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -86,16 +89,73 @@ def check_plugins(task: TaskRequest) -> tuple[str, str] | None:
     return None
 
 
-def with_task_id(task: TaskRequest, msg_id: str | None = None) -> TaskRequest:
+def usable_msg_id(msg_id: str | None) -> bool:
+    return bool(msg_id and _MSG_ID.fullmatch(msg_id))
+
+
+def with_task_id(
+    task: TaskRequest, msg_id: str | None = None, fresh: str | None = None
+) -> TaskRequest:
     """Give an anonymous task an id: its Nats-Msg-Id when usable (so a republished
-    message dedupes), otherwise a fresh one."""
+    message dedupes), otherwise ``fresh`` or a random one."""
     if task.task_id:
         return task
     import msgspec
 
-    if msg_id and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", msg_id):
+    if usable_msg_id(msg_id):
         return msgspec.structs.replace(task, task_id=msg_id)
-    return msgspec.structs.replace(task, task_id="t-" + uuid.uuid4().hex[:16])
+    return msgspec.structs.replace(task, task_id=fresh or "t-" + uuid.uuid4().hex[:16])
+
+
+def needs_payload_dedupe(task: TaskRequest, msg_id: str | None) -> bool:
+    """Nothing names this task: only its bytes can tell a second copy from a new task."""
+    return not task.task_id and not usable_msg_id(msg_id)
+
+
+def payload_digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def message_task_id(digest: str, stream_seq: int, published_at: float) -> str:
+    """The task id of one stored message: the same on every redelivery of it (a crash
+    between registering and acking must not make a second task), another for any
+    other message, even one with the same bytes."""
+    h = hashlib.sha256(f"{digest}:{stream_seq}:{published_at!r}".encode()).hexdigest()
+    return "t-" + h[:16]
+
+
+@dataclass(frozen=True)
+class FirstCopy:
+    """The first anonymous message with some bytes: the task it made and when it was
+    published (stored in Redis as "<task id> <published at>")."""
+
+    task_id: str
+    published_at: float
+
+    def encode(self) -> bytes:
+        return f"{self.task_id} {self.published_at!r}".encode()
+
+    @classmethod
+    def parse(cls, raw: bytes | None) -> FirstCopy | None:
+        try:
+            task_id, ts = (raw or b"").decode().split(" ")
+            return cls(task_id, float(ts))
+        except ValueError:  # absent or unreadable: as if no copy came first
+            return None
+
+
+def join_first(first: FirstCopy | None, own: FirstCopy, window: float) -> FirstCopy:
+    """The copy whose task a message joins: the first one when the two were published
+    within ``window`` seconds of each other, else the message itself (a new task)."""
+    if first is not None and abs(own.published_at - first.published_at) <= window:
+        return first
+    return own
+
+
+def dedupe_ttl(window: float) -> int:
+    """Seconds to keep the first copy's record: twice the window, so a copy published
+    within the window but handled later (a backlog, a restart) still finds it."""
+    return max(1, math.ceil(2 * window))
 
 
 def is_finished(counts: dict[str, int], num_samples: int) -> bool:

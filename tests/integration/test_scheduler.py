@@ -215,3 +215,31 @@ async def test_retry_until_max_deliver_is_dead_lettered(bus):
     assert msg.data == b"job" and "still not ready after 3 tries" in msg.headers["Polar-Reason"]
     assert len(calls) == 3
     await dlq.unsubscribe()
+
+
+async def test_callback_gives_up_after_bounded_attempts_and_scheduler_keeps_serving(bus, scheduler):
+    attempts = scheduler.config.callback_attempts
+    async with HttpSink(fail_first=10**6) as sink:  # the receiver always answers 500
+        await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-cb-down", 2, callback_url=sink.url))
+        await drain(scheduler)
+        results = await bus.nc.subscribe(S.task_result("sch-cb-down"))
+        await finish_all(scheduler.registry, "sch-cb-down")
+        await drain(scheduler)
+        assert decode(await bus.payload(await results.next_msg(timeout=5)), TaskResult)
+        await results.unsubscribe()
+        assert sink.requests == attempts and sink.bodies == []  # bounded: then it gives up
+        await scheduler.reconcile()  # a later pass does not try again
+        assert sink.requests == attempts
+    reg = scheduler.registry
+    assert await reg.redis.hget(S.key_task("sch-cb-down"), "callback") == b"failed"
+    assert (await reg.get_task("sch-cb-down")).status == "completed"
+    assert "sch-cb-down" not in await reg.active_tasks()
+    async with HttpSink(status=404) as refusing:  # refused outright: one attempt only
+        await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-cb-404", 1, callback_url=refusing.url))
+        await drain(scheduler)
+        await finish_all(reg, "sch-cb-404")
+        await drain(scheduler)
+        assert refusing.requests == 1
+    await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-cb-after", 2))
+    await drain(scheduler)
+    assert len(await reg.task_sessions("sch-cb-after")) == 2
