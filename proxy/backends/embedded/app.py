@@ -26,6 +26,7 @@ from proxy.backends.embedded.sequence import GenerationRequest
 from proxy.backends.embedded.server import ServerState
 from proxy.backends.embedded.weights import load_model
 from proxy.tokenization import TemplateRenderError
+from services.common.metrics import render as render_metrics
 
 log = logging.getLogger(__name__)
 VERSION = "polar-embedded-0.1"
@@ -195,7 +196,11 @@ async def metrics(request: Request) -> Response:
         ("num_running_reqs", stats["running"]),
     ):
         lines += [f"# TYPE sglang:{name} gauge", f"sglang:{name}{label} {value}"]
-    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    # and the process's own registry, as every Polar service serves it (the dev stack's
+    # `model` service has no other /metrics)
+    process, content_type = render_metrics()
+    body = ("\n".join(lines) + "\n").encode() + process
+    return Response(body, media_type=content_type)
 
 
 @get("/get_weight_version")

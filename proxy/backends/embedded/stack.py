@@ -27,5 +27,6 @@ def create_app() -> Litestar:
         return {"engine": True}
 
     for handler in ops_routes("model", healthy):
-        app.register(handler)
+        if "/metrics" not in handler.paths:  # the engine serves /metrics itself
+            app.register(handler)
     return app
