@@ -27,7 +27,8 @@ from services.common.jspub import JetStreamPublisher
 STATE_TTL_SECONDS = 7 * 24 * 3600
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TurnState)
-SEQ_KEY, TITO_KEY = "polar:seq:", "polar:tito:"  # + session id (+ ":" + attempt)
+SEQ_KEY = S.key_call_seq("")  # + session id
+TITO_KEY = "polar:tito:"  # + session id + ":" + attempt
 
 # Token -> session (the registry's GET, then HGETALL) and that attempt's TITO states: all
 # a call needs before it goes to the engine, in one round trip. For a model call

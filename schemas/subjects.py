@@ -101,6 +101,11 @@ def key_token(token: str) -> str:
     return f"polar:token:{token}"
 
 
+def key_call_seq(session_id: str) -> str:
+    """Counter of the session's model calls the proxy has numbered (all attempts)."""
+    return f"polar:seq:{session_id}"
+
+
 def key_submit_dedupe(digest: str) -> str:
     """String "<task id> <published at>": the first anonymous task message with these
     exact bytes (sha256 hex), so a copy published soon after joins its task."""

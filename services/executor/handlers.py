@@ -195,6 +195,7 @@ class Executor:
             return RunResult(
                 Outcome.TIMEOUT, "session deadline passed before the run", None, b"", b""
             )
+        calls_before = await self._model_calls(session.session_id) if harness.calls_model else 0
         out, err = OutputBuffer(), OutputBuffer()
         proc = await run.runtime.spawn(
             hrun.argv, cwd=hrun.cwd, env=hrun.env, stdout=out, stderr=err, timeout=budget + 30
@@ -214,7 +215,19 @@ class Executor:
         outcome, reason = harness.judge(
             status.exit_code, A.tail(out.data(), 65536), A.tail(err.data(), 65536)
         )
+        silent = (
+            outcome == Outcome.COMPLETED
+            and harness.calls_model
+            and await self._model_calls(session.session_id) == calls_before
+        )
+        if silent:
+            outcome = Outcome.ERROR
+            reason = f"{harness.name} exited {status.exit_code} without calling the model"
         return RunResult(outcome, reason, status.exit_code, out.data(), err.data())
+
+    async def _model_calls(self, session_id: str) -> int:
+        """Model calls of the session the proxy has numbered so far (all attempts)."""
+        return int(await self.registry.redis.get(S.key_call_seq(session_id)) or 0)
 
     async def _collect(self, runtime, harness, ctx, result: RunResult, spec, paths) -> Artifacts:
         cfg = self.config

@@ -88,6 +88,9 @@ class Harness(ABC):
     # excluded from the workdir diff, collected as logs.
     own_paths: tuple[str, ...] = ()
     protocol: str | None = None
+    # An agent CLI: a run that ends well without one model call did nothing (a crash it
+    # hid, a config it ignored), so it is an error, not an empty COMPLETED trajectory.
+    calls_model: bool = False
 
     def version(self, ctx: HarnessContext) -> str | None:
         return ctx.agent.version

@@ -46,6 +46,7 @@ class Variant:
 
 
 class CliHarness(Harness):
+    calls_model = True
     package: str = ""
     default_version: str = ""
     bin: str = ""
