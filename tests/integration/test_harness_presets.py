@@ -83,6 +83,8 @@ async def batch(tmp_path_factory):
             protocol="anthropic-messages",
             settings={"proxy_url": strip.url},
         ),
+        # queued behind the failures: the stack must still serve it
+        harness_task("after-failures", "pi", protocol="openai-completions"),
     ]
     try:
         runs = await stack.run(tasks)
@@ -185,10 +187,23 @@ async def test_pi_exiting_0_after_a_failed_call_is_an_error(batch):
     assert run.trajectory["harness_version"] == LEGACY_PI
 
 
+FAILURES = ("fail-crash", "fail-hang", "fail-unreachable", "fail-silent")
+
+
+async def test_the_stack_moves_on_after_failing_clis(batch):
+    runs = batch["runs"]
+    after = runs["after-failures"]
+    assert after.session.state == "COMPLETED" and after.session.reward == 1.0, after.session.reason
+    assert all(runs[f].session.state in ("ERROR", "TIMEOUT") for f in FAILURES)
+    # it waited behind every failing CLI and ran once they held or had left their slots
+    assert after.entered["RUNNING"] >= max(runs[f].entered["RUNNING"] for f in FAILURES)
+
+
 def test_report(batch):
-    """Per variant: install at INIT (the cache is warm), INIT and harness-run seconds, model
-    calls (main + side), and per call the proxy's whole time with the engine's part."""
-    head = "variant            install  init_s  run_s  calls  proxy_ms/call (engine_ms)"
+    """Per variant: install at INIT (the cache is warm), INIT, harness-run and whole-session
+    seconds (first state to last), model calls (main + side), and per call the proxy's
+    whole time with the engine's part."""
+    head = "variant            install  init_s  run_s  wall_s  calls  proxy_ms/call (engine_ms)"
     lines = ["", head]
     for task_id, run in batch["runs"].items():
         install = json.loads(run.finished.artifacts.logs.get("logs/harness.json", "{}"))
@@ -198,6 +213,7 @@ def test_report(batch):
             f"{task_id:18} {install.get('install_seconds', '-'):>6}s"
             f" {run.stage_seconds('INITIALIZING', 'READY')!s:>7}"
             f" {run.stage_seconds('RUNNING', 'POSTRUN')!s:>6}"
+            f" {round(max(run.entered.values()) - min(run.entered.values()), 1):>7}"
             f"  {main}+{len(run.records) - main}    {calls}"
         )
     for spec, got in batch["installs"].items():
