@@ -17,7 +17,7 @@ from services.common.settings import load
 from services.executor.config import ExecutorConfig
 from services.executor.handlers import Executor
 from services.executor.harnesses import default_registry
-from services.executor.reaper import Reaper
+from services.executor.reaper import Reaper, sweep_leftovers
 
 
 def ready_consumer(executor: Executor) -> Consumer:
@@ -47,13 +47,14 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
         executor = Executor(host.bus, host.registry, cfg, default_registry())
         app.state.executor = executor
         subs = await executor.subscribe()
+        runtime_for = partial(node_runtime, cfg)
+        # What a dead predecessor left on this node (the pool may be admitting meanwhile).
+        await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for, admitting=True)
         host.consume(ready_consumer(executor))
         host.every(cfg.lease_seconds / 3, executor.renew_leases, "leases")
         await executor.heartbeat()
         host.every(cfg.heartbeat_seconds, executor.heartbeat, "heartbeat")
-        reaper = Reaper(
-            host.registry, host.bus, partial(node_runtime, cfg), keep=executor.running.__contains__
-        )
+        reaper = Reaper(host.registry, host.bus, runtime_for, keep=executor.running.__contains__)
         host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
         try:
             yield

@@ -8,19 +8,29 @@ is still built, and an earlier one ends as ERROR. A session that ended (cancelle
 ended by a deadline) while its holder still had it only has its runtime stopped. The
 runtimes cleaned are the session's own and, when the task prewarms its evaluator, the
 fresh eval runtime a dead executor may have left.
+
+A reaper on another host cannot reach a dead node's runtimes: when the node's pool or
+executor starts again, it sweeps its work dir (``sweep_leftovers``) and stops what no
+live process holds any more.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 
 from schemas import Artifacts, InitWork, Outcome, SessionFinished, SessionState, encode
 from schemas import subjects as S
+from schemas.task import LocalRuntime
 from services.common.bus import Bus
+from services.common.node import SessionPaths
 from services.common.registry import Registry
+from services.executor.prewarm import ROLE as EVAL_ROLE
 from services.executor.prewarm import prewarm_runtime_id
 
 log = logging.getLogger(__name__)
@@ -135,3 +145,79 @@ class Reaper:
         for runtime_id in ids:
             with contextlib.suppress(Exception):  # clean what is reachable from this node
                 await self.runtime_for(task.spec.runtime, sid, runtime_id).stop()
+
+
+# -- start-up sweep: runtimes a dead pool or executor of this node left behind ---------
+ENDED = (ST.COMPLETED, ST.TIMEOUT, ST.ERROR, ST.CANCELLED)
+HELD = (ST.INITIALIZING, ST.READY, ST.RUNNING)
+AFTER_RUN = (ST.POSTRUN, ST.BUILDING, ST.EVALUATING)  # the evaluator may use a runtime
+KEEP, STOP, FILES = "keep", "stop", "files"
+
+
+def keeps_live(spec) -> bool:
+    """Whether a finished run hands its live runtime to the evaluator (as the executor)."""
+    ev = spec.evaluator
+    return ev.runtime == "live" and ev.name != "session_completed"
+
+
+def leftover_action(session, role: str, spec, node: str, leased: bool, *, admitting: bool) -> str:
+    """What a starting pool or executor does with a runtime found in its node's work dir:
+    KEEP it, STOP it (kill its processes, remove it) or remove its FILES only.
+
+    ``role``: the runtime's (main, eval); ``spec``: the task's, None if gone; ``leased``:
+    the session has a lease, live or expired (its holder, or a reaper here, stops it);
+    ``admitting``: a pool of this node may be starting a REGISTERED session right now."""
+    if session is None:
+        return STOP  # nobody will ever stop it
+    if leased:
+        return KEEP
+    state, here = session.state, session.node == node
+    if state in ENDED:
+        return STOP
+    if state in HELD and here:
+        return KEEP  # just admitted, or being reaped
+    if state in AFTER_RUN and here:
+        in_use = role == EVAL_ROLE or (spec is not None and keeps_live(spec))
+        return KEEP if in_use else STOP
+    if state == ST.REGISTERED and admitting:
+        return KEEP
+    # An earlier attempt's, the session goes on (retried, maybe on another node of this
+    # host, whose processes carry the same runtime tags): remove its files only.
+    return FILES
+
+
+async def sweep_leftovers(
+    registry: Registry, work_dir: str, node: str, runtime_for: Callable, *, admitting: bool
+) -> dict[str, str]:
+    """Stop the runtimes in this node's work dir that no live process holds any more
+    (session dirs, their process groups and tagged processes, containers with a record
+    here). Returns {runtime_id: action} for what it did not keep."""
+    root = SessionPaths.of(work_dir, "-").sessions_dir
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return {}
+    done: dict[str, str] = {}
+    for runtime_id in names:
+        sid, _, role = runtime_id.rpartition("-")
+        if not sid:
+            continue
+        try:
+            # The lease first: a session admitted after this read is INITIALIZING here.
+            leased = await registry.redis.zscore(S.KEY_LEASES, sid) is not None
+            session = await registry.get_session(sid)
+            task = await registry.get_task(session.task_id) if session else None
+            spec = task.spec if task else None
+            action = leftover_action(session, role, spec, node, leased, admitting=admitting)
+            if action == STOP:
+                runtime_spec = spec.runtime if spec else LocalRuntime()  # tags and files
+                await runtime_for(runtime_spec, sid, runtime_id).cancel()
+            elif action == FILES:
+                await asyncio.to_thread(shutil.rmtree, root / runtime_id, True)
+        except Exception:  # noqa: BLE001 - one bad leftover must not stop the start-up
+            log.exception("sweeping %s failed", runtime_id)
+            continue
+        if action != KEEP:
+            log.warning("swept %s (%s): no live process holds it", runtime_id, action)
+            done[runtime_id] = action
+    return done

@@ -13,7 +13,7 @@ from services.common.http import ops_routes
 from services.common.node import node_runtime
 from services.common.settings import load
 from services.executor.harnesses import default_registry
-from services.executor.reaper import Reaper
+from services.executor.reaper import Reaper, sweep_leftovers
 from services.pool.config import PoolConfig
 from services.pool.handlers import RuntimePool
 
@@ -28,13 +28,14 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
         pool = RuntimePool(host.bus, host.registry, cfg, default_registry())
         app.state.pool = pool
         subs = await pool.subscribe()
+        runtime_for = partial(node_runtime, cfg)
+        # What a dead predecessor left on this node, before this pool admits anything.
+        await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for, admitting=False)
         host.run(pool.run, "pool")
         host.every(cfg.lease_seconds / 3, pool.renew_leases, "leases")
         await pool.heartbeat()
         host.every(cfg.heartbeat_seconds, pool.heartbeat, "heartbeat")
-        reaper = Reaper(
-            host.registry, host.bus, partial(node_runtime, cfg), keep=pool.initializing.__contains__
-        )
+        reaper = Reaper(host.registry, host.bus, runtime_for, keep=pool.initializing.__contains__)
         host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
         watch = pool.engine_watch()
         if watch is not None:

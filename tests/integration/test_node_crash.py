@@ -1,0 +1,248 @@
+"""``kill -9`` of a node's runtime pool mid-INIT, and of a whole node, as real processes.
+
+Pool only: the executor's reaper notices the INIT lease the dead pool no longer renews,
+stops the half-prepared runtime (processes and directory) and ends the session as ERROR,
+or retries it when the task allows; a restarted pool runs the retry, and its start-up
+sweep leaves the executor's running sessions alone.
+
+Whole node: a reaper elsewhere (it cannot reach this node's runtimes) ends the sessions;
+the node's restarted pool and executor sweep what the dead ones left on the node.
+"""
+
+import asyncio
+import time
+
+import pytest
+
+from schemas import Outcome, SessionFinished, SessionState, decode
+from schemas import subjects as S
+from services.common.bus import Bus
+from services.common.registry import Registry
+from services.executor.reaper import Reaper
+from services.scheduler import logic
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.handlers import Scheduler
+from tests.helpers.node import dead, leftover_dirs, session_procs, task, wait_until
+from tests.helpers.procs import ServiceProcess
+
+pytestmark = pytest.mark.asyncio
+ST = SessionState
+LEASE = 3.0
+POOL, EXECUTOR = "services.pool.main:create_app", "services.executor.main:create_app"
+
+
+def node_config(nats_url: str, redis_url: str, work, node: str = "node0") -> dict:
+    return {
+        "nats_url": nats_url,
+        "redis_url": redis_url,
+        "node": node,
+        "work_dir": str(work),
+        "lease_seconds": LEASE,
+        "heartbeat_seconds": 0.5,
+        "max_init": 4,
+        "ready_buffer": 2,
+        "max_run": 4,
+    }
+
+
+def slow_once(marks) -> dict:
+    """A prepare step that sleeps on a session's first INIT only (a marker on the node)."""
+    cmd = f'm={marks}/"$POLAR_SESSION_ID"; [ -e "$m" ] && exit 0; touch "$m"; sleep 30'
+    return {"backend": "local", "prepare": [{"action": "exec", "command": cmd}]}
+
+
+async def start(target: str, config: dict, logs) -> ServiceProcess:
+    return await asyncio.to_thread(ServiceProcess(target, config, logs).start)
+
+
+class Harness:
+    """Scheduler, registry and finished events of one test against real servers."""
+
+    def __init__(self, nats_url: str, redis_url: str) -> None:
+        self.nats_url, self.redis_url = nats_url, redis_url
+        self.finished: list[SessionFinished] = []
+        self.procs: list[ServiceProcess] = []
+
+    async def open(self) -> "Harness":
+        self.bus = bus = await Bus.open(self.nats_url, "test")
+        self.reg = Registry.from_url(
+            self.redis_url, publish=lambda s, p, m: bus.publish(s, p, msg_id=m)
+        )
+        cfg = SchedulerConfig(nats_url=self.nats_url, redis_url=self.redis_url)
+        self.sched = Scheduler(bus, self.reg, cfg)
+        await bus.nc.subscribe(S.SESSIONS_FINISHED, cb=self._on_finished)
+        return self
+
+    async def _on_finished(self, msg) -> None:
+        self.finished.append(decode(await self.bus.payload(msg), SessionFinished))
+
+    async def submit(self, request) -> list[str]:
+        return [s.session_id for s in await self.sched.accept(logic.with_task_id(request))]
+
+    async def start(self, target: str, config: dict, logs) -> ServiceProcess:
+        proc = await start(target, config, logs)
+        self.procs.append(proc)
+        return proc
+
+    async def states(self, sids: list[str]) -> list:
+        return await self.reg.get_sessions(sids)
+
+    async def wait_state(self, sid: str, state: ST, timeout: float, attempt: int = 0):
+        async def reached():
+            s = (await self.reg.get_sessions([sid]))[0]
+            return s if s.state == state and s.attempt == attempt else None
+
+        return await wait_until(reached, timeout, f"{sid} {state} (attempt {attempt})")
+
+    async def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+        await self.reg.close()
+        await self.bus.close()
+
+
+async def sleeping(sid: str) -> list[int]:
+    """The session's processes once its slow step (sh + sleep) is running."""
+    pids = session_procs(sid)
+    return pids if len(pids) >= 2 else []
+
+
+async def test_kill_9_pool_mid_init(fresh_servers, tmp_path):
+    nats_url, redis_url = fresh_servers
+    work, logs, marks = tmp_path / "work", tmp_path / "logs", tmp_path / "marks"
+    marks.mkdir()
+    cfg = node_config(nats_url, redis_url, work)
+    h = await Harness(nats_url, redis_url).open()
+    try:
+        pool = await h.start(POOL, cfg, logs)
+        await h.start(EXECUTOR, cfg, logs)
+        # A RUNNING session the pool's death and restart must leave alone.
+        wait_go = f"while [ ! -e {marks}/go ]; do sleep 0.1; done; echo ran > out.txt"
+        [run_id] = await h.submit(task("pk-run", 1, agent={"command": wait_go}))
+        await h.wait_state(run_id, ST.RUNNING, 20)
+        harness = await wait_until(lambda: min(session_procs(run_id), default=0), 10, "harness")
+        slow = slow_once(marks)
+        [err_id] = await h.submit(task("pk-err", 1, max_retries=0, runtime=slow))
+        [retry_id] = await h.submit(
+            task("pk-retry", 1, max_retries=1, runtime=slow, agent={"command": "true"})
+        )
+        init_pids = []
+        for sid in (err_id, retry_id):
+            await h.wait_state(sid, ST.INITIALIZING, 20)
+            init_pids += await wait_until(lambda sid=sid: sleeping(sid), 10, f"{sid} preparing")
+        assert {f"{err_id}-main", f"{retry_id}-main"} <= set(leftover_dirs(work))
+
+        pool.kill()  # kill -9 mid-INIT: its prepare steps live on, its leases lapse
+        killed_at = time.monotonic()
+        err = await h.wait_state(err_id, ST.ERROR, 3 * LEASE)
+        await h.wait_state(retry_id, ST.REGISTERED, 3 * LEASE, attempt=1)
+        assert time.monotonic() - killed_at < LEASE + LEASE / 2 + 3  # lease + reaper period
+        assert "initializing holder lost" in err.reason
+        # The executor's reaper reached the INIT runtimes: nothing of them is left.
+        await wait_until(lambda: all(dead(p) for p in init_pids), 5, "prepare steps killed")
+        assert not {f"{err_id}-main", f"{retry_id}-main"} & set(leftover_dirs(work))
+
+        # The node's pool comes back: the retry is prepared and run, and its start-up
+        # sweep did not touch the RUNNING session of the executor that stayed up.
+        await h.start(POOL, cfg, logs)
+        await h.wait_state(retry_id, ST.POSTRUN, 20, attempt=1)
+        assert not dead(harness) and (await h.states([run_id]))[0].state == ST.RUNNING
+        assert f"{run_id}-main" in leftover_dirs(work)
+        (marks / "go").touch()
+        await wait_until(lambda: len(h.finished) == 2, 20, "both runs to finish")
+        assert {f.session_id: (f.outcome, f.attempt) for f in h.finished} == {
+            run_id: (Outcome.COMPLETED, 0),
+            retry_id: (Outcome.COMPLETED, 1),
+        }
+        await wait_until(lambda: leftover_dirs(work) == [], 5, "every runtime removed")
+        assert [p for sid in (run_id, err_id, retry_id) for p in session_procs(sid)] == []
+    finally:
+        await h.close()
+
+
+def unreachable(spec, session_id: str, runtime_id: str):
+    raise OSError("another host: this node's runtimes are out of reach")
+
+
+async def test_kill_9_whole_node_then_restart_sweeps(fresh_servers, tmp_path):
+    nats_url, redis_url = fresh_servers
+    work, logs, marks = tmp_path / "work", tmp_path / "logs", tmp_path / "marks"
+    marks.mkdir()
+    cfg = node_config(nats_url, redis_url, work)
+    h = await Harness(nats_url, redis_url).open()
+    try:
+        pool = await h.start(POOL, cfg, logs)
+        executor = await h.start(EXECUTOR, cfg, logs)
+        [run_id] = await h.submit(task("wn-run", 1, agent={"command": "sleep 60"}))
+        await h.wait_state(run_id, ST.RUNNING, 20)
+        [init_id] = await h.submit(task("wn-init", 1, runtime=slow_once(marks)))
+        await h.wait_state(init_id, ST.INITIALIZING, 20)
+        await wait_until(lambda: sleeping(init_id), 10, "INIT preparing")
+        await wait_until(lambda: sleeping(run_id), 10, "harness running")
+        pids = session_procs(init_id) + session_procs(run_id)
+
+        pool.kill()
+        executor.kill()
+        killed_at = time.monotonic()
+        # Noticed elsewhere: a reaper on another host ends both sessions within the
+        # lease time; it cannot stop their runtimes, so they live on here.
+        elsewhere = Reaper(h.reg, h.bus, unreachable, keep=lambda sid: False)
+
+        async def ended() -> bool:
+            await elsewhere.reap()
+            rows = await h.states([init_id, run_id])
+            return rows[0].state == ST.ERROR and rows[1].state == ST.POSTRUN
+
+        await wait_until(ended, 3 * LEASE, "the sessions to be ended elsewhere")
+        assert time.monotonic() - killed_at < LEASE + 3
+        init, run = await h.states([init_id, run_id])
+        assert "initializing holder lost" in init.reason
+        assert run.outcome == Outcome.ERROR and "running holder lost" in run.reason
+        assert not any(dead(p) for p in pids)
+        assert {f"{init_id}-main", f"{run_id}-main"} <= set(leftover_dirs(work))
+
+        # The node comes back: its start-up sweep stops what the dead services left.
+        await h.start(POOL, cfg, logs)
+        await h.start(EXECUTOR, cfg, logs)
+        await wait_until(lambda: all(dead(p) for p in pids), 10, "leftover processes killed")
+        await wait_until(lambda: leftover_dirs(work) == [], 10, "leftover runtimes removed")
+        assert session_procs(init_id) + session_procs(run_id) == []
+    finally:
+        await h.close()
+
+
+async def test_kill_9_whole_node_restarted_before_anyone_notices(fresh_servers, tmp_path):
+    """The dead services' leases may still run when the node is back: its start-up sweep
+    leaves those sessions to the restarted services' reapers, which end them and stop
+    their runtimes once the leases lapse (the executor's RUNNING one included)."""
+    nats_url, redis_url = fresh_servers
+    work, logs, marks = tmp_path / "work", tmp_path / "logs", tmp_path / "marks"
+    marks.mkdir()
+    cfg = node_config(nats_url, redis_url, work)
+    h = await Harness(nats_url, redis_url).open()
+    try:
+        services = [await h.start(POOL, cfg, logs), await h.start(EXECUTOR, cfg, logs)]
+        [run_id] = await h.submit(task("wr-run", 1, agent={"command": "sleep 60"}))
+        await h.wait_state(run_id, ST.RUNNING, 20)
+        [init_id] = await h.submit(task("wr-init", 1, runtime=slow_once(marks)))
+        await wait_until(lambda: sleeping(init_id), 20, "INIT preparing")
+        await wait_until(lambda: sleeping(run_id), 10, "harness running")
+        pids = session_procs(init_id) + session_procs(run_id)
+
+        for s in services:
+            s.kill()
+        killed_at = time.monotonic()
+        await h.start(POOL, cfg, logs)
+        await h.start(EXECUTOR, cfg, logs)
+
+        async def ended() -> bool:
+            rows = await h.states([init_id, run_id])
+            return rows[0].state == ST.ERROR and rows[1].state == ST.POSTRUN
+
+        await wait_until(ended, 3 * LEASE, "the restarted node's reapers to end both")
+        assert time.monotonic() - killed_at < LEASE + LEASE / 2 + 3
+        await wait_until(lambda: all(dead(p) for p in pids), 5, "their processes killed")
+        await wait_until(lambda: leftover_dirs(work) == [], 5, "their runtimes removed")
+        assert [f.session_id for f in h.finished] == [run_id]  # ERROR, what it captured
+    finally:
+        await h.close()
