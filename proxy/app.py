@@ -63,7 +63,9 @@ UnusedCall = Callable[[SessionInfo, str, str], Awaitable[None]]
 Render = Callable[[AssistantTurn], Any]
 ModelCall = Callable[[SessionInfo, Render], Awaitable[Any]]
 CompletionHandler = Callable[[Conversation, str, bytes, Mapping[str, str]], ModelCall]
-TokenCounter = Callable[[SessionInfo, Conversation], Awaitable[int]]
+# count_tokens: (session, conversation, protocol name, raw body, headers) -> tokens; a
+# counter numbers and captures the call like a model call (a tagged side call)
+TokenCounter = Callable[[SessionInfo, Conversation, str, bytes, Mapping[str, str]], Awaitable[int]]
 
 
 def unprepared(
@@ -156,7 +158,10 @@ class _Proxy:
             endpoint = (
                 r.endpoint if isinstance(r.endpoint, Endpoint) else r.endpoint(request.path_params)
             )
-            for_call = endpoint is Endpoint.GENERATE
+            generate = endpoint is Endpoint.GENERATE
+            # numbered (and so captured): model calls, and count_tokens when a counter
+            # captures it
+            for_call = generate or (endpoint is Endpoint.COUNT_TOKENS and self.counter is not None)
             lookup = self.lookup(request, for_call)  # under way while the body is read
             if endpoint is Endpoint.MODELS or endpoint is Endpoint.MODEL:
                 return await self.models(spec, await self.session(lookup), request)
@@ -173,13 +178,13 @@ class _Proxy:
                 _drop(lookup)
                 raise
             # a model call's CPU work runs while the lookup's round trip is out
-            call = self.handler(conv, spec.name, raw, request.headers) if for_call else None
+            call = self.handler(conv, spec.name, raw, request.headers) if generate else None
             session = await self.session(lookup)
             if not conv.model:
                 conv = msgspec.structs.replace(conv, model=session.model)
             if call is not None:
                 return await self.generate(spec, session, conv, call, request)
-            return await self.count(spec, session, conv)
+            return await self.count(spec, session, conv, raw, request.headers)
         except ProxyError as e:
             reply = error_response(spec, e.kind, e.message, e.param)
             # the rest of the body is still on its way: the client must not send its next
@@ -290,8 +295,13 @@ class _Proxy:
                 kind, message = ErrorKind.INTERNAL, "internal error in the proxy"
             return Reply(200, encode_all(spec.render_stream_error(kind, message, conv, ids)), SSE)
 
-    async def count(self, spec: ProtocolSpec, session: SessionInfo, conv: Conversation) -> Reply:
-        n = await self.counter(session, conv) if self.counter else estimate_tokens(conv)
+    async def count(
+        self, spec: ProtocolSpec, session: SessionInfo, conv: Conversation, raw: bytes, headers
+    ) -> Reply:
+        if self.counter is None:
+            n = estimate_tokens(conv)
+        else:
+            n = await self.counter(session, conv, spec.name, raw, headers)
         assert spec.render_count_tokens is not None
         return json_response(200, spec.render_count_tokens(n))
 

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from proxy import capture, metrics, sidecalls
-from proxy.app import ModelCall, Render, SessionInfo
+from proxy.app import ModelCall, Render, SessionInfo, estimate_tokens
 from proxy.backends.base import BackendError, ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.capture import CallContext, Reservation, SessionStore, decode_states
@@ -155,6 +155,44 @@ class CompletionHandler:
         if self.mode == UpstreamMode.TOKEN and len(plan.prompt_ids) >= HEAD_AHEAD_MIN_TOKENS:
             after_reply(self._prepare_head, (sid, ctx.attempt, state.seq), state, tools)
         return reply
+
+    async def count(
+        self,
+        session: SessionInfo,
+        conv: Conversation,
+        protocol: str,
+        raw: bytes,
+        headers: Mapping[str, str],
+    ) -> int:
+        """count_tokens, answered from the model's tokenizer (else estimated) and captured
+        as a side call (its prompt, nothing sampled) under the number its lookup took, so
+        a trajectory lists every call the harness made."""
+        request = _Request(conv, protocol, raw, headers)
+        request.side_call = "count_tokens"
+        try:
+            request.messages = conv.to_openai_messages()
+            request.tools = conv.to_openai_tools() or None
+            request.normalized = capture.normalized_json(request.messages, request.tools)
+            ids = self.tok.render_ids(request.messages, request.tools) if self.tok else []
+        except TemplateRenderError as exc:
+            await self.unused(session, protocol, _failure(exc))
+            raise ProtocolError(
+                400, f"the model's chat template rejects this request: {exc}"
+            ) from exc
+        ctx = self._context(session, protocol, request)
+        reserved = self._number(session)
+        gen = Generation(prompt_ids=ids, output_ids=[], output_logprobs=[], finish_reason="stop")
+        try:
+            record = capture.build_record(
+                ctx, await reserved, PromptPlan(ids, None, None, None), gen
+            )
+            await capture.commit(self.publisher, record)
+        except UpstreamError:  # not captured: the harness gets the error, the number back
+            await asyncio.shield(self._settle(ctx, reserved, "count_tokens not captured"))
+            raise
+        except (RedisUnavailable, RedisReplyError) as exc:
+            raise UpstreamError(503, f"session state unavailable: {exc}") from exc
+        return len(ids) if self.tok is not None else estimate_tokens(conv)
 
     def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools) -> None:
         # a template that refuses it: the continuing call renders it and reports why

@@ -24,20 +24,18 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 
 from proxy import metrics
-from proxy.app import ModelCall, SessionInfo, estimate_tokens
+from proxy.app import ModelCall, SessionInfo
 from proxy.app import create_app as create_proxy_app
 from proxy.backends.base import BackendError
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.backends.factory import engine_settings, make_pool
 from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
-from proxy.conversation import Conversation
-from proxy.errors import ProtocolError
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.resp import Resp
 from proxy.sessions import SessionResolver
-from proxy.tokenization import ChatTokenizer, TemplateRenderError
+from proxy.tokenization import ChatTokenizer
 from schemas import UpstreamMode
 from services.common.bus import CLAIM_THRESHOLD
 from services.common.host import ServiceHost
@@ -65,18 +63,8 @@ class _Late:
     async def unused(self, session: SessionInfo, protocol: str, reason: str) -> None:
         await self.handler.unused(session, protocol, reason)
 
-    async def count(self, session: SessionInfo, conv: Conversation) -> int:
-        if self.tokenizer is None:
-            return estimate_tokens(conv)
-        try:
-            ids = self.tokenizer.render_ids(
-                conv.to_openai_messages(), conv.to_openai_tools() or None
-            )
-        except TemplateRenderError as exc:
-            raise ProtocolError(
-                400, f"the model's chat template rejects this request: {exc}"
-            ) from exc
-        return len(ids)
+    async def count(self, *args) -> int:
+        return await self.handler.count(*args)
 
 
 class WeightUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -136,6 +136,17 @@ async def test_when_capture_fails_the_harness_gets_an_error_not_the_answer(
                     await agent.step(stream=stream)
                 statuses[(agent.protocol, stream)] = _status(caught.value)
         assert set(statuses.values()) == {503}, statuses
+        # a count_tokens call is captured too: not captured, it is the harness's error
+        # (Anthropic's shape), and its number goes back (the chain below has no gap)
+        claude = anthropic.AsyncAnthropic(
+            base_url=f"{p.url}/s/{sessions[0].token}", api_key="x", max_retries=0
+        )
+        with pytest.raises(anthropic.APIStatusError) as count_failed:
+            await claude.messages.count_tokens(
+                model="m", messages=[{"role": "user", "content": "count me"}]
+            )
+        assert count_failed.value.status_code == 503
+        assert count_failed.value.body["type"] == "error"
         text = (await get(p.url + "/metrics")).text
         for agent in agents:
             assert metric(text, "polar_proxy_capture_failures_total", protocol=agent.protocol) == 2
@@ -308,8 +319,17 @@ async def test_side_calls_are_tagged_and_count_tokens_uses_the_tokenizer(
     )
     assert n.input_tokens == expected
     g = await gem.aio.models.count_tokens(model="m", contents=user)
-    assert g.total_tokens == len(tok.render_ids([{"role": "user", "content": user}]))
-    assert len(await captured(bus, session.session_id, expect=3)) == 3  # counting is no call
+    gemini_ids = tok.render_ids([{"role": "user", "content": user}])
+    assert g.total_tokens == len(gemini_ids)
+    # each count is captured too, tagged, with the prompt it counted and nothing sampled
+    recs = await captured(bus, session.session_id, expect=5)
+    counts = recs[3:]
+    assert [(r.seq, r.side_call, str(r.protocol)) for r in counts] == [
+        (3, "count_tokens", "anthropic_messages"),
+        (4, "count_tokens", "gemini"),
+    ]
+    assert len(counts[0].prompt_ids) == expected and counts[1].prompt_ids == gemini_ids
+    assert all(r.output_ids == [] and not r.void and not r.aborted for r in counts)
 
 
 # -- pause / resume / weight updates ------------------------------------------------------

@@ -236,12 +236,17 @@ def test_probes_models_and_count_tokens(client, prefix) -> None:
 
 
 def test_count_tokens_uses_the_wired_counter(handler) -> None:
-    async def counter(session, conv) -> int:
+    seen = []
+
+    async def counter(session, conv, protocol, raw, headers) -> int:
+        seen.append((protocol, orjson.loads(raw), headers.get("authorization")))
         return 1000 + len(conv.messages)
 
     with TestClient(create_app(handler.prepare, resolve, count_tokens=counter)) as c:
         r = c.post("/v1/messages/count_tokens", json=MESSAGES[1], headers=auth())
         assert r.json() == {"input_tokens": 1001}
+    # what it needs to capture the call: the protocol, the body as sent, the headers
+    assert seen == [("anthropic_messages", MESSAGES[1], auth()["authorization"])]
 
 
 def test_gemini_stream_without_sse_is_one_json_array_and_unknown_methods_are_404(client) -> None:
