@@ -6,6 +6,8 @@ import io
 import shlex
 import tarfile
 
+import orjson
+
 from services.executor.harnesses.base import Harness, HarnessContext
 
 GIT = "git -c user.name=polar -c user.email=polar@localhost -c core.hooksPath=/dev/null"
@@ -41,6 +43,18 @@ def untar_texts(data: bytes, limit: int) -> dict[str, str]:
                 if f is not None:
                     out[member.name.lstrip("./")] = tail(f.read(), limit)
     return out
+
+
+def installed_version(logs: dict[str, str]) -> str | None:
+    """The CLI version INIT recorded in the sandbox (``.polar/logs/harness.json``), as
+    collected with the logs through the runtime: the executor may not share the sandbox's
+    files (docker, apptainer, another process's view)."""
+    try:
+        record = orjson.loads(logs.get("logs/harness.json", "{}"))
+    except orjson.JSONDecodeError:
+        return None
+    version = record.get("version") if isinstance(record, dict) else None
+    return str(version) if version else None
 
 
 def log_paths(harness: Harness, ctx: HarnessContext) -> list[str]:

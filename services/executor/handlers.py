@@ -256,7 +256,7 @@ class Executor:
             logs=logs,
             files=files,
             harness=harness.name,
-            harness_version=harness.version(ctx),
+            harness_version=A.installed_version(logs) or harness.version(ctx),
             protocol=harness.protocol,
         )
 

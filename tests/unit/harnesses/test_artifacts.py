@@ -69,3 +69,11 @@ async def test_the_presets_own_paths_come_back_as_logs(runtime, name):
     assert collected["logs/harness.json"] == '{"polar": 1}'
     for own in harness.own_paths:
         assert collected[f"{own.rsplit('/', 1)[-1]}/session.log"] == "cli log line\n"
+
+
+def test_the_installed_version_is_read_from_the_collected_record():
+    record = '{"harness": "codex", "version": "0.171.0", "source": "node_cache"}'
+    assert A.installed_version({"logs/harness.json": record}) == "0.171.0"
+    assert A.installed_version({}) is None  # no CLI install (shell), or nothing collected
+    assert A.installed_version({"logs/harness.json": "{not json"}) is None
+    assert A.installed_version({"logs/harness.json": "[1, 2]"}) is None
