@@ -152,6 +152,9 @@ async def test_claude_streams_and_falls_back_to_non_streaming(batch):
     # each of its turns first tried a stream, got no events, and asked again without
     asked = [streaming for _, streaming in batch["no_stream"].seen]
     assert asked.count(True) >= len(fallback) and asked.count(False) == len(fallback)
+    # headless, this version makes no side call: no probe, no count_tokens (both would be
+    # captured and tagged)
+    assert not [r.side_call for r in streamed + fallback if r.side_call]
 
 
 async def test_a_crashing_cli_ends_in_error_with_its_reason(batch):
