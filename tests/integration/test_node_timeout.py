@@ -18,6 +18,9 @@ import pytest
 from schemas import CompletionRecord, Outcome, SessionState, decode, encode
 from schemas import subjects as S
 from schemas.completion import Protocol, UpstreamMode
+from schemas.task import BuilderSpec
+from services.builder.logic import build_trajectory
+from services.builder.strategies import default_registry
 from services.scheduler import logic
 from tests.helpers.node import Node, dead, leftover_dirs, session_procs, task, wait_until
 
@@ -116,6 +119,10 @@ async def test_timeout_kills_the_tree_and_keeps_the_completions(fresh_servers, t
         assert [(r.session_id, r.seq, r.output_ids) for r in kept] == [
             (sid, i, [7, 8]) for i in range(3)
         ]
+        # and the builder's own code builds the timed-out session's trajectory from them
+        traj = build_trajectory(ev, BuilderSpec(name="per_request"), kept, default_registry())
+        assert traj.outcome == Outcome.TIMEOUT and traj.intact and traj.reward == 0.0
+        assert [t.response_ids for t in traj.traces] == [[7, 8]] * 3
     finally:
         await node.stop()
 
