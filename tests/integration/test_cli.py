@@ -136,6 +136,17 @@ def test_cancel_over_the_bus_and_http(polar, tmp_path):
     assert body["status"] == "cancelled" and body["counts"] == {"CANCELLED": 2}
     missing = polar("cancel", "no-such-task", "--via", "http")
     assert missing.returncode == 1 and "no task 'no-such-task'" in missing.stderr
+    # a live task, cancelled over the scheduler's HTTP API
+    live = write(tmp_path / "l.json", '{"task_id": "cli-cancel-http", "instruction": "hi"}')
+    assert polar("submit", str(live)).returncode == 0
+    r = polar("cancel", "cli-cancel-http", "--via", "http")
+    assert r.returncode == 0, r.stderr
+    body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel-http", trust_env=False).json()
+    for _ in range(50):
+        if body["status"] != "active":
+            break
+        body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel-http", trust_env=False).json()
+    assert body["status"] == "cancelled" and body["counts"] == {"CANCELLED": 1}
 
 
 def test_status_shows_services_streams_and_sessions(polar):
