@@ -198,8 +198,8 @@ async def test_the_stack_moves_on_after_failing_clis(batch):
     after = runs["after-failures"]
     assert after.session.state == "COMPLETED" and after.session.reward == 1.0, after.session.reason
     assert all(runs[f].session.state in ("ERROR", "TIMEOUT") for f in FAILURES)
-    # it waited behind every failing CLI and ran once they held or had left their slots
-    assert after.entered["RUNNING"] >= max(runs[f].entered["RUNNING"] for f in FAILURES)
+    # the failures' slots came back: every session got one (3 at a time, 18 sessions)
+    assert all("RUNNING" in run.entered for run in runs.values())
 
 
 def test_report(batch):
