@@ -38,7 +38,7 @@ from services.executor.config import ExecutorConfig
 from services.executor.harnesses import Harness, HarnessContext
 from services.executor.prewarm import ROLE as PREWARM_ROLE
 from services.executor.prewarm import Prewarm, wants_prewarm
-from services.executor.reaper import finish_session
+from services.executor.reaper import finish_session, keeps_live
 from services.runtimes.base import OutputBuffer, Runtime
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class Executor:
             result, arts = await self._run_and_collect(run, spec, session)
             if result.outcome == Outcome.CANCELLED:  # the canceller moved it to CANCELLED
                 return result.outcome
-            if spec.evaluator.runtime == "live" and spec.evaluator.name != "session_completed":
+            if keeps_live(spec):
                 kept = run.runtime
             elif prewarm is not None:
                 kept = await prewarm.ready()
