@@ -91,14 +91,12 @@ class CompletionHandler:
         first call's prompt ids. Raises nothing: a failure is raised when the call is made."""
         request = _Request(conv, protocol, raw, headers)
         try:
-            request.messages = messages = conv.to_openai_messages()
-            request.tools = tools = conv.to_openai_tools() or None
-            request.key = tools_key(tools)
-            request.normalized = capture.normalized_json(messages, tools)
+            request.describe()
             request.side_call = sidecalls.classify(protocol, conv)
         except Exception as exc:  # a bug: the call fails once it is made (its number given back)
             request.broken = exc
             return partial(self._complete, request)
+        messages, tools = request.messages, request.tools
         # A request without an assistant turn continues no state (continuing one means
         # echoing its answer), so it is rendered in full whatever the session holds.
         if (
@@ -168,17 +166,15 @@ class CompletionHandler:
         as a side call (its prompt, nothing sampled) under the number its lookup took, so
         a trajectory lists every call the harness made."""
         request = _Request(conv, protocol, raw, headers)
-        request.side_call = "count_tokens"
         try:
-            request.messages = conv.to_openai_messages()
-            request.tools = conv.to_openai_tools() or None
-            request.normalized = capture.normalized_json(request.messages, request.tools)
+            request.describe()
+            request.side_call = "count_tokens"
             ids = self.tok.render_ids(request.messages, request.tools) if self.tok else []
-        except TemplateRenderError as exc:
+        except Exception as exc:  # the number its lookup took is given back either way
             await self.unused(session, protocol, _failure(exc))
-            raise ProtocolError(
-                400, f"the model's chat template rejects this request: {exc}"
-            ) from exc
+            if isinstance(exc, TemplateRenderError):
+                raise _rejected(exc) from exc
+            raise
         ctx = self._context(session, protocol, request)
         reserved = self._number(session)
         gen = Generation(prompt_ids=ids, output_ids=[], output_logprobs=[], finish_reason="stop")
@@ -406,6 +402,13 @@ class _Request:
         self.prompt_ids: list[int] | None = None  # token mode: rendered in full ahead
         self.rejected: ProtocolError | None = None  # the chat template refused it
         self.broken: Exception | None = None  # converting it failed (a bug)
+
+    def describe(self) -> None:
+        """What the call's record and prompt are made from (raises on a converter bug)."""
+        self.messages = self.conv.to_openai_messages()
+        self.tools = self.conv.to_openai_tools() or None
+        self.key = tools_key(self.tools)
+        self.normalized = capture.normalized_json(self.messages, self.tools)
 
 
 def _rejected(exc: TemplateRenderError) -> ProtocolError:

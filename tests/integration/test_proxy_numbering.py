@@ -282,3 +282,16 @@ async def test_a_request_whose_preparation_breaks_fails_and_gives_its_number_bac
     again = await resolver(s.token, True)
     assert again.data["seq"] == 0
     await handler.unused(again, "openai_chat", "test done")
+
+
+async def test_a_count_that_breaks_fails_and_gives_its_number_back(stack, redis_client):
+    """count_tokens is numbered like a model call: one that cannot be described is not
+    captured, and the next call reuses its number."""
+    handler, _engine, resolver = stack
+    s = await new_session(redis_client, "numbering-count-broken")
+    session = await resolver(s.token, True)
+    with pytest.raises(RuntimeError, match="conversion bug"):
+        await handler.count(session, BrokenConversation(), "anthropic_messages", b"{}", {})
+    again = await resolver(s.token, True)
+    assert again.data["seq"] == 0
+    await handler.unused(again, "openai_chat", "test done")
