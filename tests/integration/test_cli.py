@@ -121,6 +121,15 @@ def test_submit_yaml_over_the_bus_and_wait(polar, tmp_path):
     assert "already exists with a different spec" in conflict.stdout
 
 
+def settled(polar, task_id: str) -> dict:
+    """The task as the scheduler's HTTP API shows it, once no longer active (50 polls)."""
+    for _ in range(50):
+        body = httpx.get(f"{polar.scheduler}/tasks/{task_id}", trust_env=False).json()
+        if body["status"] != "active":
+            break
+    return body
+
+
 def test_cancel_over_the_bus_and_http(polar, tmp_path):
     task = write(
         tmp_path / "t.json", '{"task_id": "cli-cancel", "instruction": "hi", "num_samples": 2}'
@@ -128,11 +137,7 @@ def test_cancel_over_the_bus_and_http(polar, tmp_path):
     assert polar("submit", str(task)).returncode == 0
     r = polar("cancel", "cli-cancel")
     assert r.returncode == 0 and "cancel of cli-cancel published" in r.stdout
-    body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel", trust_env=False).json()
-    for _ in range(50):
-        if body["status"] != "active":
-            break
-        body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel", trust_env=False).json()
+    body = settled(polar, "cli-cancel")
     assert body["status"] == "cancelled" and body["counts"] == {"CANCELLED": 2}
     missing = polar("cancel", "no-such-task", "--via", "http")
     assert missing.returncode == 1 and "no task 'no-such-task'" in missing.stderr
@@ -141,11 +146,7 @@ def test_cancel_over_the_bus_and_http(polar, tmp_path):
     assert polar("submit", str(live)).returncode == 0
     r = polar("cancel", "cli-cancel-http", "--via", "http")
     assert r.returncode == 0, r.stderr
-    body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel-http", trust_env=False).json()
-    for _ in range(50):
-        if body["status"] != "active":
-            break
-        body = httpx.get(f"{polar.scheduler}/tasks/cli-cancel-http", trust_env=False).json()
+    body = settled(polar, "cli-cancel-http")
     assert body["status"] == "cancelled" and body["counts"] == {"CANCELLED": 1}
 
 

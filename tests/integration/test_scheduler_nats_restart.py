@@ -16,17 +16,9 @@ from services.common.host import ServiceHost
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.handlers import Scheduler
 from services.scheduler.main import consumers
+from tests.helpers.node import wait_until
 
 pytestmark = pytest.mark.asyncio
-
-
-async def wait_for(predicate, timeout: float = 15.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(0.1)
-    return False
 
 
 async def publish_retrying(bus: Bus, subject: str, payload: bytes, timeout: float = 15.0):
@@ -69,15 +61,15 @@ async def test_scheduler_serves_tasks_after_nats_restart(redis_url, tmp_path):
             return len(await reg.task_session_ids(task_id)) == n
 
         await client.js.publish(S.TASKS_SUBMIT, task(before, 2))
-        assert await wait_for(lambda: served(before, 2))
+        await wait_until(lambda: served(before, 2), 15, "the first tasks served")
 
         kill9(nats)
-        assert await wait_for(lambda: _nats_down(host))
+        await wait_until(lambda: _nats_down(host), 15, "the service to see NATS gone")
         await asyncio.sleep(2.5)  # down longer than a consumer's idle fetch (2 s)
         nats = localservers.start_nats(port, tmp_path / "nats")  # same port, same store
 
         ack = await publish_retrying(client, S.TASKS_SUBMIT, task(after, 3))
-        assert await wait_for(lambda: served(after, 3)), "a task after the restart is served"
+        await wait_until(lambda: served(after, 3), 15, "a task after the restart served")
         # The same durable (kept in the file store) delivered it. An ack sent just before
         # the kill -9 may be lost: that message comes back after ack_wait and is a
         # duplicate by task_id, so only "nothing left undelivered" is asserted here.

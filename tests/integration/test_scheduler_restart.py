@@ -1,25 +1,15 @@
 """kill -9 the scheduler process mid-task: nothing is lost."""
 
-import asyncio
-
 import orjson
 import pytest
 
 from schemas import SessionState, TaskResult, decode
 from schemas import subjects as S
 from services.common.registry import Registry
+from tests.helpers.node import wait_until
 from tests.helpers.procs import ServiceProcess
 
 pytestmark = pytest.mark.asyncio
-
-
-async def wait_for(predicate, timeout=20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(0.1)
-    return False
 
 
 async def drive(reg: Registry, sid: str) -> None:
@@ -47,7 +37,7 @@ async def test_restart_mid_task(nats_url, redis_url, bus, redis_client, state_di
             "agent": {"command": "true"},
         }
         await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(task))
-        assert await wait_for(lambda: _count(reg, "restart-1", 4))
+        await wait_until(lambda: _count(reg, "restart-1", 4), 20, "restart-1 counted")
         sids = await reg.task_session_ids("restart-1")
         await drive(reg, sids[0])
 
@@ -64,7 +54,7 @@ async def test_restart_mid_task(nats_url, redis_url, bus, redis_client, state_di
 
         results = await bus.nc.subscribe(S.task_result("restart-1"))
         sched.start()
-        assert await wait_for(lambda: _count(reg, "restart-2", 2))
+        await wait_until(lambda: _count(reg, "restart-2", 2), 20, "restart-2 counted")
         await drive(reg, sids[3])
         result = decode(await bus.payload(await results.next_msg(timeout=20)), TaskResult)
         assert result.counts == {"COMPLETED": 4} and result.status == "completed"
