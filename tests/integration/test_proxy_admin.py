@@ -24,7 +24,7 @@ import pytest
 
 from proxy.backends.base import BackendError, ChatRequest, SamplingParams
 from proxy.backends.sglang import SGLangBackend
-from tests.helpers.stack import embedded_engine, new_session, proxy_process, start_proxy
+from tests.helpers.stack import new_session, proxy_process, start_proxy
 from tests.integration.proxy_agents import ChatAgent, captured, run_loop
 from tests.unit.embedded.tiny import second_checkpoint, tiny_model_dir
 
@@ -35,12 +35,6 @@ pytestmark = pytest.mark.asyncio
 ADMIN = {"authorization": "Bearer admin-secret"}
 SLOW = [{"role": "user", "content": "SLOW REPLY please"}]
 IN_PLACE = {"pause_mode": "in_place"}  # the engine's default (abort) would cut calls off
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with embedded_engine("tool_loop.yaml", tmp_path_factory.mktemp("e")) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

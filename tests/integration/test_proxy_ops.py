@@ -39,7 +39,6 @@ from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
 from services.common.bus import CLAIM_HEADER, Bus, ensure_streams
 from tests.helpers.stack import (
-    embedded_engine,
     new_session,
     proxy_process,
     start_proxy,
@@ -57,12 +56,6 @@ from tests.unit.embedded.tiny import second_checkpoint, tiny_model_dir
 pytestmark = pytest.mark.asyncio
 ADMIN = {"authorization": "Bearer ops-admin"}
 SLOW = [{"role": "user", "content": "SLOW REPLY please"}]
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with embedded_engine("tool_loop.yaml", tmp_path_factory.mktemp("e")) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

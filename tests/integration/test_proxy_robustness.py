@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 from schemas import encode
 from services.common.bus import Bus
 from tests.helpers.stack import (
-    embedded_engine,
     new_session,
     proxy_process,
 )
@@ -300,12 +299,6 @@ def send(client: httpx.Client, ep: Endpoint, bad: Bad, token: str) -> httpx.Resp
 
 
 # -- the service under test -------------------------------------------------------------
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with embedded_engine("tool_loop.yaml", tmp_path_factory.mktemp("e")) as srv:
-        yield srv
-
-
 @pytest.fixture(scope="module")
 def proxy(engine, nats_url, redis_url, tmp_path_factory):
     options = {"max_body_bytes": LIMIT, "admin_token": ADMIN, "keepalive_seconds": KEEPALIVE}

@@ -19,7 +19,6 @@ from proxy.backends.embedded.weights import load_model
 from schemas.completion import reconstruct_prompts
 from services.common.registry import Registry
 from tests.helpers.stack import (
-    embedded_engine,
     proxy_process,
     running_session,
 )
@@ -29,12 +28,6 @@ from tests.unit.embedded.tiny import tiny_model_dir
 pytestmark = pytest.mark.asyncio
 TURNS = 30
 LOGPROB_TOLERANCE = 1e-4  # float32 forward, batched and cached vs. one full pass
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with embedded_engine("tool_loop.yaml", tmp_path_factory.mktemp("e")) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")
