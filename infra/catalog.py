@@ -29,7 +29,7 @@ class ServiceKind(NamedTuple):
 
 SERVICES: dict[str, ServiceKind] = {
     # the embedded CPU model server (SGLang surface); disable it when backends are GPUs
-    "model": ServiceKind("proxy.backends.embedded.stack:create_app", 30000),
+    "model": ServiceKind("services.engine.main:create_app", 30000),
     # the harnesses' model API: token-exact capture in front of the inference engine
     "proxy": ServiceKind("proxy.main:create_app", 8200, takes=TOPOLOGY_FIELDS, rsgi=True),
     # the task front door: HTTP API + polar.tasks.* consumers

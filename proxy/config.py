@@ -83,7 +83,7 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
         if self.model_dir:
             return self.model_dir
         if self.engine().kind == "embedded":
-            from proxy.backends.embedded.server import DEFAULT_MODEL_DIR
+            from services.engine.server import DEFAULT_MODEL_DIR
 
             return str(DEFAULT_MODEL_DIR)
         return None

@@ -25,7 +25,7 @@ from infra.topology import TopologyError, load_topology, plan_services
 from services.cli import render, taskfile
 from services.cli.context import Stack, Unreachable
 
-EMBEDDED_CLI = "proxy.backends.embedded.cli"  # the embedded model server's own typer app
+EMBEDDED_CLI = "services.engine.cli"  # the embedded model server's own typer app
 
 app = typer.Typer(
     help="Polar: token-exact RL rollouts from unmodified agent harnesses.",

@@ -37,7 +37,7 @@ def start_server(model_dir: Path, max_batch: int) -> tuple[subprocess.Popen, str
     cmd = [
         sys.executable,
         "-m",
-        "proxy.backends.embedded",
+        "services.engine",
         "--model-dir",
         str(model_dir),
         "--port",
@@ -135,7 +135,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="polar-bench-") as tmp:
         model_dir = args.model_dir
         if model_dir is None:
-            from proxy.backends.embedded.modelinit import init_model_dir
+            from services.engine.modelinit import init_model_dir
 
             model_dir = init_model_dir(Path(tmp) / "tiny")
         tok = ChatTokenizer.load(model_dir)

@@ -296,7 +296,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    from tests.unit.embedded.tiny import tiny_model_dir
+    from tests.unit.engine.tiny import tiny_model_dir
 
     work = Path(tempfile.mkdtemp(prefix="polar-bench-proxy-"))
     stack = Stack(work, args.proxy_cpus, args.other_cpus)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from proxy.tokenization import ChatTokenizer  # noqa: E402
 from proxy.tokenization.segments import SegmentEncoder  # noqa: E402
-from tests.unit.embedded.tiny import tiny_model_dir  # noqa: E402
+from tests.unit.engine.tiny import tiny_model_dir  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "completions"
 

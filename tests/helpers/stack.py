@@ -15,7 +15,7 @@ from infra import localservers
 from schemas import SessionState, TaskRequest
 from services.common.registry import Registry
 from tests.helpers.procs import ServiceProcess
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.unit.engine.tiny import tiny_model_dir
 
 POLICIES = Path(__file__).resolve().parents[1] / "fixtures" / "policies"
 
@@ -27,7 +27,7 @@ class EmbeddedServer:
         argv = [
             sys.executable,
             "-m",
-            "proxy.backends.embedded",
+            "services.engine",
             "--model-dir",
             str(model_dir),
             "--port",

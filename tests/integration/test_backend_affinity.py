@@ -1,6 +1,6 @@
 """Session affinity across 3 real embedded-server workers; kill -9 one, its sessions move.
 
-Each worker is a separate ``python -m proxy.backends.embedded`` process (its own process
+Each worker is a separate ``python -m services.engine`` process (its own process
 group) on a free port; the pool routes with the SGLang client, and which worker served a
 call is read from ``Generation.worker`` (its base URL, i.e. its port).
 """
@@ -32,7 +32,7 @@ START_TIMEOUT_S = 90.0
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from proxy.backends.embedded.modelinit import init_model_dir
+    from services.engine.modelinit import init_model_dir
 
     return init_model_dir(tmp_path_factory.mktemp("embedded") / "model")
 
@@ -58,7 +58,7 @@ def workers(model_dir):
     try:
         for _ in range(3):
             port = free_port()
-            cmd = [sys.executable, "-m", "proxy.backends.embedded", "--model-dir", str(model_dir)]
+            cmd = [sys.executable, "-m", "services.engine", "--model-dir", str(model_dir)]
             cmd += ["--port", str(port), "--weight-version", "1"]
             procs.append(
                 subprocess.Popen(

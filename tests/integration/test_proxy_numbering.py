@@ -35,7 +35,7 @@ from services.common.jspub import JetStreamPublisher
 from services.common.registry import Registry
 from tests.helpers.stack import new_session
 from tests.integration.proxy_agents import captured
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.unit.engine.tiny import tiny_model_dir
 
 
 class Engine:

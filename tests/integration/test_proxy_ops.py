@@ -30,7 +30,6 @@ from google.genai import errors as genai_errors
 from google.genai import types as gt
 
 from proxy.backends.base import Generation
-from proxy.backends.embedded.weights import load_model
 from proxy.capture import CallContext, build_record, commit
 from proxy.tito import PromptPlan, TurnState, pack
 from proxy.tokenization import ChatTokenizer
@@ -38,6 +37,7 @@ from schemas import CompletionRecord, Protocol, UpstreamMode, decode, encode
 from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
 from services.common.bus import CLAIM_HEADER, Bus, ensure_streams
+from services.engine.weights import load_model
 from tests.helpers.stack import (
     new_session,
     proxy_process,
@@ -51,7 +51,7 @@ from tests.integration.proxy_agents import (
     captured,
     run_loop,
 )
-from tests.unit.embedded.tiny import second_checkpoint, tiny_model_dir
+from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
 
 pytestmark = pytest.mark.asyncio
 ADMIN = {"authorization": "Bearer ops-admin"}

@@ -15,15 +15,15 @@ import time
 import httpx
 import pytest
 
-from proxy.backends.embedded.weights import load_model
 from schemas.completion import reconstruct_prompts
 from services.common.registry import Registry
+from services.engine.weights import load_model
 from tests.helpers.stack import (
     proxy_process,
     running_session,
 )
 from tests.integration.proxy_agents import AGENTS, TOOL, captured, run_loop
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.unit.engine.tiny import tiny_model_dir
 
 pytestmark = pytest.mark.asyncio
 TURNS = 30

@@ -78,6 +78,6 @@ def test_serve_config_from_the_topology_without_polar_config(monkeypatch, tmp_pa
 
 @pytest.mark.parametrize("args", [("model", "--help"), ("model",)])
 def test_model_commands_come_from_the_embedded_server(args):
-    """`polar model` is the embedded server's own CLI (proxy/backends/embedded/cli.py)."""
+    """`polar model` is the embedded server's own CLI (services/engine/cli.py)."""
     r = invoke(*args)
     assert "init" in r.output and "serve" in r.output

@@ -10,7 +10,7 @@ from proxy.gate import WeightGate
 from proxy.handler import RENDER_AHEAD_MAX_BYTES, CompletionHandler
 from proxy.tokenization import ChatTokenizer
 from schemas import UpstreamMode
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.unit.engine.tiny import tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 
 from proxy.tito import TurnState, judge_chat_prompt, pack, tools_key
 from proxy.tokenization import ChatTokenizer
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.unit.engine.tiny import tiny_model_dir
 
 TOOLS = [
     {

@@ -13,7 +13,7 @@ from proxy.tito import (
     tools_key,
 )
 from proxy.tokenization import ChatTokenizer
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.unit.engine.tiny import tiny_model_dir
 
 TOOLS = [
     {

@@ -1,7 +1,7 @@
 import pytest
 
 from proxy.tokenization import ChatTokenizer
-from tests.unit.embedded.tiny import tiny_model_dir
+from tests.unit.engine.tiny import tiny_model_dir
 
 
 @pytest.fixture(scope="session")

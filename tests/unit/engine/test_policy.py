@@ -3,16 +3,16 @@ from pathlib import Path
 
 import pytest
 
-from proxy.backends.embedded.engine import Engine
-from proxy.backends.embedded.policy import (
+from services.engine.engine import Engine
+from services.engine.policy import (
     PolicyError,
     choose_turn,
     load_policy,
     messages_from_prompt,
     scripted_ids,
 )
-from proxy.backends.embedded.sampling import SamplingParams
-from proxy.backends.embedded.sequence import GenerationRequest
+from services.engine.sampling import SamplingParams
+from services.engine.sequence import GenerationRequest
 
 POLICIES = Path(__file__).parents[2] / "fixtures" / "policies"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 @cache
 def tiny_model_dir() -> Path:
-    from proxy.backends.embedded.modelinit import init_model_dir
+    from services.engine.modelinit import init_model_dir
 
     root = Path(tempfile.mkdtemp(prefix="polar-tiny-"))
     atexit.register(shutil.rmtree, root, True)
@@ -21,6 +21,6 @@ def tiny_model_dir() -> Path:
 @cache
 def second_checkpoint() -> Path:
     """The same model with differently seeded weights: a 'trained' checkpoint."""
-    from proxy.backends.embedded.modelinit import reseed_weights
+    from services.engine.modelinit import reseed_weights
 
     return reseed_weights(tiny_model_dir(), tiny_model_dir().parent / "tiny-v2", seed=1)

@@ -9,8 +9,8 @@ import json
 
 from litestar.testing import TestClient
 
-from proxy.backends.embedded.stack import create_app
-from tests.unit.embedded.tiny import tiny_model_dir
+from services.engine.main import create_app
+from tests.unit.engine.tiny import tiny_model_dir
 
 
 def test_the_model_service_starts_with_health_and_one_metrics_page(monkeypatch):

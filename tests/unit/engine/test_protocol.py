@@ -3,9 +3,9 @@ import json
 import msgspec
 import pytest
 
-from proxy.backends.embedded import protocol
-from proxy.backends.embedded.sampling import SamplingParams
-from proxy.backends.embedded.sequence import GenerationResult
+from services.engine import protocol
+from services.engine.sampling import SamplingParams
+from services.engine.sequence import GenerationResult
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from msgspec import Struct
 
-from proxy.backends.embedded.model import KVCache
-from proxy.backends.embedded.sampling import (
+from services.engine.model import KVCache
+from services.engine.sampling import (
     SamplingParams,
     stop_string_hit,
     stop_token_hit,

@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from proxy.backends.embedded.sampling import SamplingParams, validate
-from proxy.backends.embedded.sequence import GenerationResult
 from proxy.tokenization import ChatTokenizer, ParsedReply, split_reasoning
+from services.engine.sampling import SamplingParams, validate
+from services.engine.sequence import GenerationResult
 
 
 class ProtocolError(ValueError):

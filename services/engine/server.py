@@ -12,19 +12,19 @@ from pathlib import Path
 
 import torch
 
-from proxy.backends.embedded.config import (  # noqa: F401 - re-exported for the stack
+from proxy.tokenization import ChatTokenizer
+from services.engine.config import (  # noqa: F401 - re-exported for the stack
     CONFIG_ENV,
     DEFAULT_MODEL_DIR,
     ServeConfig,
     config_from_env,
     config_to_env,
 )
-from proxy.backends.embedded.engine import Engine
-from proxy.backends.embedded.modelconfig import ModelLoadError
-from proxy.backends.embedded.policy import Policy, load_policy, messages_from_prompt, scripted_ids
-from proxy.backends.embedded.sequence import GenerationRequest, GenerationResult
-from proxy.backends.embedded.weights import load_model
-from proxy.tokenization import ChatTokenizer
+from services.engine.engine import Engine
+from services.engine.modelconfig import ModelLoadError
+from services.engine.policy import Policy, load_policy, messages_from_prompt, scripted_ids
+from services.engine.sequence import GenerationRequest, GenerationResult
+from services.engine.weights import load_model
 
 
 def ensure_model_dir(model_dir: str | Path) -> Path:
@@ -39,7 +39,7 @@ def ensure_model_dir(model_dir: str | Path) -> Path:
         raise ModelLoadError(
             f"{path} is not a model directory (no config.json); run `polar model init {path}`"
         )
-    from proxy.backends.embedded.modelinit import init_model_dir
+    from services.engine.modelinit import init_model_dir
 
     path.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))

@@ -9,8 +9,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from proxy.backends.embedded.model import CausalLM
-from proxy.backends.embedded.modelconfig import ModelLoadError, load_config
+from services.engine.model import CausalLM
+from services.engine.modelconfig import ModelLoadError, load_config
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

@@ -18,15 +18,15 @@ from litestar import Litestar, Request, Response, get, post, route
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
-from proxy.backends.embedded import protocol
-from proxy.backends.embedded.config import ServeConfig, config_from_env
-from proxy.backends.embedded.engine import PAUSE_MODES, EngineStopped, QueueFull, RequestRejected
-from proxy.backends.embedded.modelconfig import ModelLoadError
-from proxy.backends.embedded.sequence import GenerationRequest
-from proxy.backends.embedded.server import ServerState
-from proxy.backends.embedded.weights import load_model
 from proxy.tokenization import TemplateRenderError
 from services.common.metrics import render as render_metrics
+from services.engine import protocol
+from services.engine.config import ServeConfig, config_from_env
+from services.engine.engine import PAUSE_MODES, EngineStopped, QueueFull, RequestRejected
+from services.engine.modelconfig import ModelLoadError
+from services.engine.sequence import GenerationRequest
+from services.engine.server import ServerState
+from services.engine.weights import load_model
 
 log = logging.getLogger(__name__)
 VERSION = "polar-embedded-0.1"

@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from proxy.backends.embedded.sampling import (
+from services.engine.sampling import (
     SamplingParams,
     banned_ids,
     choose_tokens,

@@ -1,7 +1,7 @@
 """Command line: ``init DIR`` writes a tiny model directory, ``serve`` runs the server.
 
 The lead's ``polar`` CLI mounts these as ``polar model init`` and ``polar serve model``;
-``python -m proxy.backends.embedded --model-dir DIR --port N`` runs ``serve`` directly.
+``python -m services.engine --model-dir DIR --port N`` runs ``serve`` directly.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from proxy.backends.embedded.config import (
+from services.engine.config import (
     CONFIG_ENV,
     DEFAULT_MODEL_DIR,
     EngineConfig,
@@ -29,7 +29,7 @@ def init_command(
     seed: Annotated[int, typer.Option(help="Weight seed (the tokenizer is always the same).")] = 0,
 ) -> None:
     """Write a tiny Qwen2-architecture model with a real tokenizer and chat template."""
-    from proxy.backends.embedded.modelinit import init_model_dir
+    from services.engine.modelinit import init_model_dir
 
     out = init_model_dir(model_dir, seed=seed)
     typer.echo(f"wrote {out}")
@@ -40,15 +40,15 @@ def run_server(config: ServeConfig) -> None:
     from granian import Granian
     from granian.constants import Interfaces
 
-    from proxy.backends.embedded.policy import load_policy
-    from proxy.backends.embedded.server import ensure_model_dir
+    from services.engine.policy import load_policy
+    from services.engine.server import ensure_model_dir
 
     ensure_model_dir(config.model_dir)  # fail fast, and create the default model
     if config.policy:
         load_policy(config.policy)
     os.environ[CONFIG_ENV] = config_to_env(config)
     Granian(
-        "proxy.backends.embedded.app:app_from_env",
+        "services.engine.app:app_from_env",
         factory=True,
         address=config.host,
         port=config.port,

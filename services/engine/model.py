@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from proxy.backends.embedded.modelconfig import ModelConfig, ModelLoadError
+from services.engine.modelconfig import ModelConfig, ModelLoadError
 
 
 class KVCache:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from proxy.backends.embedded.model import KVCache
+from services.engine.model import KVCache
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from proxy.backends.embedded.corpus import generate_corpus
-from proxy.backends.embedded.weights import save_tensors
 from proxy.tokenization.template import default_template
+from services.engine.corpus import generate_corpus
+from services.engine.weights import save_tensors
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ADDED_TOKENS = (

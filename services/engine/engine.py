@@ -26,11 +26,11 @@ from concurrent.futures import Future
 
 import torch
 
-from proxy.backends.embedded.config import EngineConfig
-from proxy.backends.embedded.model import CausalLM
-from proxy.backends.embedded.prefixcache import PrefixCache
-from proxy.backends.embedded.sampling import banned_ids, choose_tokens
-from proxy.backends.embedded.sequence import GenerationRequest, GenerationResult, Sequence
+from services.engine.config import EngineConfig
+from services.engine.model import CausalLM
+from services.engine.prefixcache import PrefixCache
+from services.engine.sampling import banned_ids, choose_tokens
+from services.engine.sequence import GenerationRequest, GenerationResult, Sequence
 
 log = logging.getLogger(__name__)
 

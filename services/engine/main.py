@@ -8,9 +8,9 @@ import os
 import msgspec
 from litestar import Litestar
 
-from proxy.backends.embedded.app import create_app as create_engine_app
-from proxy.backends.embedded.server import ServeConfig, ensure_model_dir
 from services.common.http import ops_routes
+from services.engine.app import create_app as create_engine_app
+from services.engine.server import ServeConfig, ensure_model_dir
 
 _STACK_KEYS = ("nats_url", "redis_url", "node")  # every stack service gets these; unused here
 

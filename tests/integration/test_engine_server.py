@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from infra.localservers import free_port
-from proxy.backends.embedded.modelinit import init_model_dir, reseed_weights
-from proxy.backends.embedded.weights import load_model
 from proxy.tokenization import ChatTokenizer
+from services.engine.modelinit import init_model_dir, reseed_weights
+from services.engine.weights import load_model
 
 POLICY = Path(__file__).parents[1] / "fixtures" / "policies" / "regex_router.yaml"
 TOOLS = [
@@ -35,7 +35,7 @@ def _start(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     cmd = [
         sys.executable,
         "-m",
-        "proxy.backends.embedded",
+        "services.engine",
         "--model-dir",
         str(model_dir),
         "--port",

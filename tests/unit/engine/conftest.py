@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from proxy.backends.embedded.weights import load_model
 from proxy.tokenization import ChatTokenizer
-from tests.unit.embedded.tiny import second_checkpoint, tiny_model_dir
+from services.engine.weights import load_model
+from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
 
 torch.set_num_threads(1)
 

@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from proxy.backends.embedded.engine import Engine, EngineConfig, QueueFull, RequestRejected
-from proxy.backends.embedded.sampling import SamplingParams
-from proxy.backends.embedded.sequence import GenerationRequest
-from proxy.backends.embedded.weights import load_model
+from services.engine.engine import Engine, EngineConfig, QueueFull, RequestRejected
+from services.engine.sampling import SamplingParams
+from services.engine.sequence import GenerationRequest
+from services.engine.weights import load_model
 
 
 @pytest.fixture

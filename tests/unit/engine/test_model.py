@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from proxy.backends.embedded.modelconfig import ModelLoadError, load_config, parse_config
-from proxy.backends.embedded.weights import load_model
+from services.engine.modelconfig import ModelLoadError, load_config, parse_config
+from services.engine.weights import load_model
 
 
 def test_directory_is_a_complete_hf_model(model_dir):
@@ -33,7 +33,7 @@ def test_cli_init_is_deterministic(model_dir, tmp_path):
     """`init DIR` writes byte-identical tokenizer and weights on every run."""
     from typer.testing import CliRunner
 
-    from proxy.backends.embedded.cli import app
+    from services.engine.cli import app
 
     result = CliRunner().invoke(app, ["init", str(tmp_path / "again")])
     assert result.exit_code == 0, result.output
@@ -42,7 +42,7 @@ def test_cli_init_is_deterministic(model_dir, tmp_path):
 
 
 def test_missing_model_dir_names_the_fix(tmp_path):
-    from proxy.backends.embedded.server import ensure_model_dir
+    from services.engine.server import ensure_model_dir
 
     with pytest.raises(ModelLoadError, match="polar model init"):
         ensure_model_dir(tmp_path / "nothing")
