@@ -37,10 +37,10 @@ from proxy.tito import (
     plan_token_prompt,
     tools_key,
 )
-from proxy.tokenization import ChatTokenizer, TemplateRenderError
-from proxy.tokenization.lru import SizedLRU
 from schemas import Protocol, UpstreamMode
 from services.common.jspub import JetStreamPublisher
+from services.common.tokenization import ChatTokenizer, TemplateRenderError
+from services.common.tokenization.lru import SizedLRU
 
 log = logging.getLogger("polar.proxy")
 

@@ -35,7 +35,6 @@ from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.resp import Resp
 from proxy.sessions import SessionResolver
-from proxy.tokenization import ChatTokenizer
 from schemas import UpstreamMode
 from services.common.bus import CLAIM_THRESHOLD
 from services.common.host import ServiceHost
@@ -43,6 +42,7 @@ from services.common.http import ops_routes
 from services.common.jspub import JetStreamPublisher
 from services.common.settings import load
 from services.common.spin import POLL
+from services.common.tokenization import ChatTokenizer
 
 log = logging.getLogger("polar.proxy")
 

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from proxy.tokenization import ChatTokenizer, TemplateRenderError
+from services.common.tokenization import ChatTokenizer, TemplateRenderError
 
 MAX_STATES = 8  # per session: main loop, sub-agents, side calls
 

@@ -18,8 +18,8 @@ from litestar import Litestar, Request, Response, get, post, route
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
-from proxy.tokenization import TemplateRenderError
 from services.common.metrics import render as render_metrics
+from services.common.tokenization import TemplateRenderError
 from services.engine import protocol
 from services.engine.config import ServeConfig, config_from_env
 from services.engine.engine import PAUSE_MODES, EngineStopped, QueueFull, RequestRejected

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from proxy.tokenization.template import default_template
+from services.common.tokenization.template import default_template
 from services.engine.corpus import generate_corpus
 from services.engine.weights import save_tensors
 

@@ -34,7 +34,7 @@ import msgspec
 import yaml
 from msgspec import Struct
 
-from proxy.tokenization import ChatTokenizer
+from services.common.tokenization import ChatTokenizer
 
 
 class PolicyError(ValueError):

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from proxy.tokenization import ChatTokenizer, ParsedReply, split_reasoning
+from services.common.tokenization import ChatTokenizer, ParsedReply, split_reasoning
 from services.engine.sampling import SamplingParams, validate
 from services.engine.sequence import GenerationResult
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from proxy.tokenization import ChatTokenizer
+from services.common.tokenization import ChatTokenizer
 from services.engine.config import (  # noqa: F401 - re-exported for the stack
     CONFIG_ENV,
     DEFAULT_MODEL_DIR,

@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from infra.localservers import free_port  # noqa: E402
-from proxy.tokenization import ChatTokenizer  # noqa: E402
+from services.common.tokenization import ChatTokenizer  # noqa: E402
 
 LEVELS = (1, 8, 32)
 

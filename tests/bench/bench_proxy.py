@@ -240,7 +240,7 @@ class Bench:
 
 
 def reply_token_ids(model_dir: Path) -> list[int]:
-    from proxy.tokenization import ChatTokenizer
+    from services.common.tokenization import ChatTokenizer
 
     tok = ChatTokenizer.load(model_dir)
     return tok.encode(TEXT) + [tok.eos_token_ids[0]]

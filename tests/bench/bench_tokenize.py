@@ -1,5 +1,5 @@
 """Token mode's prompt building on real CLI prompts: whole-text encoding vs the segment
-cache (``proxy/tokenization/segments.py``), side by side in one run; then the recorded
+cache (``services/common/tokenization/segments.py``), side by side in one run; then the recorded
 sessions replayed through ``plan_token_prompt`` as the proxy plans each call.
 
     python tests/bench/bench_tokenize.py [--rounds 5]
@@ -23,8 +23,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from proxy.tokenization import ChatTokenizer  # noqa: E402
-from proxy.tokenization.segments import SegmentEncoder  # noqa: E402
+from services.common.tokenization import ChatTokenizer  # noqa: E402
+from services.common.tokenization.segments import SegmentEncoder  # noqa: E402
 from tests.unit.engine.tiny import tiny_model_dir  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "completions"
@@ -117,7 +117,7 @@ def main() -> None:
     # "cached": with the caches, empty before round 1 ("first session" of each CLI) and
     # kept after ("later sessions": a proxy serving many sessions); "heads ahead": as
     # the proxy runs now, each call's head text rendered after its answer.
-    from proxy.tokenization import template
+    from services.common.tokenization import template
 
     planned: dict[tuple[str, str], list[float]] = {}
     exact = True

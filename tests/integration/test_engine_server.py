@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from infra.localservers import free_port
-from proxy.tokenization import ChatTokenizer
+from services.common.tokenization import ChatTokenizer
 from services.engine.modelinit import init_model_dir, reseed_weights
 from services.engine.weights import load_model
 

@@ -25,7 +25,6 @@ from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.resp import Resp
 from proxy.sessions import SessionResolver
-from proxy.tokenization import ChatTokenizer
 from schemas import SessionState, UpstreamMode
 from schemas import subjects as S
 from services.builder.integrity import assess
@@ -33,6 +32,7 @@ from services.builder.strategies.base import full_calls
 from services.common.bus import CLAIM_THRESHOLD, Bus
 from services.common.jspub import JetStreamPublisher
 from services.common.registry import Registry
+from services.common.tokenization import ChatTokenizer
 from tests.helpers.stack import new_session
 from tests.integration.proxy_agents import captured
 from tests.unit.engine.tiny import tiny_model_dir

@@ -32,11 +32,11 @@ from google.genai import types as gt
 from proxy.backends.base import Generation
 from proxy.capture import CallContext, build_record, commit
 from proxy.tito import PromptPlan, TurnState, pack
-from proxy.tokenization import ChatTokenizer
 from schemas import CompletionRecord, Protocol, UpstreamMode, decode, encode
 from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
 from services.common.bus import CLAIM_HEADER, Bus, ensure_streams
+from services.common.tokenization import ChatTokenizer
 from services.engine.weights import load_model
 from tests.helpers.stack import (
     new_session,

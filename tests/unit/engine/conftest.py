@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from proxy.tokenization import ChatTokenizer
+from services.common.tokenization import ChatTokenizer
 from services.engine.weights import load_model
 from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
 

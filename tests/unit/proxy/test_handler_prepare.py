@@ -8,8 +8,8 @@ import pytest
 from proxy.conversation import Conversation, Message, TextPart
 from proxy.gate import WeightGate
 from proxy.handler import RENDER_AHEAD_MAX_BYTES, CompletionHandler
-from proxy.tokenization import ChatTokenizer
 from schemas import UpstreamMode
+from services.common.tokenization import ChatTokenizer
 from tests.unit.engine.tiny import tiny_model_dir
 
 

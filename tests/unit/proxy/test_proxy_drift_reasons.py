@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.tito import TurnState, judge_chat_prompt, pack, tools_key
-from proxy.tokenization import ChatTokenizer
+from services.common.tokenization import ChatTokenizer
 from tests.unit.engine.tiny import tiny_model_dir
 
 TOOLS = [

@@ -12,7 +12,7 @@ from proxy.tito import (
     plan_token_prompt,
     tools_key,
 )
-from proxy.tokenization import ChatTokenizer
+from services.common.tokenization import ChatTokenizer
 from tests.unit.engine.tiny import tiny_model_dir
 
 TOOLS = [

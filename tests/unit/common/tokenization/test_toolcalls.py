@@ -3,7 +3,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tokenization import parse_reply, parse_tool_call, split_reasoning
+from services.common.tokenization import parse_reply, parse_tool_call, split_reasoning
 
 TOOLS = [
     {

@@ -1,6 +1,6 @@
 import pytest
 
-from proxy.tokenization import ChatTokenizer
+from services.common.tokenization import ChatTokenizer
 from tests.unit.engine.tiny import tiny_model_dir
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from proxy.tokenization import TemplateRenderError, default_template, render_template
+from services.common.tokenization import TemplateRenderError, default_template, render_template
 
 TOOLS = [
     {

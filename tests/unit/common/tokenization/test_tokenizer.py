@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from proxy.tokenization import ChatTokenizer, TokenizerLoadError
+from services.common.tokenization import ChatTokenizer, TokenizerLoadError
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]

@@ -26,7 +26,7 @@ from itertools import chain
 
 from tokenizers import Tokenizer
 
-from proxy.tokenization.lru import SizedLRU
+from services.common.tokenization.lru import SizedLRU
 
 MAX_CACHED_BYTES = 32_000_000  # packed ids and the text they key, ~4M tokens of prose
 # Pieces not cached that lie closer than this are tokenized in one call (the tokenizer's

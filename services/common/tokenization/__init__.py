@@ -1,6 +1,7 @@
 """Chat templates, tokenization and tool-call parsing for token-in/token-out callers.
 
-Pure and server-free. Typical use::
+Pure and server-free, and shared: the proxy (token mode) and the embedded engine
+(``services/engine``) both tokenize with it, so neither imports the other. Typical use::
 
     tok = ChatTokenizer.load(model_dir)
     prompt_ids = tok.render_ids(messages, tools)          # OpenAI-shaped messages
@@ -11,9 +12,13 @@ Messages are OpenAI chat dicts: ``role``, ``content`` (string or text parts),
 ``reasoning_content``.
 """
 
-from proxy.tokenization.template import TemplateRenderError, default_template, render_template
-from proxy.tokenization.tokenizer import ChatTokenizer, TokenizerLoadError
-from proxy.tokenization.toolcalls import (
+from services.common.tokenization.template import (
+    TemplateRenderError,
+    default_template,
+    render_template,
+)
+from services.common.tokenization.tokenizer import ChatTokenizer, TokenizerLoadError
+from services.common.tokenization.toolcalls import (
     ParsedReply,
     ParsedToolCall,
     parse_reply,

@@ -20,7 +20,7 @@ from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from proxy.tokenization.lru import SizedLRU
+from services.common.tokenization.lru import SizedLRU
 
 
 class TemplateRenderError(ValueError):

@@ -14,9 +14,13 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from proxy.tokenization.segments import SegmentEncoder
-from proxy.tokenization.template import TemplateRenderError, default_template, render_template
-from proxy.tokenization.toolcalls import ParsedReply, parse_reply
+from services.common.tokenization.segments import SegmentEncoder
+from services.common.tokenization.template import (
+    TemplateRenderError,
+    default_template,
+    render_template,
+)
+from services.common.tokenization.toolcalls import ParsedReply, parse_reply
 
 
 class TokenizerLoadError(ValueError):

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from proxy.tokenization.segments import SegmentEncoder
+from services.common.tokenization.segments import SegmentEncoder
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "completions"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "completions"
 
 
 def plain(tok, text: str) -> list[int]:
