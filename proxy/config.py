@@ -4,6 +4,7 @@ from typing import Any
 
 import msgspec
 
+from schemas.engine import DEFAULT_MODEL_DIR
 from services.common.settings import ServiceSettings
 
 
@@ -83,7 +84,5 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
         if self.model_dir:
             return self.model_dir
         if self.engine().kind == "embedded":
-            from services.engine.server import DEFAULT_MODEL_DIR
-
             return str(DEFAULT_MODEL_DIR)
         return None

@@ -6,13 +6,13 @@ Kept free of torch so the command line can build and validate it cheaply.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import msgspec
 from msgspec import Struct
 
+from schemas.engine import DEFAULT_MODEL_DIR
+
 CONFIG_ENV = "POLAR_EMBEDDED_CONFIG"
-DEFAULT_MODEL_DIR = Path.home() / ".cache" / "polar" / "models" / "tiny"
 
 
 class EngineConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
