@@ -15,9 +15,15 @@ up *ARGS:
 down *ARGS:
     {{py}} -m services.cli.main down {{ARGS}}
 
-# Unit + integration tests against real NATS JetStream and Valkey.
-test *ARGS:
-    {{py}} -m pytest -q {{ARGS}}
+# Steps and what each installs: infra/setup.py (`python -m infra.setup --help`).
+# Install what the tests need beyond the venv (bwrap, podman, agent CLIs); quick once done.
+setup *STEPS:
+    {{py}} -m infra.setup {{STEPS}}
+
+# Ends by listing every skipped test with its reason (what is missing, how to get it).
+# `just setup`, then unit + integration tests against real NATS JetStream and Valkey.
+test *ARGS: setup
+    {{py}} -m pytest -q -rs {{ARGS}}
 
 # Fast tests only (no servers).
 unit:

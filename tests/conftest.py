@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from infra import localservers
+from infra import localservers, setup
+
+# What `just setup` found (DOCKER_HOST of podman's Docker API): the recipe cannot export
+# into this process, so it leaves it in .state/test.env. The caller's own settings win.
+for _key, _value in setup.read_env().items():
+    os.environ.setdefault(_key, _value)
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +73,16 @@ def _no_proxy_env(monkeypatch):
 
 def pytest_configure(config):
     os.environ.setdefault("POLAR_TEST", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    # A test that needs a part outside the venv (tests/helpers/requires.py) is skipped with
+    # the reason, reported at the test's own line, when the part is missing.
+    from tests.helpers.requires import missing_reason
+
+    for item in items:
+        if reason := missing_reason(item):
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

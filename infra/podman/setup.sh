@@ -10,7 +10,7 @@
 # `export` line goes to stdout; progress goes to stderr.
 set -euo pipefail
 
-STATE_DIR="${POLAR_PODMAN_DIR:-/tmp/polar-podman}"
+STATE_DIR="$(realpath -m "${POLAR_PODMAN_DIR:-/tmp/polar-podman}")"
 SOCKET="$STATE_DIR/podman.sock"
 IMAGE="${POLAR_TEST_IMAGE:-polar-test:latest}"
 export CONTAINERS_CONF="$STATE_DIR/containers.conf"
@@ -52,8 +52,10 @@ start_service() {
   fi
   rm -f "$SOCKET"
   log "starting podman system service on $SOCKET"
-  setsid podman system service --time=0 "unix://$SOCKET" \
-    >"$STATE_DIR/service.log" 2>&1 </dev/null &
+  # From / and in its own session: the service outlives this script and must not hold
+  # the caller's directory (a clone that may be deleted) as its working directory.
+  (cd / && exec setsid podman system service --time=0 "unix://$SOCKET" \
+    >"$STATE_DIR/service.log" 2>&1 </dev/null) &
   echo $! >"$STATE_DIR/service.pid"
   for _ in $(seq 100); do
     service_answers && return

@@ -8,7 +8,6 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
@@ -25,6 +24,7 @@ from services.pool.handlers import RuntimePool
 from services.runtimes.procs import TAG_SESSION, tagged_pids
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.handlers import Scheduler
+from tests.helpers.requires import DOCKER_HOST
 
 
 @dataclass
@@ -141,14 +141,7 @@ def leftover_dirs(work_dir) -> list[str]:
     return sorted(os.listdir(root)) if os.path.isdir(root) else []
 
 
-# -- docker runtime tests (podman's Docker API; `eval "$(infra/podman/setup.sh)"`) -------
-PODMAN_SOCKET = Path(os.environ.get("POLAR_PODMAN_DIR", "/tmp/polar-podman")) / "podman.sock"
-DOCKER_HOST = os.environ.get("DOCKER_HOST") or (
-    f"unix://{PODMAN_SOCKET}" if PODMAN_SOCKET.exists() else None
-)
-IMAGE = os.environ.get("POLAR_TEST_IMAGE", "polar-test:latest")
-
-
+# -- docker runtime tests (podman's Docker API, started by `just setup`) ----------------
 def containers(runtime_ids: list[str]) -> list[str]:
     """Names of the containers (any state) labelled with these runtimes."""
     if DOCKER_HOST is None:

@@ -22,6 +22,7 @@ import yaml
 from aiohttp import ClientSession, ClientTimeout, web
 
 from infra import devstack, localservers
+from infra.setup import LEGACY_PI  # the pi that exits 0 after a failed stream
 from infra.topology import parse_topology
 from schemas import CompletionRecord, SessionFinished, SessionStateChanged, TaskResult, decode
 from schemas import subjects as S
@@ -32,7 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "tests" / "fixtures" / "policies"
 MODEL = "polar-tiny"
 SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator")
-LEGACY_PI = "0.73.1"  # the pi that exits 0 after a failed stream
 
 
 def cache_dir() -> Path:

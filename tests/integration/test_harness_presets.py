@@ -16,13 +16,13 @@ scripted shell command and print the scripted final answer.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 
 import orjson
 import pytest
 
 from schemas import Outcome
+from tests.helpers.requires import requires_npm
 from tests.integration.harness_stack import (
     LEGACY_PI,
     BlackHole,
@@ -37,7 +37,7 @@ from tests.integration.harness_stack import (
 pytestmark = [
     pytest.mark.harness,
     pytest.mark.timeout(1500),
-    pytest.mark.skipif(shutil.which("npm") is None, reason="the CLIs install with npm"),
+    requires_npm,  # the CLIs install with npm
 ]
 
 # task id -> (preset, agent overrides, Polar protocol)

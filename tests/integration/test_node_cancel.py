@@ -15,8 +15,6 @@ import pytest
 from schemas import SessionState
 from services.scheduler import logic
 from tests.helpers.node import (
-    DOCKER_HOST,
-    IMAGE,
     Node,
     containers,
     leftover_dirs,
@@ -24,16 +22,14 @@ from tests.helpers.node import (
     task,
     wait_until,
 )
+from tests.helpers.requires import DOCKER_HOST, IMAGE, requires_docker
 
 pytestmark = pytest.mark.asyncio
 ST = SessionState
 
 BACKENDS = [
     "local",
-    pytest.param(
-        "docker",
-        marks=pytest.mark.skipif(DOCKER_HOST is None, reason="no Docker engine (podman setup)"),
-    ),
+    pytest.param("docker", marks=requires_docker),
 ]
 CLEAN_SECONDS = 5.0  # a cancelled runtime is gone well within this
 

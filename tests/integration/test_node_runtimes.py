@@ -9,7 +9,6 @@
 """
 
 import asyncio
-import shutil
 import sys
 
 import pytest
@@ -17,14 +16,13 @@ import pytest
 from schemas import Outcome, SessionState
 from services.scheduler import logic
 from tests.helpers.node import (
-    DOCKER_HOST,
-    IMAGE,
     Node,
     containers,
     leftover_dirs,
     session_procs,
     task,
 )
+from tests.helpers.requires import DOCKER_HOST, IMAGE, requires_bwrap, requires_docker
 
 pytestmark = pytest.mark.asyncio
 
@@ -40,7 +38,7 @@ except OSError as exc:
 """
 
 
-@pytest.mark.skipif(DOCKER_HOST is None, reason="no Docker engine (podman setup)")
+@requires_docker
 async def test_docker_session_end_to_end(fresh_servers, tmp_path):
     work = tmp_path / "work"
     node = await Node.start(*fresh_servers, work, docker_host=DOCKER_HOST)
@@ -83,7 +81,7 @@ async def _http_server(body: bytes, hits: list[str]) -> tuple[asyncio.AbstractSe
     return server, server.sockets[0].getsockname()[1]
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+@requires_bwrap
 async def test_bwrap_network_none_session_reaches_only_the_proxy(fresh_servers, tmp_path):
     proxy_hits: list[str] = []
     other_hits: list[str] = []

@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from services.executor.harnesses.npm import InstallError, is_exact, resolve_version
+from tests.helpers.requires import requires_npm
 
 pytestmark = [
     pytest.mark.harness,
-    pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm"),
+    requires_npm,
 ]
 PI = "@mariozechner/pi-coding-agent"  # its 0.73 line is pinned by the harness tests
 

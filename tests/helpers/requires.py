@@ -1,0 +1,81 @@
+"""Markers for tests that need a part outside the venv: each skips, when the part is
+missing, with a reason that names it and how to get it (`just test` lists them at the end).
+
+`just setup` (infra/setup.py) installs these parts where this user can; see its docstring.
+The checks run once the tests are collected (tests/conftest.py), and only for parts a
+collected test names, so a session that selects none never pings a Docker engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+
+import pytest
+
+from infra import setup
+
+SETUP = "`just setup` installs it as root with apt"
+
+
+def _docker_host() -> str | None:
+    """DOCKER_HOST, else the socket `just setup` starts podman's Docker API on."""
+    host = os.environ.get("DOCKER_HOST") or setup.read_env().get("DOCKER_HOST")
+    if host is None and setup.PODMAN_SOCKET.exists():
+        host = f"unix://{setup.PODMAN_SOCKET}"
+    return host
+
+
+DOCKER_HOST = _docker_host()
+IMAGE = setup.TEST_IMAGE
+
+
+@functools.cache
+def docker_missing() -> str | None:
+    """Why the docker runtime's tests cannot run here, or None."""
+    if DOCKER_HOST is None:
+        return (
+            f"no Docker engine: DOCKER_HOST unset and no podman socket at {setup.PODMAN_SOCKET} "
+            f"(needs podman + runc: {SETUP}, then starts podman's Docker API)"
+        )
+    answers, image = setup.engine_state(DOCKER_HOST)
+    if not answers:
+        return f"no Docker engine answers at {DOCKER_HOST}: run `just setup` to start podman's"
+    if not image:
+        return f"image {IMAGE} missing at {DOCKER_HOST}: `just setup` builds it offline"
+    return None
+
+
+def bwrap_missing() -> str | None:
+    if shutil.which("bwrap") is None:
+        return f"bubblewrap (bwrap) is not on PATH: {SETUP}, or `sudo apt-get install bubblewrap`"
+    return None
+
+
+def npm_missing() -> str | None:
+    if shutil.which("npm") is None:
+        return (
+            "npm is not on PATH: install Node.js with npm (Debian: `apt-get install npm`); "
+            "`just setup` then preinstalls the agent CLIs"
+        )
+    return None
+
+
+MISSING = {"bwrap": bwrap_missing, "docker": docker_missing, "npm": npm_missing}
+
+requires_bwrap = pytest.mark.requires("bwrap")
+requires_docker = pytest.mark.requires("docker")
+requires_npm = pytest.mark.requires("npm")
+
+
+def missing_reason(item: pytest.Item) -> str | None:
+    """Why ``item`` cannot run here: the first part its ``requires`` marks name that is
+    missing, or None."""
+    for mark in item.iter_markers("requires"):
+        for part in mark.args:
+            if part not in MISSING:
+                raise pytest.UsageError(f"requires({part!r}): use one of {', '.join(MISSING)}")
+            if reason := MISSING[part]():
+                return reason
+    return None
