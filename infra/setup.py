@@ -260,7 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         step, what = STEPS[name]
         say(f"[{name}] {what}")
         t0 = time.monotonic()
-        results[name] = res = step()
+        try:
+            res = step()
+        except (
+            Exception
+        ) as exc:  # one broken step must not keep the others (or the tests) from running
+            res = Result("failed", f"{type(exc).__name__}: {exc}")
+        results[name] = res
         say(f"[{name}] {res.state}: {res.detail} ({time.monotonic() - t0:.1f}s)")
     not_ok = [n for n, r in results.items() if r.state in ("skipped", "failed")]
     tail = f"; their tests skip: {', '.join(not_ok)}" if not_ok else ""

@@ -41,7 +41,7 @@ def docker_missing() -> str | None:
         )
     answers, image = setup.engine_state(DOCKER_HOST)
     if not answers:
-        return f"no Docker engine answers at {DOCKER_HOST}: run `just setup` to start podman's"
+        return f"no Docker engine answers at {DOCKER_HOST}: `just setup` starts podman's Docker API"
     if not image:
         return f"image {IMAGE} missing at {DOCKER_HOST}: `just setup` builds it offline"
     return None

@@ -149,3 +149,18 @@ def test_an_unknown_part_is_a_usage_error():
 
     with pytest.raises(pytest.UsageError, match="requires\\('gpu'\\): use one of bwrap"):
         requires.missing_reason(Item())
+
+
+def test_a_step_that_breaks_is_reported_and_the_others_still_run(monkeypatch, capsys):
+    def broken():
+        raise OSError("disk full")
+
+    ran = []
+    monkeypatch.setattr(setup, "STEPS", {
+        "first": (broken, "breaks"),
+        "second": (lambda: ran.append(1) or setup.Result("done", "fine"), "runs"),
+    })  # fmt: skip
+    assert setup.main([]) == 0
+    out = capsys.readouterr().out
+    assert "[first] failed: OSError: disk full" in out
+    assert ran == [1] and "their tests skip: first" in out
