@@ -8,7 +8,9 @@ settings from ``POLAR_CONFIG``), its default port, and, optionally:
   node's name in ``node``;
 - ``takes``: extra topology fields the service's config accepts, merged into its
   ``POLAR_CONFIG`` — node pool sizes (``max_init``, ``ready_buffer``, ``max_run``) and/or
-  ``backends``. Only listed fields are passed: service configs reject unknown keys.
+  ``backends``. Only listed fields are passed: service configs reject unknown keys;
+- ``proxy_url``: the service sends sandboxes to the proxy, so ``polar up`` gives it the
+  stack's proxy URL and a ``work_dir`` under the state dir (``infra/wiring.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class ServiceKind(NamedTuple):
     per_node: bool = False
     takes: tuple[str, ...] = ()
     rsgi: bool = False  # served over granian's RSGI interface (the app speaks it), else ASGI
+    proxy_url: bool = False  # given the stack's proxy URL and node work_dir
 
 
 SERVICES: dict[str, ServiceKind] = {
@@ -36,16 +39,20 @@ SERVICES: dict[str, ServiceKind] = {
     "scheduler": ServiceKind("services.scheduler.main:create_app", 8100),
     # INIT stage per node: sandboxes prepared ahead into the READY buffer
     "pool": ServiceKind(
-        "services.pool.main:create_app", 8110, per_node=True, takes=NODE_FIELDS + TOPOLOGY_FIELDS
+        "services.pool.main:create_app",
+        8110,
+        per_node=True,
+        takes=NODE_FIELDS + TOPOLOGY_FIELDS,
+        proxy_url=True,
     ),
     # RUNNING stage per node: harnesses run, deadlines enforced, artifacts collected
     "executor": ServiceKind(
-        "services.executor.main:create_app", 8120, per_node=True, takes=NODE_FIELDS
+        "services.executor.main:create_app", 8120, per_node=True, takes=NODE_FIELDS, proxy_url=True
     ),
     # POSTRUN: completions -> trajectories
     "builder": ServiceKind("services.builder.main:create_app", 8130),
     # rewards, then exactly-once delivery to polar.trajectories.<task>
-    "evaluator": ServiceKind("services.evaluator.main:create_app", 8140),
+    "evaluator": ServiceKind("services.evaluator.main:create_app", 8140, proxy_url=True),
 }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from infra import localservers
+from infra import localservers, wiring
 from infra.stackstate import (
     Proc,
     StackState,
@@ -67,7 +67,9 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
     running = _existing(state_dir, log)
     if running is not None:
         return running
-    plans = _assign_ports(plan_services(topo))
+    topo = wiring.with_server_ports(topo, localservers.free_port)
+    plans = wiring.with_ports(plan_services(topo), localservers.free_port)
+    plans = wiring.wire(plans, topo, state_dir)
     _check_ports_free(plans, topo.host)
     state = StackState(state_dir=str(state_dir), created_at=time.time())
     try:
@@ -76,7 +78,7 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
         spawned = [_start_service(state, plan, topo, log) for plan in plans]
         deadline = time.monotonic() + topo.startup_timeout_seconds
         for plan, proc in zip(plans, spawned, strict=True):
-            _wait_healthy(plan, proc, _check_host(topo.host), deadline, state_dir)
+            _wait_healthy(plan, proc, wiring.connect_host(topo.host), deadline, state_dir)
             log(f"{plan.name} is healthy on port {plan.port}")
     except BaseException:
         log("start failed: stopping what was started")
@@ -104,25 +106,11 @@ def _existing(state_dir: Path, log: Log) -> StackState | None:
     return None
 
 
-def _assign_ports(plans: list[ServicePlan]) -> list[ServicePlan]:
-    import msgspec
-
-    out = []
-    for p in plans:
-        if p.port == 0:
-            port = localservers.free_port()
-            p = msgspec.structs.replace(p, port=port, config={**p.config, "port": port})
-        out.append(p)
-    return out
-
-
-def _check_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "") else host
-
-
 def _check_ports_free(plans: list[ServicePlan], host: str) -> None:
     busy = [
-        f"{p.name}:{p.port}" for p in plans if localservers.reachable(_check_host(host), p.port)
+        f"{p.name}:{p.port}"
+        for p in plans
+        if localservers.reachable(wiring.connect_host(host), p.port)
     ]
     if busy:
         raise StackError(f"port(s) already in use: {', '.join(busy)}; change them in topology.yaml")
@@ -198,7 +186,7 @@ def _start_service(
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # outlives `polar up`; `polar down` stops its group
         )
-    url = f"http://{_check_host(topo.host)}:{plan.port}"
+    url = f"http://{wiring.connect_host(topo.host)}:{plan.port}"
     state.procs.append(_record(plan.name, proc.pid, url, plan.port, str(log_path)))
     write_state(state)
     log(f"{plan.name}: started (pid {proc.pid}), log {log_path}")

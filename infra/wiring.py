@@ -1,0 +1,113 @@
+"""Which address each service of the stack is given (pure: no sockets, no clock).
+
+``polar up`` chooses some addresses itself (``port: 0`` anywhere, a NATS or Redis URL
+with port 0) and each choice must reach every service that needs it, or a harness is
+sent to whatever listens at a default port:
+
+- NATS and Redis: a URL with an explicit port 0 gets a free port, and every service is
+  given the resulting URL (``with_server_ports``);
+- each service instance with ``port: 0`` gets a free port (``with_ports``);
+- then ``wire``: pools, executors and evaluators (``ServiceKind.proxy_url``) get the
+  stack's proxy URL and a ``work_dir`` under the state dir; the proxy and the pools get
+  the embedded ``model`` service's URL for every backend without a ``url`` (and the
+  proxy its default backend when the topology lists none). What the user set in a
+  service's ``config`` wins: a gateway in front of the proxy, a shared work dir.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+
+from infra.catalog import SERVICES, ServiceKind
+from infra.topology import ServicePlan, Topology
+
+PickPort = Callable[[], int]
+MODEL, PROXY = "model", "proxy"
+
+
+def connect_host(host: str) -> str:
+    """Where a client on this machine reaches a service listening on ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def explicit_port(url: str) -> int | None:
+    """The port written in ``url`` (``nats://h:0`` -> 0), None when it names none."""
+    try:
+        return urlsplit(url if "://" in url else f"tcp://{url}").port
+    except ValueError:
+        return None
+
+
+def with_port(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{parts.netloc.rpartition('@')[0]}@" if "@" in parts.netloc else ""
+    netloc += f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def with_server_ports(topo: Topology, pick: PickPort) -> Topology:
+    """The topology with a free port in each of ``nats_url`` / ``redis_url`` that asks
+    for port 0."""
+    changes = {
+        field: with_port(url, pick())
+        for field in ("nats_url", "redis_url")
+        if explicit_port(url := getattr(topo, field)) == 0
+    }
+    return msgspec.structs.replace(topo, **changes) if changes else topo
+
+
+def with_ports(plans: list[ServicePlan], pick: PickPort) -> list[ServicePlan]:
+    """Each plan with port 0 given a free port (in its config too)."""
+    out = []
+    for p in plans:
+        if p.port == 0:
+            port = pick()
+            p = msgspec.structs.replace(p, port=port, config={**p.config, "port": port})
+        out.append(p)
+    return out
+
+
+def service_url(plans: list[ServicePlan], service: str, host: str) -> str | None:
+    """The base URL of ``service`` in this stack (its first instance), None when the
+    stack does not run it."""
+    port = next((p.port for p in plans if p.service == service), None)
+    return None if port is None else f"http://{connect_host(host)}:{port}"
+
+
+def wire(
+    plans: list[ServicePlan],
+    topo: Topology,
+    state_dir: Path,
+    catalog: dict[str, ServiceKind] = SERVICES,
+) -> list[ServicePlan]:
+    """Every plan's config with the addresses of the services it needs (ports already
+    chosen: ``with_ports`` first)."""
+    proxy = service_url(plans, PROXY, topo.host)
+    model = service_url(plans, MODEL, topo.host)
+    node_defaults = {"work_dir": str(state_dir / "work"), **({"proxy_url": proxy} if proxy else {})}
+    out = []
+    for p in plans:
+        config = dict(p.config)
+        if catalog[p.service].proxy_url:
+            config = {**node_defaults, **config}
+        if model is not None:
+            config = _embedded_backends(config, p.service, model)
+        out.append(msgspec.structs.replace(p, config=config))
+    return out
+
+
+def _embedded_backends(config: dict[str, Any], service: str, model_url: str) -> dict[str, Any]:
+    """Backends without a ``url`` are the stack's model service; so is the proxy's
+    default backend when the topology lists none (and its config sets no ``backend``)."""
+    if "backends" in config:
+        backends = [b if b.get("url") else {**b, "url": model_url} for b in config["backends"]]
+        config = {**config, "backends": backends}
+    if service == PROXY and not config.get("backends") and "backend" not in config:
+        config = {**config, "backend": {"kind": "embedded", "urls": [model_url]}}
+    return config

@@ -1,0 +1,64 @@
+"""`polar up` with every service on `port: 0`: the ports it picks reach every service that
+needs them, so a harness session talks to this stack's proxy (not 127.0.0.1:8200) and the
+proxy to this stack's model (not 127.0.0.1:30000)."""
+
+import asyncio
+
+import orjson
+import pytest
+
+from infra import devstack
+from infra.catalog import SERVICES
+from infra.topology import parse_topology
+from schemas import subjects as S
+from services.cli.demo import DEMO, demo_task
+from services.client import TrajectoryClient
+from services.common.bus import Bus
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def port_zero_topology(state_dir, nats_url: str, redis_url: str) -> str:
+    model = (
+        f"{{port: 0, config: {{policy: '{DEMO / 'policy.yaml'}', served_model_name: polar-tiny}}}}"
+    )
+    others = "".join(f"  {name}: {{port: 0}}\n" for name in SERVICES if name != "model")
+    return f"""
+nats_url: {nats_url}
+redis_url: {redis_url}
+state_dir: '{state_dir}'
+startup_timeout_seconds: 240
+nodes: [{{name: node0, max_init: 1, ready_buffer: 1, max_run: 1}}]
+services:
+  model: {model}
+{others}"""
+
+
+async def one_trajectory(nats_url: str, task: dict):
+    bus = await Bus.open(nats_url, "ports-test")
+    try:
+        async with TrajectoryClient(
+            nats_url, durable="ports-trainer", task_ids=[task["task_id"]]
+        ) as client:
+            await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(task))
+            async for group in client.groups():
+                await group.commit()
+                return group.trajectories[0]
+    finally:
+        await bus.close()
+
+
+def test_port_zero_stack_sends_the_harness_to_its_own_proxy(tmp_path, nats_url, redis_url):
+    topo = parse_topology(port_zero_topology(tmp_path, nats_url, redis_url))
+    state = devstack.up(topo)
+    try:
+        ports = {p.name: p.port for p in state.procs}
+        assert ports["proxy"] not in (0, SERVICES["proxy"].port)
+        assert ports["model"] not in (0, SERVICES["model"].port)
+        task = {**demo_task("ports-0"), "num_samples": 1}
+        traj = asyncio.run(asyncio.wait_for(one_trajectory(nats_url, task), 300))
+    finally:
+        devstack.down(tmp_path)
+    # the agent's model calls were captured by this stack's proxy, served by its model
+    assert traj.stats.completions == 5, traj.status
+    assert traj.reward == 1.0 and traj.eval_status == "ok"

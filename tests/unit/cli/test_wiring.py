@@ -1,0 +1,106 @@
+"""infra.wiring: the addresses `polar up` gives each service, as plain functions."""
+
+import itertools
+from pathlib import Path
+
+from infra.topology import parse_topology, plan_services
+from infra.wiring import connect_host, explicit_port, wire, with_port, with_ports, with_server_ports
+
+STATE = Path("/srv/polar-state")
+
+
+def ports_from(first: int):
+    counter = itertools.count(first)
+    return lambda: next(counter)
+
+
+def planned(raw: str, first_free: int = 40000):
+    topo = parse_topology(raw)
+    topo = with_server_ports(topo, ports_from(first_free + 100))
+    return topo, wire(with_ports(plan_services(topo), ports_from(first_free)), topo, STATE)
+
+
+def by_name(plans):
+    return {p.name: p for p in plans}
+
+
+def test_port_zero_on_proxy_and_model_reaches_every_service_that_needs_it():
+    _, plans = planned(
+        """
+services: {proxy: {port: 0}, model: {port: 0}}
+nodes: [a, b]
+backends: [{name: gpu, kind: sglang, url: 'http://10.0.0.5:30000'}, {name: cpu, kind: embedded}]
+"""
+    )
+    p = by_name(plans)
+    model, proxy = p["model"].port, p["proxy"].port
+    assert {model, proxy} <= set(range(40000, 40010)) and model != proxy
+    for name in ("pool-a", "pool-b", "executor-a", "executor-b", "evaluator"):
+        assert p[name].config["proxy_url"] == f"http://127.0.0.1:{proxy}", name
+        assert p[name].config["work_dir"] == str(STATE / "work")
+    embedded = f"http://127.0.0.1:{model}"
+    for name in ("proxy", "pool-a", "pool-b"):  # the proxy uses them, the pools watch them
+        assert [b["url"] for b in p[name].config["backends"]] == ["http://10.0.0.5:30000", embedded]
+    assert "proxy_url" not in p["scheduler"].config and "proxy_url" not in p["builder"].config
+
+
+def test_default_ports_are_wired_too():
+    _, plans = planned("{}")
+    p = by_name(plans)
+    assert p["executor-node0"].config["proxy_url"] == "http://127.0.0.1:8200"
+    # no `backends`: the proxy's default backend is the stack's model service
+    assert p["proxy"].config["backend"] == {"kind": "embedded", "urls": ["http://127.0.0.1:30000"]}
+
+
+def test_what_the_user_set_wins():
+    _, plans = planned(
+        """
+services:
+  proxy: {port: 0, config: {backend: {kind: sglang, urls: ['http://gpu:1']}}}
+  model: {port: 0}
+  executor: {config: {proxy_url: 'http://gateway:9', work_dir: /shared/work}}
+"""
+    )
+    p = by_name(plans)
+    assert p["executor-node0"].config["proxy_url"] == "http://gateway:9"
+    assert p["executor-node0"].config["work_dir"] == "/shared/work"
+    assert p["pool-node0"].config["proxy_url"] == f"http://127.0.0.1:{p['proxy'].port}"
+    assert p["proxy"].config["backend"] == {"kind": "sglang", "urls": ["http://gpu:1"]}
+
+
+def test_without_the_model_or_proxy_nothing_is_invented():
+    _, plans = planned(
+        """
+services: {proxy: {enabled: false}, model: {enabled: false}}
+backends: [{kind: sglang}]
+"""
+    )
+    p = by_name(plans)
+    assert "proxy_url" not in p["pool-node0"].config  # an external proxy: the node's default
+    assert p["pool-node0"].config["backends"][0]["url"] is None
+
+
+def test_the_listen_host_becomes_a_host_clients_reach():
+    _, plans = planned("host: 0.0.0.0\nservices: {proxy: {port: 0}}")
+    proxy = by_name(plans)["proxy"].port
+    assert by_name(plans)["pool-node0"].config["proxy_url"] == f"http://127.0.0.1:{proxy}"
+    assert connect_host("10.1.2.3") == "10.1.2.3" and connect_host("") == "127.0.0.1"
+
+
+def test_nats_and_redis_port_zero_get_a_free_port_every_service_is_given():
+    topo, plans = planned(
+        "nats_url: nats://127.0.0.1:0\nredis_url: redis://user:pw@127.0.0.1:0/3\n"
+    )
+    assert topo.nats_url == "nats://127.0.0.1:40100"
+    assert topo.redis_url == "redis://user:pw@127.0.0.1:40101/3"
+    for p in plans:
+        assert (p.config["nats_url"], p.config["redis_url"]) == (topo.nats_url, topo.redis_url)
+    unchanged = parse_topology("nats_url: nats://127.0.0.1:4333")
+    assert with_server_ports(unchanged, ports_from(1)) is unchanged
+
+
+def test_url_ports():
+    assert explicit_port("nats://127.0.0.1:0") == 0
+    assert explicit_port("nats://127.0.0.1") is None
+    assert explicit_port("127.0.0.1:4222") == 4222
+    assert with_port("redis://[::1]:0/0", 7) == "redis://[::1]:7/0"
