@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -75,11 +76,9 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
     try:
         _ensure_server(state, "nats", topo.nats_url, 4222, localservers.start_nats, log)
         _ensure_server(state, "redis", topo.redis_url, 6379, localservers.start_valkey, log)
-        spawned = [_start_service(state, plan, topo, log) for plan in plans]
+        spawned = [(plan, _start_service(state, plan, topo, log)) for plan in plans]
         deadline = time.monotonic() + topo.startup_timeout_seconds
-        for plan, proc in zip(plans, spawned, strict=True):
-            _wait_healthy(plan, proc, wiring.connect_host(topo.host), deadline, state_dir)
-            log(f"{plan.name} is healthy on port {plan.port}")
+        _wait_healthy(spawned, wiring.connect_host(topo.host), deadline, state_dir, log)
     except BaseException:
         log("start failed: stopping what was started")
         down(state_dir)
@@ -213,27 +212,70 @@ def healthz(url: str, timeout: float = 1.0) -> tuple[int | None, dict | str]:
         return r.status_code, r.text[:200]
 
 
-def _wait_healthy(
-    plan: ServicePlan, proc: subprocess.Popen, host: str, deadline: float, state_dir: Path
-) -> None:
-    url = f"http://{host}:{plan.port}"
-    log_path = state_dir / "logs" / f"{plan.name}.log"
-    last: object = "no answer yet"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StackError(
-                f"{plan.name} exited with code {proc.returncode} before it was healthy; "
-                f"last lines of {log_path}:\n{log_tail(log_path)}"
-            )
-        status, body = healthz(url, timeout=1.0)
-        if status == 200:
-            return
-        last = body if status is None else f"HTTP {status}: {body}"
-        time.sleep(0.1)
-    raise StackError(
-        f"{plan.name} was not healthy at {url}/healthz in time (last: {last}); "
-        f"last lines of {log_path}:\n{log_tail(log_path)}"
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Refused)(?:: .+)?$"
+)
+
+
+def startup_error(log_text: str) -> str | None:
+    """The service's own reason for failing to start: the last exception line of the
+    last traceback in its log (an exception group's innermost one), None when there is
+    no traceback."""
+    found = None
+    seen_traceback = False
+    for raw in log_text.splitlines():
+        line = raw.lstrip(" |+-")
+        if "Traceback (most recent call last)" in line:
+            seen_traceback = True
+        elif seen_traceback and _EXCEPTION_LINE.match(line) and "ExceptionGroup" not in line:
+            found = line
+    return found
+
+
+def _exited(plan: ServicePlan, proc: subprocess.Popen, log_path: Path) -> StackError:
+    try:
+        why = startup_error(log_path.read_text(errors="replace"))
+    except OSError:
+        why = None
+    return StackError(
+        f"{plan.name} exited with code {proc.returncode} before it was healthy: "
+        f"{why or 'no error in its log'}\nlast lines of {log_path}:\n{log_tail(log_path)}"
     )
+
+
+def _wait_healthy(
+    started: list[tuple[ServicePlan, subprocess.Popen]],
+    host: str,
+    deadline: float,
+    state_dir: Path,
+    log: Log,
+) -> None:
+    """Wait until every service answers /healthz; the first that exits meanwhile, in
+    whatever order, fails the start at once with its own error."""
+    pending = list(started)
+    last: dict[str, object] = {}
+    while pending and time.monotonic() < deadline:
+        for plan, proc in list(pending):
+            log_path = state_dir / "logs" / f"{plan.name}.log"
+            if proc.poll() is not None:
+                error = _exited(plan, proc, log_path)
+                log(str(error).split("\n", 1)[0])
+                raise error
+            status, body = healthz(f"http://{host}:{plan.port}", timeout=0.5)
+            if status == 200:
+                pending.remove((plan, proc))
+                log(f"{plan.name} is healthy on port {plan.port}")
+            else:
+                last[plan.name] = body if status is None else f"HTTP {status}: {body}"
+        time.sleep(0.1)
+    if pending:
+        plan = pending[0][0]
+        log_path = state_dir / "logs" / f"{plan.name}.log"
+        raise StackError(
+            f"{plan.name} was not healthy at http://{host}:{plan.port}/healthz in time "
+            f"(last: {last.get(plan.name, 'no answer yet')}); "
+            f"last lines of {log_path}:\n{log_tail(log_path)}"
+        )
 
 
 # -- down -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -112,8 +113,11 @@ class Lifespan:
     def startup(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             loop.run_until_complete(self._start())
-        except Exception:
-            log.exception("lifespan startup failed")
+        except Exception as exc:
+            # Straight to stderr: litestar's logging goes through a queue whose thread
+            # dies unflushed with the worker, so a logged error would never be seen.
+            sys.stderr.write(startup_failure(exc))
+            sys.stderr.flush()
             sys.exit(1)
 
     def shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -154,6 +158,16 @@ class Lifespan:
             reply.set_result(None)
         else:
             reply.set_exception(RuntimeError(message.get("message") or f"{step} failed"))
+
+
+def startup_failure(exc: BaseException) -> str:
+    """The text a failed start-up leaves in the service's log: the app's own traceback
+    (litestar reports the lifespan's as the failure message), else this one's."""
+    cause = exc.__cause__ or exc
+    text = str(exc) if "Traceback (most recent call last)" in str(exc) else ""
+    if not text:
+        text = "".join(traceback.format_exception(cause))
+    return f"lifespan startup failed:\n{text.rstrip()}\n"
 
 
 def _retrieve(task: asyncio.Task) -> None:

@@ -2,6 +2,7 @@
 
 import os
 import socket
+import time
 
 import httpx
 import pytest
@@ -145,3 +146,38 @@ def test_a_stale_record_is_cleaned_and_a_busy_port_refused(tmp_path, stacks, nat
         with pytest.raises(devstack.StackError, match=f"port.s. already in use: scheduler:{port}"):
             devstack.up(topology(tmp_path, nats_url, redis_url, port))
     assert read_state(tmp_path) is None  # the stale record went; nothing was started
+
+
+def test_a_service_start_up_error_is_reported_at_once_with_its_own_message(
+    tmp_path, stacks, nats_url, redis_url
+):
+    """The proxy fails in its lifespan (granian itself logs only "Unexpected exit from
+    worker-1"); `polar up` names the cause as soon as the process exits, and the cause
+    is in the proxy's log, while the model service ahead of it is still starting."""
+    missing = tmp_path / "no-such-model"
+    others = "".join(
+        f"  {name}: {{enabled: false}}\n" for name in SERVICES if name not in ("proxy", "model")
+    )
+    topo = parse_topology(f"""
+nats_url: {nats_url}
+redis_url: {redis_url}
+state_dir: {tmp_path}
+startup_timeout_seconds: 120
+backends: [{{kind: sglang, url: 'http://127.0.0.1:{free_port()}'}}]
+services:
+  model: {{port: 0}}
+  proxy: {{port: 0, config: {{mode: token, model_dir: '{missing}', probe_backend: false}}}}
+{others}""")
+    stacks(tmp_path)
+    lines: list[str] = []
+    t0 = time.monotonic()
+    with pytest.raises(devstack.StackError) as err:
+        devstack.up(topo, log=lines.append)
+    elapsed = time.monotonic() - t0
+    cause = f"TokenizerLoadError: {missing} has no tokenizer.json"
+    assert cause in (tmp_path / "logs" / "proxy.log").read_text()  # logged by the proxy
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("proxy exited with code 1 before it was healthy: ") and cause in first
+    assert any(line.startswith("proxy exited") and cause in line for line in lines)  # printed
+    assert elapsed < 60, elapsed
+    assert read_state(tmp_path) is None
