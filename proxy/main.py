@@ -12,6 +12,7 @@ with 400 (it refused the request), 501 (it has no such endpoint) or 502 (it fail
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Awaitable
@@ -26,9 +27,10 @@ from litestar.handlers import BaseRouteHandler
 from proxy import metrics
 from proxy.app import ModelCall, SessionInfo
 from proxy.app import create_app as create_proxy_app
-from proxy.backends.base import BackendError
+from proxy.backends.base import BackendCapabilityError, BackendError
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.backends.factory import engine_settings, make_pool
+from proxy.backends.probe import ProbeIds, not_ready, probe_refused, prompt_ids
 from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
 from proxy.gate import WeightGate
@@ -155,24 +157,40 @@ def admin_routes(gate: WeightGate, state: dict) -> list:
     ]
 
 
-async def probe_until_up(backend, timeout: float) -> None:
-    """Probe the engine, waiting while it is still starting; a capability refusal is final."""
-    import asyncio
-
-    from proxy.backends.base import BackendCapabilityError, BackendError
-
+async def probe_until_up(backend, timeout: float, input_ids: ProbeIds | None = None) -> None:
+    """Probe the engine, waiting only while it is not up yet (no answer, 503, ...); an
+    answer that refuses the probe is final at once."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
-            await backend.probe()
+            await backend.probe(input_ids)
             return
-        except BackendCapabilityError:
-            raise
         except BackendError as exc:
+            if not not_ready(exc):
+                raise (
+                    exc if isinstance(exc, BackendCapabilityError) else probe_refused(exc)
+                ) from None
             if asyncio.get_running_loop().time() > deadline:
                 raise
             log.info("engine not up yet (%s); retrying", exc)
             await asyncio.sleep(1.0)
+
+
+class LazyTokenizer:
+    """The served model's tokenizer, loaded when first needed: an embedded engine writes
+    its model dir as it starts, so it can be read once the engine answers the probe."""
+
+    def __init__(self, model_dir: str | None) -> None:
+        self.model_dir = model_dir
+        self._tok: ChatTokenizer | None = None
+
+    def get(self) -> ChatTokenizer | None:
+        if self._tok is None and self.model_dir:
+            self._tok = ChatTokenizer.load(self.model_dir)
+        return self._tok
+
+    def probe_ids(self) -> list[int]:
+        return prompt_ids(self.get())
 
 
 def create_app(config: ProxyConfig | None = None) -> Litestar:
@@ -191,10 +209,13 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         backend = make_pool(
             engine.kind, engine.urls, model=engine.model, modes=(mode,), settings=engine.settings
         )
+        tokenizer = LazyTokenizer(cfg.tokenizer_dir())
         if cfg.probe_backend:  # refuses an engine that cannot return token ids
-            await probe_until_up(backend, cfg.probe_timeout_seconds)
-        if cfg.tokenizer_dir():  # after the probe: an embedded engine creates its model dir
-            late.tokenizer = ChatTokenizer.load(cfg.tokenizer_dir())
+            ids = (
+                tokenizer.probe_ids if mode == UpstreamMode.TOKEN and tokenizer.model_dir else None
+            )
+            await probe_until_up(backend, cfg.probe_timeout_seconds, ids)
+        late.tokenizer = tokenizer.get()  # after the probe: an embedded engine writes its dir
         backend.start()
         state["backend"] = backend
         store = SessionStore(Resp.from_url(cfg.redis_url))  # its own pipelined connection

@@ -33,6 +33,7 @@ from proxy.backends.base import (
     Generation,
     TokenRequest,
 )
+from proxy.backends.probe import ProbeIds
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,11 +116,11 @@ class BackendPool:
 
     # -- start-up and health ----------------------------------------------------------
 
-    async def probe(self) -> Capabilities:
+    async def probe(self, input_ids: ProbeIds | None = None) -> Capabilities:
         """Probe every worker; a capability refusal from any of them refuses the pool."""
         names = list(self.workers)
         results = await asyncio.gather(
-            *(self.workers[n].backend.probe() for n in names), return_exceptions=True
+            *(self.workers[n].backend.probe(input_ids) for n in names), return_exceptions=True
         )
         found: list[Capabilities] = []
         for name, result in zip(names, results, strict=True):

@@ -23,12 +23,13 @@ from proxy.backends.base import (
 )
 from proxy.backends.http import HttpSettings, HttpWorker
 from proxy.backends.probe import (
-    PROBE_INPUT_IDS,
     PROBE_MESSAGES,
     PROBE_SAMPLING,
+    ProbeIds,
     int_or_none,
     problems_of,
     refusal,
+    token_probe_ids,
 )
 from proxy.backends.wire import bad_response
 from schemas.completion import UpstreamMode
@@ -76,7 +77,7 @@ class SGLangBackend:
 
     # -- start-up probe ---------------------------------------------------------------
 
-    async def probe(self) -> Capabilities:
+    async def probe(self, input_ids: ProbeIds | None = None) -> Capabilities:
         model_info = self._doc(await self._get_first(_MODEL_INFO))
         server_info = await self._server_info()
         version = server_info.get("version")
@@ -92,7 +93,9 @@ class SGLangBackend:
             weight_version=_str_or_none(model_info.get("weight_version")),
         )
         chat_ok = await self._probe_chat(caps) if UpstreamMode.CHAT in self.modes else None
-        token_ok = await self._probe_token(caps) if UpstreamMode.TOKEN in self.modes else None
+        token_ok = (
+            await self._probe_token(caps, input_ids) if UpstreamMode.TOKEN in self.modes else None
+        )
         return msgspec.structs.replace(
             caps,
             chat_token_ids=chat_ok,
@@ -118,8 +121,10 @@ class SGLangBackend:
             raise refusal(self.server, caps.version, self.base_url, "chat", problems)
         return True
 
-    async def _probe_token(self, caps: Capabilities) -> bool:
-        req = TokenRequest(session_id="probe", input_ids=PROBE_INPUT_IDS, sampling=PROBE_SAMPLING)
+    async def _probe_token(self, caps: Capabilities, input_ids: ProbeIds | None) -> bool:
+        req = TokenRequest(
+            session_id="probe", input_ids=token_probe_ids(input_ids), sampling=PROBE_SAMPLING
+        )
         body = await self.http.post_json("/generate", wire.build_generate_body(req))
         problems = problems_of(lambda: wire.parse_generate(self._doc(body), req, self.base_url))
         if problems:

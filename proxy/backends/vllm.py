@@ -25,12 +25,13 @@ from proxy.backends.base import (
 )
 from proxy.backends.http import HttpSettings, HttpWorker
 from proxy.backends.probe import (
-    PROBE_INPUT_IDS,
     PROBE_MESSAGES,
     PROBE_SAMPLING,
+    ProbeIds,
     int_or_none,
     problems_of,
     refusal,
+    token_probe_ids,
 )
 from proxy.backends.sglang import ALL_MODES
 from proxy.backends.wire import bad_response
@@ -85,7 +86,7 @@ class VLLMBackend:
 
     # -- start-up probe ---------------------------------------------------------------
 
-    async def probe(self) -> Capabilities:
+    async def probe(self, input_ids: ProbeIds | None = None) -> Capabilities:
         version = self._doc(await self.http.get_json("/version")).get("version")
         models = self._doc(await self.http.get_json("/v1/models")).get("data") or [{}]
         card = models[0]
@@ -102,7 +103,9 @@ class VLLMBackend:
             weight_version=self._version,
         )
         chat_ok = await self._probe_chat(caps) if UpstreamMode.CHAT in self.modes else None
-        token_ok = await self._probe_token(caps) if UpstreamMode.TOKEN in self.modes else None
+        token_ok = (
+            await self._probe_token(caps, input_ids) if UpstreamMode.TOKEN in self.modes else None
+        )
         return msgspec.structs.replace(
             caps, chat_token_ids=chat_ok, token_mode=token_ok, token_endpoint=self.token_path
         )
@@ -117,9 +120,11 @@ class VLLMBackend:
             raise refusal(self.server, caps.version, self.base_url, "chat", problems)
         return True
 
-    async def _probe_token(self, caps: Capabilities) -> bool:
+    async def _probe_token(self, caps: Capabilities, input_ids: ProbeIds | None) -> bool:
         """Newest tokens-in endpoint first; completions with a token prompt otherwise."""
-        req = TokenRequest(session_id="probe", input_ids=PROBE_INPUT_IDS, sampling=PROBE_SAMPLING)
+        req = TokenRequest(
+            session_id="probe", input_ids=token_probe_ids(input_ids), sampling=PROBE_SAMPLING
+        )
         problems: list[str] = []
         for path in (wire.GENERATE_PATH, wire.COMPLETIONS_PATH):
             try:
