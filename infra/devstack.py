@@ -71,6 +71,9 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
     topo = wiring.with_server_ports(topo, localservers.free_port)
     plans = wiring.with_ports(plan_services(topo), localservers.free_port)
     plans = wiring.wire(plans, topo, state_dir)
+    problems = wiring.cannot_work(plans)
+    if problems:  # before anything starts: nothing to stop, nothing half up
+        raise StackError("this topology cannot work:\n- " + "\n- ".join(problems))
     _check_ports_free(plans, topo.host)
     state = StackState(state_dir=str(state_dir), created_at=time.time())
     try:

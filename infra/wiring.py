@@ -10,8 +10,12 @@ sent to whatever listens at a default port:
 - then ``wire``: pools, executors and evaluators (``ServiceKind.proxy_url``) get the
   stack's proxy URL and a ``work_dir`` under the state dir; the proxy and the pools get
   the embedded ``model`` service's URL for every backend without a ``url`` (and the
-  proxy its default backend when the topology lists none). What the user set in a
-  service's ``config`` wins: a gateway in front of the proxy, a shared work dir.
+  proxy its default backend when the topology lists none), and the proxy the model
+  service's ``model_dir`` for token mode. What the user set in a service's ``config``
+  wins: a gateway in front of the proxy, a shared work dir.
+
+``cannot_work`` then refuses, before anything starts, a stack whose proxy could not
+serve (token mode with no tokenizer to template with).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import msgspec
 
 from infra.catalog import SERVICES, ServiceKind
 from infra.topology import ServicePlan, Topology
+from proxy.config import ProxyConfig
 
 PickPort = Callable[[], int]
 MODEL, PROXY = "model", "proxy"
@@ -90,6 +95,7 @@ def wire(
     chosen: ``with_ports`` first)."""
     proxy = service_url(plans, PROXY, topo.host)
     model = service_url(plans, MODEL, topo.host)
+    model_dir = next((p.config.get("model_dir") for p in plans if p.service == MODEL), None)
     node_defaults = {"work_dir": str(state_dir / "work"), **({"proxy_url": proxy} if proxy else {})}
     out = []
     for p in plans:
@@ -98,6 +104,8 @@ def wire(
             config = {**node_defaults, **config}
         if model is not None:
             config = _embedded_backends(config, p.service, model)
+        if p.service == PROXY and model_dir and "model_dir" not in config:
+            config = _embedded_model_dir(config, model_dir)
         out.append(msgspec.structs.replace(p, config=config))
     return out
 
@@ -111,3 +119,37 @@ def _embedded_backends(config: dict[str, Any], service: str, model_url: str) -> 
     if service == PROXY and not config.get("backends") and "backend" not in config:
         config = {**config, "backend": {"kind": "embedded", "urls": [model_url]}}
     return config
+
+
+def _embedded_model_dir(config: dict[str, Any], model_dir: str) -> dict[str, Any]:
+    """A proxy in front of the embedded engine templates with that engine's model."""
+    try:
+        kind = msgspec.convert(config, ProxyConfig).engine().kind
+    except msgspec.ValidationError:
+        return config  # the proxy reports its own bad config
+    return {**config, "model_dir": model_dir} if kind == "embedded" else config
+
+
+def cannot_work(plans: list[ServicePlan]) -> list[str]:
+    """Why the planned stack could not serve, each reason saying what to set; empty
+    when nothing is known to be wrong."""
+    return [why for p in plans if p.service == PROXY and (why := proxy_problem(p.config))]
+
+
+def proxy_problem(config: dict[str, Any]) -> str | None:
+    try:
+        cfg = msgspec.convert(config, ProxyConfig)
+    except msgspec.ValidationError as exc:
+        return f"services.proxy.config: {exc}"
+    if cfg.mode not in ("token", "chat"):
+        return f"services.proxy.config.mode is {cfg.mode!r}: use token or chat"
+    if cfg.mode == "token" and cfg.tokenizer_dir() is None:
+        engine = cfg.engine()
+        return (
+            f"the proxy runs in token mode (the default: it renders the chat template and "
+            f"sends token ids), which needs the served model's tokenizer, but its backend "
+            f"is {engine.kind} at {', '.join(engine.urls)} and no model_dir is set. Set "
+            "services.proxy.config.model_dir to the model's directory (tokenizer.json and "
+            "chat template), or services.proxy.config.mode: chat to let the engine template"
+        )
+    return None

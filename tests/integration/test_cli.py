@@ -192,3 +192,28 @@ def test_unreachable_nats_fails_fast():
     t0 = time.monotonic()
     asyncio.run(asyncio.wait_for(attempt(), 20))
     assert time.monotonic() - t0 < 10
+
+
+def test_up_refuses_a_topology_that_cannot_work_before_starting_anything(tmp_path):
+    """Token mode (the default) with an SGLang backend and no model_dir: no tokenizer to
+    template with. `polar up` says so and what to set, and starts nothing."""
+    nats, redis = free_port(), free_port()
+    state = tmp_path / "state"
+    topo = write(
+        tmp_path / "topology.yaml",
+        f"""
+nats_url: nats://127.0.0.1:{nats}
+redis_url: redis://127.0.0.1:{redis}/0
+state_dir: {state}
+services: {{model: {{enabled: false}}}}
+backends: [{{kind: sglang, url: 'http://127.0.0.1:{free_port()}'}}]
+""",
+    )
+    up = Polar(topo, {})("up", timeout=30)
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "this topology cannot work" in up.stderr
+    assert "token mode" in up.stderr and "model_dir" in up.stderr and "mode: chat" in up.stderr
+    assert not state.exists()  # no record, no logs, no NATS or Valkey data
+    for port in (nats, redis):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0

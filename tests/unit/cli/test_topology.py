@@ -12,6 +12,7 @@ from infra.topology import (
     parse_topology,
     plan_services,
 )
+from infra.wiring import cannot_work
 from services.common.settings import DEFAULT_NATS_URL, DEFAULT_REDIS_URL
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,8 +83,9 @@ def test_nodes_by_name_or_with_pool_sizes():
 def test_example_topology_parses_and_plans():
     topo = load_topology(REPO / "topology.example.yaml")
     plans = plan_services(topo)
-    expected = [f"{n}-node0" if k.per_node else n for n, k in SERVICES.items()]
-    assert [p.name for p in plans] == expected
+    expected = [f"{n}-node0" if k.per_node else n for n, k in SERVICES.items() if n != "model"]
+    assert [p.name for p in plans] == expected  # an external engine: no embedded model
+    assert cannot_work(plans) == []  # token mode with its model_dir
     sched = next(p for p in plans if p.name == "scheduler")
     assert sched.port == 8100 and sched.config["reconcile_interval_seconds"] == 5.0
 

@@ -104,3 +104,34 @@ def test_url_ports():
     assert explicit_port("nats://127.0.0.1") is None
     assert explicit_port("127.0.0.1:4222") == 4222
     assert with_port("redis://[::1]:0/0", 7) == "redis://[::1]:7/0"
+
+
+def test_token_mode_without_a_tokenizer_cannot_work():
+    from infra.wiring import cannot_work
+
+    _, plans = planned("backends: [{kind: sglang, url: 'http://gpu:30000'}]")
+    (why,) = cannot_work(plans)
+    assert "token mode" in why and "sglang at http://gpu:30000" in why
+    assert "services.proxy.config.model_dir" in why and "mode: chat" in why
+    for fix in (
+        "services: {proxy: {config: {model_dir: /models/qwen}}}",
+        "services: {proxy: {config: {mode: chat}}}",
+    ):
+        _, plans = planned(f"backends: [{{kind: sglang, url: 'http://gpu:30000'}}]\n{fix}")
+        assert cannot_work(plans) == [], fix
+    _, plans = planned("{}")  # the embedded engine: its tokenizer is known
+    assert cannot_work(plans) == []
+    _, plans = planned("services: {proxy: {config: {mode: tito}}}")
+    assert cannot_work(plans) == ["services.proxy.config.mode is 'tito': use token or chat"]
+    _, plans = planned("services: {proxy: {enabled: false}}\nbackends: [{kind: vllm}]")
+    assert cannot_work(plans) == []  # no proxy of ours: nothing to check
+
+
+def test_the_proxy_templates_with_the_embedded_engines_own_model_dir():
+    _, plans = planned("services: {model: {config: {model_dir: /models/mine}}}")
+    assert by_name(plans)["proxy"].config["model_dir"] == "/models/mine"
+    _, plans = planned(
+        "services: {model: {config: {model_dir: /models/mine}}}\n"
+        "backends: [{kind: sglang, url: 'http://gpu:1'}]"
+    )
+    assert "model_dir" not in by_name(plans)["proxy"].config  # not the embedded engine
