@@ -180,7 +180,10 @@ def build_record(
     aborted: bool = False,
     error: str | None = None,
     queue_ms: float = 0.0,
+    finish: str | None = None,
 ) -> CompletionRecord:
+    """The call's record; ``finish`` is the turn's reason as the harness was told it
+    (``tool_calls`` for a turn that calls tools, whoever parsed them), else the engine's."""
     previous = None
     if plan.base is not None:
         previous = (plan.base.seq, plan.base.prompt_ids + plan.base.output_ids)
@@ -200,7 +203,7 @@ def build_record(
         prompt_base_len=base_len,
         output_ids=gen.output_ids,
         output_logprobs=gen.output_logprobs,
-        finish_reason="abort" if aborted else gen.finish_reason,
+        finish_reason="abort" if aborted else (finish or gen.finish_reason),
         weight_version=gen.weight_version,
         # one version throughout is what weight_version already says
         weight_versions=gen.weight_versions if len(gen.weight_versions) > 1 else [],

@@ -233,10 +233,17 @@ class CompletionHandler:
         retry re-extends the old state). A state that could not be stored after a
         committed record only costs the next call its extension."""
         seq = await reserved
-        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms)
+        turn, failed = None, None
+        try:  # first: the record's finish reason is the turn's (tool_calls in either mode)
+            turn = self._turn(gen, request.tools)
+        except Exception as exc:  # a bug: recorded all the same, then the harness's 500
+            failed = exc
+        finish = turn.finish_reason if turn is not None else None
+        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms, finish=finish)
         committing = capture.start_commit(self.publisher, record)  # the longer wait: first
         try:
-            turn = self._turn(gen, request.tools)
+            if failed is not None:
+                raise failed
             state = TurnState(
                 seq=seq,
                 messages=request.messages,

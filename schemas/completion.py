@@ -50,7 +50,8 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     prompt_base_len: int = 0  # tokens taken from base prompt + base output
     output_ids: list[int] = []
     output_logprobs: list[float] = []
-    finish_reason: str = "stop"  # stop | length | tool_calls | abort | error
+    # stop | length | tool_calls (the turn called tools, in chat and token mode) | abort | error
+    finish_reason: str = "stop"
     weight_version: str | None = None
     # A swap mid-call (engines that say so): weight_versions[i] produced output_ids from
     # weight_version_starts[i] on. Empty when one version produced the whole output.

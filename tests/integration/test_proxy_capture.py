@@ -42,6 +42,13 @@ def proxy(engine, nats_url, redis_url, tmp_path_factory):
         yield p
 
 
+@pytest.fixture(scope="module")
+def chat_proxy(engine, nats_url, redis_url, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("chatlogs")
+    with proxy_process(nats_url, redis_url, engine, logs, mode="chat") as p:
+        yield p
+
+
 async def records(bus, session_id: str) -> list[CompletionRecord]:
     sub = await bus.js.subscribe(S.completions(session_id), ordered_consumer=True)
     out = []
@@ -129,3 +136,20 @@ async def test_tokens_only_valid_while_running(proxy, bus, redis_client):
     await asyncio.sleep(1.1)
     with pytest.raises(openai.AuthenticationError):  # grace window over
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize(("which", "mode"), [("proxy", "token"), ("chat_proxy", "chat")])
+async def test_a_tool_call_turn_is_recorded_as_tool_calls_in_either_mode(
+    request, which, mode, bus, redis_client
+):
+    """Token mode: the engine stops at end of turn and the proxy parses the call; chat
+    mode: the engine parses it. The record says the same in both."""
+    proxy = request.getfixturevalue(which)
+    reg = Registry(redis_client, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+    (session,) = await running_session(reg, f"px-finish-{mode}")
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/s/{session.token}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "What is here?"}]
+    first = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    assert first.choices[0].finish_reason == "tool_calls" and first.choices[0].message.tool_calls
+    (rec,) = await records(bus, session.session_id)
+    assert rec.mode == mode and rec.finish_reason == "tool_calls"
