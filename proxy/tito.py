@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from schemas.completion import RESPONSE_RETOKENIZED
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
 
 MAX_STATES = 8  # per session: main loop, sub-agents, side calls
@@ -206,7 +207,7 @@ def plan_token_prompt(
             pass
     prompt = rendered if rendered is not None else tok.render_ids(messages, tools)
     if base is not None:
-        return PromptPlan(prompt, base, False, "template_rerender_mismatch")
+        return PromptPlan(prompt, base, False, RESPONSE_RETOKENIZED)
     if not states:
         return PromptPlan(prompt, None, None, None)
     return PromptPlan(prompt, None, False, classify_break(messages, key, states))
@@ -257,4 +258,4 @@ def rerender_reason(prompt_ids: list[int], messages: list[dict[str, Any]], base:
         return "tool_arguments_reserialized"  # same JSON, other spacing or key order
     if _text(echoed.get("content")) != _text(reply.get("content")):
         return "assistant_text_changed"  # e.g. stripped whitespace
-    return "template_rerender_mismatch"  # the template renders the answer otherwise
+    return RESPONSE_RETOKENIZED  # the template renders the answer otherwise

@@ -21,6 +21,18 @@ class Protocol(enum.StrEnum):
     GEMINI = "gemini"
 
 
+# One vocabulary for prompts that do not extend the previous call, on the record
+# (``drift_reason``) and on the trace (``Trace.break_reason``, services/builder/strategies/
+# breaks.py). The sampled answer is not in the next prompt token for token:
+RESPONSE_RETOKENIZED = "response_retokenized"  # the template renders the answer otherwise
+# ... and, where the proxy can tell, why (chat mode; the trace says RESPONSE_RETOKENIZED):
+RESPONSE_DRIFT_CAUSES = (
+    "reasoning_dropped",  # the client did not send the model's thinking back
+    "tool_arguments_reserialized",  # same JSON arguments, other spacing or key order
+    "assistant_text_changed",  # e.g. stripped whitespace
+)
+
+
 class UpstreamMode(enum.StrEnum):
     CHAT = "chat"  # the engine renders the chat template
     TOKEN = "token"  # the proxy renders it and sends input_ids (TITO)
@@ -61,7 +73,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     user_agent: str | None = None
     side_call: str | None = None  # title | router | count_tokens | probe | None (main loop)
     extends_previous: bool | None = None  # token mode: prompt == previous prompt + output + ...
-    drift_reason: str | None = None  # why not, when it does not
+    drift_reason: str | None = None  # why not, when it does not (DRIFT_REASONS)
     aborted: bool = False
     error: str | None = None  # failed before sampling anything (see ``void``)
 

@@ -13,7 +13,9 @@ Reasons:
                         came from (that chain is never extended again)
   history_rewritten     same first message, earlier turns changed (not shorter)
   response_retokenized  the prompt extends the tip's prompt, but the tip's sampled output
-                        is not in it token for token (chat-mode re-templating drift)
+                        is not in it token for token (chat-mode re-templating drift; the
+                        record's drift_reason is the same word, or names the cause:
+                        schemas.completion.RESPONSE_DRIFT_CAUSES)
   retry                 the same prompt as the tip's, sent again
   after_abort           continues a chain whose last turn was aborted or errored
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from schemas.completion import RESPONSE_RETOKENIZED
 from services.builder.strategies.base import Call, common_prefix, starts_with
 from services.builder.strategies.chains import Chain
 
@@ -68,7 +71,7 @@ def classify(call: Call, parent: Chain | None, last_main: Chain | None, eot: int
     if call.prompt == tip.prompt:
         return "retry"
     if len(call.prompt) > len(tip.prompt) and starts_with(call.prompt, tip.prompt):
-        return "response_retokenized"
+        return RESPONSE_RETOKENIZED
     if not same_head(call.prompt, parent.first.prompt, eot):
         return "sub_agent"
     if len(call.prompt) < len(tip.prompt):

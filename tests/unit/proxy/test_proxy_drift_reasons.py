@@ -109,4 +109,30 @@ def test_template_renders_the_answer_otherwise(tok, state):
     )
     engine_prompt = tok.render_ids([*HISTORY, REPLY, RESULT], TOOLS)
     plan = judge_chat_prompt(engine_prompt, [*HISTORY, REPLY, RESULT], TOOLS, [odd])
-    assert plan.drift_reason == "template_rerender_mismatch"
+    assert plan.drift_reason == "response_retokenized"
+
+
+def test_the_record_and_the_trace_name_a_re_rendered_answer_alike(tok, state):
+    """One word for one event: the proxy's drift_reason on the record and the builder's
+    break_reason on the trace it starts."""
+    from schemas import Outcome, UpstreamMode
+    from services.builder.strategies.prefix_merging import PrefixMerging
+    from tests.unit.builder.synth import Capture
+
+    text = tok.assistant_reply_text(REPLY)
+    split = [i for ch in text[:8] for i in tok.encode(ch)] + tok.encode(text[8:])
+    odd = TurnState(
+        seq=0,
+        messages=HISTORY,
+        reply=REPLY,
+        tools_key=state.tools_key,
+        prompt=state.prompt,
+        output=pack(split),
+    )
+    engine_prompt = tok.render_ids([*HISTORY, REPLY, RESULT], TOOLS)
+    plan = judge_chat_prompt(engine_prompt, [*HISTORY, REPLY, RESULT], TOOLS, [odd])
+    cap = Capture(mode=UpstreamMode.CHAT)
+    cap.call(list(odd.prompt_ids), split)
+    cap.call(engine_prompt, tok.encode("done"), finish="stop", drift_reason=plan.drift_reason)
+    traces, _, _ = PrefixMerging().build(cap.records, {}, Outcome.COMPLETED)
+    assert [t.break_reason for t in traces] == ["first", plan.drift_reason]
