@@ -9,6 +9,7 @@ answered; each protocol renders it back in its own shape.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from msgspec import Struct
@@ -59,6 +60,9 @@ class ToolSpec(Struct, frozen=True, kw_only=True, omit_defaults=True):
     namespace: str = ""  # OpenAI Responses namespace the tool came in
     deferred: bool = False  # Anthropic/OpenAI defer_loading
     raw: dict[str, Any] = {}  # custom / other tools: as the harness sent them
+    # the harness's order of name / description / parameters, when not TOOL_FIELDS': the
+    # template dumps the tool as JSON, and the model was served (and trained) on that order
+    field_order: tuple[str, ...] = ()
 
 
 class ToolChoice(Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -157,13 +161,27 @@ def openai_tool_call(c: ToolCall) -> dict[str, Any]:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
+TOOL_FIELDS = ("name", "description", "parameters")  # the order every known harness uses
+
+
+def field_order(tool: Mapping[str, Any], parameters_key: str = "parameters") -> tuple[str, ...]:
+    """The order ``tool`` (as the harness sent it) gives its name, description and
+    parameters (under ``parameters_key``: Anthropic's ``input_schema``); () for the usual."""
+    names = {"name": "name", "description": "description", parameters_key: "parameters"}
+    seen = list(dict.fromkeys(names[k] for k in tool if k in names))
+    if seen == [f for f in TOOL_FIELDS if f in seen]:
+        return ()  # the usual order of what it has (a missing field is not rendered)
+    return tuple(dict.fromkeys([*seen, *TOOL_FIELDS]))
+
+
 def openai_tool(t: ToolSpec) -> dict[str, Any]:
-    fn: dict[str, Any] = {
+    """The tool as the template gets it, its fields in the harness's order."""
+    values = {
         "name": t.name,
+        "description": t.description,
         "parameters": t.parameters or {"type": "object", "properties": {}},
     }
-    if t.description:
-        fn["description"] = t.description
+    fn = {f: values[f] for f in t.field_order or TOOL_FIELDS if f != "description" or t.description}
     return {"type": "function", "function": fn}
 
 

@@ -22,6 +22,7 @@ from proxy.conversation import (
     Sampling,
     ToolChoice,
     ToolSpec,
+    field_order,
     fill_tool_names,
 )
 from proxy.errors import DEFAULT_STATUS, ErrorKind
@@ -96,6 +97,7 @@ def parse_tools(raw: list[Any]) -> list[ToolSpec]:
                     description=opt_str(t, "description", at) or "",
                     parameters=opt_dict(t, "input_schema", at),
                     deferred=bool(t.get("defer_loading")),
+                    field_order=field_order(t, "input_schema"),
                 )
             )
         else:

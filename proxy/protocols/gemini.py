@@ -20,6 +20,7 @@ from proxy.conversation import (
     Sampling,
     ToolChoice,
     ToolSpec,
+    field_order,
     fill_tool_names,
 )
 from proxy.errors import DEFAULT_STATUS, ErrorKind, ProtocolError
@@ -156,6 +157,9 @@ def function_declaration(d: dict[str, Any], at: str) -> ToolSpec:
         name=req_str(d, "name", at),
         description=opt_str(d, "description", at) or "",
         parameters=as_dict(schema, at + "parameters") if schema is not None else {},
+        field_order=field_order(
+            d, "parametersJsonSchema" if "parametersJsonSchema" in d else "parameters"
+        ),
     )
 
 

@@ -24,6 +24,7 @@ from proxy.conversation import (
     ToolCall,
     ToolChoice,
     ToolSpec,
+    field_order,
     fill_tool_names,
     join_system,
     openai_tool_call,
@@ -181,6 +182,7 @@ def parse_tools(raw: list[Any]) -> list[ToolSpec]:
                     name=req_str(fn, "name", f"tools[{i}].function."),
                     description=opt_str(fn, "description", f"tools[{i}].function.") or "",
                     parameters=opt_dict(fn, "parameters", f"tools[{i}].function."),
+                    field_order=field_order(fn),
                 )
             )
         elif kind == "custom":

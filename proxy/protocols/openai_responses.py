@@ -22,6 +22,7 @@ from proxy.conversation import (
     ToolCall,
     ToolChoice,
     ToolSpec,
+    field_order,
     fill_tool_names,
 )
 from proxy.errors import ErrorKind
@@ -97,6 +98,7 @@ def parse_tools(raw: list[Any], namespace: str = "", where: str = "tools") -> li
                     parameters=opt_dict(t, "parameters", at),
                     namespace=namespace,
                     deferred=bool(t.get("defer_loading")),
+                    field_order=field_order(t),
                 )
             )
         elif kind == "custom":

@@ -153,3 +153,42 @@ async def test_a_tool_call_turn_is_recorded_as_tool_calls_in_either_mode(
     assert first.choices[0].finish_reason == "tool_calls" and first.choices[0].message.tool_calls
     (rec,) = await records(bus, session.session_id)
     assert rec.mode == mode and rec.finish_reason == "tool_calls"
+
+
+def _function(*order: str) -> dict:
+    fields = {
+        "name": "bash",
+        "description": "run a command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    }
+    return {"type": "function", "function": {k: fields[k] for k in order}}
+
+
+@pytest.mark.parametrize(
+    "order", [("name", "description", "parameters"), ("name", "parameters", "description")]
+)
+async def test_the_first_prompt_is_the_models_own_template_of_the_harness_tools(
+    order, proxy, bus, redis_client
+):
+    """Token mode renders each tool with its fields in the order the harness sent them:
+    the prompt is what `apply_chat_template` gives on the harness's own tools, as the
+    model sees them when served."""
+    from transformers import AutoTokenizer
+
+    from tests.helpers.stack import tiny_model_dir
+
+    tools = [_function(*order)]
+    reg = Registry(redis_client, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+    (session,) = await running_session(reg, f"px-order-{order[1]}")
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/s/{session.token}/v1", api_key="unused")
+    messages = [
+        {"role": "system", "content": "You are a shell agent."},
+        {"role": "user", "content": "What is here?"},
+    ]
+    await client.chat.completions.create(model="m", messages=messages, tools=tools)
+    (rec,) = await records(bus, session.session_id)
+    hf = AutoTokenizer.from_pretrained(str(tiny_model_dir()))
+    own = hf.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert reconstruct_prompts([rec])[0] == list(own)
