@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from schemas import AgentSpec, Outcome
+from services.executor.harnesses.failure import failure_line
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,10 @@ class Harness(ABC):
         """The headless command line; None means there is nothing to run."""
 
     def judge(self, exit_code: int | None, stdout: str, stderr: str) -> tuple[Outcome, str | None]:
-        """Outcome of a run that neither timed out nor was cancelled."""
+        """Outcome of a run that neither timed out nor was cancelled; a failure's reason
+        names the harness, its exit code and the line of its output that is the error."""
         if exit_code == 0:
             return Outcome.COMPLETED, None
-        return Outcome.ERROR, f"harness exited with code {exit_code}"
+        why = failure_line(stdout, stderr)
+        reason = f"{self.name} exited with code {exit_code}"
+        return Outcome.ERROR, f"{reason}: {why}" if why else reason

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import orjson
 
-from schemas import Outcome
 from services.executor.harnesses import install
 from services.executor.harnesses.base import Harness, HarnessContext, HarnessRun
 from services.executor.harnesses.npm import InstallError, NpmPackage, resolve_version
@@ -121,13 +120,6 @@ class CliHarness(Harness):
         env = {**ctx.env(), **COMMON_ENV, **self.session_env(ctx, variant), **ctx.agent.env}
         return HarnessRun(argv=argv, env=env, cwd=ctx.workdir)
 
-    def judge(self, exit_code: int | None, stdout: str, stderr: str) -> tuple[Outcome, str | None]:
-        if exit_code == 0:
-            return Outcome.COMPLETED, None
-        why = error_line(stderr) or error_line(stdout)
-        reason = f"{self.name} exited with code {exit_code}"
-        return Outcome.ERROR, f"{reason}: {why}" if why else reason
-
     # -- helpers ----------------------------------------------------------------------
     def variant(self, ctx: HarnessContext) -> Variant:
         wanted = ctx.agent.protocol
@@ -157,15 +149,6 @@ def read_record(ctx: HarnessContext) -> dict:
     except (OSError, orjson.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def error_line(text: str) -> str:
-    """The last line that mentions an error, else the last line (usage hints and the
-    like often follow the error itself)."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower()]
-    picked = errors or lines
-    return picked[-1][:500] if picked else ""
 
 
 def deep_merge(base: dict, extra: object) -> dict:
