@@ -36,6 +36,7 @@ from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
 from proxy.protocols import models as generic
 from proxy.serving import SSE, BodyTooLarge, ClientGone, HotRoutes, ProxyApp, Reply
 from proxy.sse import encode_all
+from services.common.logs import service_logging
 
 log = logging.getLogger("polar.proxy")
 
@@ -120,6 +121,7 @@ def create_app(
         openapi_config=None,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected_exception},
         lifespan=list(lifespan),
+        logging_config=service_logging(),
     )
     wrong_method = json_response(
         *generic.error_body(ErrorKind.BAD_REQUEST, "Method Not Allowed", None, 405)

@@ -18,6 +18,7 @@ from services.common.bus import work_consumer
 from services.common.consumer import Consumer
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
+from services.common.logs import service_logging
 from services.common.settings import load
 
 
@@ -56,4 +57,8 @@ def create_app(config: BuilderConfig | None = None) -> Litestar:
         finally:
             await host.stop()
 
-    return Litestar(route_handlers=[*ops_routes("builder", host.health)], lifespan=[lifespan])
+    return Litestar(
+        route_handlers=[*ops_routes("builder", host.health)],
+        lifespan=[lifespan],
+        logging_config=service_logging(),
+    )

@@ -18,6 +18,7 @@ from litestar import Litestar, Request, Response, get, post, route
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
+from services.common.logs import service_logging
 from services.common.metrics import render as render_metrics
 from services.common.tokenization import TemplateRenderError
 from services.engine import protocol
@@ -383,6 +384,7 @@ def create_app(config: ServeConfig) -> Litestar:
         state=State({}),
         request_max_body_size=64 * 1024 * 1024,
         openapi_config=None,
+        logging_config=service_logging(),
     )
 
 

@@ -18,6 +18,7 @@ from services.common.bus import work_consumer
 from services.common.consumer import Consumer
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
+from services.common.logs import service_logging
 from services.common.settings import load
 from services.evaluator.config import EvaluatorConfig
 from services.evaluator.handlers import EvaluatorService
@@ -54,4 +55,8 @@ def create_app(config: EvaluatorConfig | None = None) -> Litestar:
         finally:
             await host.stop()
 
-    return Litestar(route_handlers=[*ops_routes("evaluator", host.health)], lifespan=[lifespan])
+    return Litestar(
+        route_handlers=[*ops_routes("evaluator", host.health)],
+        lifespan=[lifespan],
+        logging_config=service_logging(),
+    )

@@ -12,6 +12,7 @@ from services.common.bus import work_consumer
 from services.common.consumer import Consumer
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
+from services.common.logs import service_logging
 from services.common.node import node_runtime
 from services.common.settings import load
 from services.executor.config import ExecutorConfig
@@ -63,4 +64,8 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
                 await sub.unsubscribe()
             await host.stop()
 
-    return Litestar(route_handlers=ops_routes("executor", host.health), lifespan=[lifespan])
+    return Litestar(
+        route_handlers=ops_routes("executor", host.health),
+        lifespan=[lifespan],
+        logging_config=service_logging(),
+    )

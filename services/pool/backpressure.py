@@ -12,6 +12,9 @@ While backing off the pool sets ``polar:backpressure`` with a TTL (renewed each 
 deleted on resume), and every pool checks that key before admitting: pools that watch no
 engine hold INIT too, and an operator can set it by hand. An engine that does not answer
 gives no signal: the proxy fails over, and a monitoring hiccup must not stop the pipeline.
+Polls log at DEBUG only; an engine that answers 404 has no metrics endpoint and never
+will, so it is dropped from the watch with one warning instead of being asked twice a
+second for the rest of the run.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class EngineWatch:
         timeout: float = 2.0,
     ) -> None:
         self.redis, self.urls = redis, [u.rstrip("/") for u in urls]
+        self.unwatched: list[str] = []  # engines without a /metrics endpoint
         self.high, self.low, self.ttl_ms = high, low, max(1, int(ttl_seconds * 1000))
         self.backing_off = False
         self.queues: list[float | None] = []
@@ -82,6 +86,8 @@ class EngineWatch:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout)
         self.queues = list(await asyncio.gather(*(self._queue(u) for u in self.urls)))
+        if self.unwatched:
+            self.urls = [u for u in self.urls if u not in self.unwatched]
         was = self.backing_off
         self.backing_off = struggling(self.queues, high=self.high, low=self.low, was=was)
         if self.backing_off:
@@ -97,11 +103,21 @@ class EngineWatch:
     async def _queue(self, url: str) -> float | None:
         try:
             r = await self._client.get(f"{url}/metrics")
-            r.raise_for_status()
         except httpx.HTTPError as exc:
             log.debug("no engine load from %s: %s", url, exc)
             return None
-        return queue_length(r.text)
+        if r.status_code == 404:
+            self.unwatched.append(url)
+            log.warning(
+                "engine %s has no /metrics (404): its queue is not watched for backpressure", url
+            )
+            return None
+        if r.status_code != 200:
+            log.debug("no engine load from %s: HTTP %d", url, r.status_code)
+            return None
+        queue = queue_length(r.text)
+        log.debug("engine %s: %s waiting", url, queue)
+        return queue
 
     async def close(self) -> None:
         if self._client is not None:

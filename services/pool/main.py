@@ -10,6 +10,7 @@ from litestar import Litestar
 
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
+from services.common.logs import service_logging
 from services.common.node import node_runtime
 from services.common.settings import load
 from services.executor.harnesses import default_registry
@@ -51,7 +52,11 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
             if watch is not None:
                 await watch.close()
 
-    return Litestar(route_handlers=ops_routes("pool", host.health), lifespan=[lifespan])
+    return Litestar(
+        route_handlers=ops_routes("pool", host.health),
+        lifespan=[lifespan],
+        logging_config=service_logging(),
+    )
 
 
 def _dispatch(pool: RuntimePool):

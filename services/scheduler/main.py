@@ -18,6 +18,7 @@ from services.common.bus import work_consumer
 from services.common.consumer import Consumer
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
+from services.common.logs import service_logging
 from services.common.settings import load
 from services.scheduler import logic
 from services.scheduler.config import SchedulerConfig
@@ -142,4 +143,5 @@ def create_app(config: SchedulerConfig | None = None) -> Litestar:
         lifespan=[lifespan],
         openapi_config=OpenAPIConfig(title="Polar scheduler", version="1"),
         request_max_body_size=cfg.max_task_bytes + 1024,
+        logging_config=service_logging(),
     )

@@ -3,6 +3,9 @@
 Valkey) until the queue drains; sessions then flow as usual."""
 
 import asyncio
+import contextlib
+import http.server
+import threading
 import time
 
 import httpx
@@ -13,6 +16,7 @@ from schemas import subjects as S
 from services.pool.backpressure import EngineWatch
 from services.scheduler import logic
 from tests.helpers.node import Node, task, wait_until
+from tests.helpers.procs import ServiceProcess
 from tests.helpers.stack import embedded_engine
 
 pytestmark = pytest.mark.asyncio
@@ -79,3 +83,69 @@ async def test_an_engine_without_a_signal_never_blocks_init(fresh_servers, tmp_p
     finally:
         await watch.close()
         await node.stop()
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """An engine's HTTP surface: ``/metrics`` with an empty queue, or no such route."""
+
+    has_metrics = True
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.server.gets += 1
+        if self.path == "/metrics" and self.has_metrics:
+            body = b"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs 0\n"
+            self.send_response(200)
+        else:
+            body = b'{"detail":"Not Found"}'
+            self.send_response(404)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:  # the test counts the pool's lines, not ours
+        pass
+
+
+@contextlib.contextmanager
+def engine_server(has_metrics: bool):
+    handler = type("Handler", (_Engine,), {"has_metrics": has_metrics})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.gets = 0
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+async def test_the_pool_polls_quietly_and_drops_an_engine_without_metrics(fresh_servers, tmp_path):
+    """The real pool process, polling every 0.05 s an engine with ``/metrics`` and one
+    without: the second is asked once and named in one warning; the polls of the first
+    add no line to the pool's log."""
+    nats_url, redis_url = fresh_servers
+    with engine_server(True) as good, engine_server(False) as bare:
+        urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in (good, bare)]
+        cfg = {
+            "nats_url": nats_url,
+            "redis_url": redis_url,
+            "node": "bp-logs",
+            "work_dir": str(tmp_path / "work"),
+            "engine_urls": urls,
+            "backpressure_poll_seconds": 0.05,
+        }
+        proc = await asyncio.to_thread(
+            ServiceProcess("services.pool.main:create_app", cfg, tmp_path / "logs").start
+        )
+        try:
+            await wait_until(lambda: good.gets >= 40, 20, "40 polls of the engine")
+        finally:
+            await asyncio.to_thread(proc.stop)
+        polls = good.gets
+    lines = proc.log.read_text().splitlines()
+    about_metrics = [line for line in lines if "metrics" in line]
+    assert bare.gets == 1, f"the engine without /metrics was asked {bare.gets} times"
+    assert len(about_metrics) == 1, f"{polls} polls gave {len(about_metrics)} lines: {lines[-5:]}"
+    assert "WARNING" in about_metrics[0] and urls[1] in about_metrics[0]
+    assert "has no /metrics (404)" in about_metrics[0]
