@@ -22,7 +22,7 @@ from rich.console import Console
 from infra import devstack
 from infra.catalog import SERVICES
 from infra.topology import TopologyError, load_topology, plan_services
-from services.cli import render, taskfile
+from services.cli import exitcodes, render, taskfile
 from services.cli.context import Stack, Unreachable
 
 EMBEDDED_CLI = "services.engine.cli"  # the embedded model server's own typer app
@@ -123,7 +123,14 @@ def submit_cmd(
     topology: TopologyOpt = None,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Submit a task; with --wait, show its sessions by state live, then the results."""
+    """Submit a task; with --wait, show its sessions by state live, then the results.
+
+    Exit codes: 0 submitted, or (--wait) at least one session completed; 1 refused,
+    or the file unreadable or the stack unreachable;
+    2 no answer from the scheduler, or --timeout passed first; 3 (--wait) the task
+    ended but no session completed (every one ERROR, TIMEOUT or CANCELLED; the reason
+    is printed).
+    """
     stack = _stack(topology, state_dir)
     try:
         tf = taskfile.read_task_file(file)
@@ -131,7 +138,7 @@ def submit_cmd(
         raise _fail(str(exc)) from None
     if via == "bus" and check and (problem := taskfile.check_task(tf.payload)) is not None:
         _print_refused(taskfile.Refused(problem.reason, problem.field, "local check"))
-        raise typer.Exit(1)
+        raise typer.Exit(exitcodes.REFUSED)
     try:
         code = asyncio.run(_submit(stack, via, tf, wait, timeout))
     except Unreachable as exc:
@@ -162,16 +169,19 @@ async def _submit(
             highlight=False,
         )
         if not wait:
-            return 0
+            return exitcodes.OK
         with render.SessionProgress(out, len(answer.session_ids), answer.task_id) as progress:
             result = await client.wait(answer.task_id, timeout, progress.update)
     finally:
         await client.close()
     if result is None:
         out.print("timed out waiting for the result; the task goes on (`polar status`)")
-        return 2
+        return exitcodes.NO_ANSWER
     out.print(render.results_table(result))
-    return 0
+    code, why = exitcodes.verdict(result)
+    if why:
+        err.print(f"[red]error:[/red] {why}", markup=True, highlight=False)
+    return code
 
 
 def _print_refused(r: taskfile.Refused) -> None:
@@ -182,9 +192,9 @@ def _print_refused(r: taskfile.Refused) -> None:
 def _print_not_submitted(answer: taskfile.Refused | None) -> int:
     if answer is None:
         out.print("no answer: is the scheduler running? (`polar status`)")
-        return 2
+        return exitcodes.NO_ANSWER
     _print_refused(answer)
-    return 1
+    return exitcodes.REFUSED
 
 
 @app.command()

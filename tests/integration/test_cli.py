@@ -92,18 +92,23 @@ def test_submit_over_http_and_wait_for_the_results_table(polar, tmp_path):
         '{"task_id": "cli-http", "instruction": "hi", "num_samples": 2, "timeout_seconds": 0.5}',
     )
     r = polar("submit", str(task), "--via", "http", "--wait", "--timeout", "30")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr  # no session completed
     assert "accepted: task cli-http, 2 session(s)" in r.stdout
     assert "task cli-http: completed" in r.stdout
     for sid in ("cli-http-0000", "cli-http-0001"):
         row = next(line for line in r.stdout.splitlines() if sid in line)
         assert "ERROR" in row and "deadline passed" in row
+    assert (
+        "error: no session completed (2 ERROR); every one: deadline passed before the "
+        "session ran" in " ".join(r.stderr.split())
+    )
 
 
 def test_submit_yaml_over_the_bus_and_wait(polar, tmp_path):
     task = write(tmp_path / "t.yaml", "instruction: hi\nnum_samples: 3\ntimeout_seconds: 0.5\n")
     r = polar("submit", str(task), "--wait", "--timeout", "30")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr  # every session ended ERROR
+    assert "no session completed (3 ERROR)" in r.stderr
     task_id = r.stdout.split("accepted: task ", 1)[1].split(",", 1)[0]
     assert f"task {task_id}: completed" in r.stdout
     assert sum(f"{task_id}-000{i}" in r.stdout for i in range(3)) == 3
