@@ -12,6 +12,7 @@ class SessionResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
     state: SessionState
     reward: float | None = None
     reason: str | None = None
+    eval_reason: str | None = None  # the evaluator's reason for the reward
     early_stopped: bool = False
 
 

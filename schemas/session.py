@@ -76,7 +76,9 @@ class Session(Struct, frozen=True, kw_only=True):
     deadline: float = 0.0  # epoch seconds: the whole session must end by then
     outcome: Outcome | None = None
     reward: float | None = None
-    reason: str | None = None
+    reason: str | None = None  # why the run ended as it did (harness, deadline, cancel)
+    eval_status: str | None = None  # ok | error, once evaluated
+    eval_reason: str | None = None  # why this reward, in the evaluator's words
 
 
 def session_id_for(task_id: str, index: int) -> str:

@@ -150,13 +150,13 @@ def print_status(console: Console, report: StatusReport) -> None:
 def results_table(result: TaskResult) -> Table:
     mean = "-" if result.mean_reward is None else f"{result.mean_reward:.4g}"
     t = Table(title=f"task {result.task_id}: {result.status}, mean reward {mean}")
-    for col in ("session", "state", "reward", "reason"):
+    for col in ("session", "state", "reward", "reason", "evaluator"):
         t.add_column(col)
     for s in result.sessions:
         style = STATE_STYLE.get(s.state, "")
         state = f"[{style}]{s.state}[/{style}]" if style else s.state
         reward = "-" if s.reward is None else f"{s.reward:.4g}"
-        t.add_row(s.session_id, state, reward, s.reason or "")
+        t.add_row(s.session_id, state, reward, s.reason or "", s.eval_reason or "")
     return t
 
 

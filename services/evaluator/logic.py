@@ -106,8 +106,9 @@ def score(
 
 
 def final_fields(result: EvalResult) -> dict[str, Any]:
-    """Registry fields of the final transition (``reward`` feeds the TaskResult)."""
-    fields: dict[str, Any] = {"eval_status": result.status}
+    """Registry fields of the final transition (``reward`` and ``eval_reason`` feed the
+    TaskResult: a reward 0 comes with the evaluator's why)."""
+    fields: dict[str, Any] = {"eval_status": result.status, "eval_reason": result.reason}
     if result.status == "ok":
         fields["reward"] = result.reward
     else:

@@ -179,6 +179,7 @@ def build_result(
             state=s.state,
             reward=s.reward,
             reason=s.reason,
+            eval_reason=s.eval_reason,
             early_stopped=s.state == SessionState.CANCELLED
             and (s.reason or "").startswith("early stop"),
         )

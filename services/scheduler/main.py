@@ -87,7 +87,13 @@ async def get_task(request: Request, task_id: FromPath[str]) -> Response:
         "spec": task.spec,
         "counts": await reg.task_counts(task_id),
         "sessions": [
-            {"session_id": s.session_id, "state": s.state, "reward": s.reward, "reason": s.reason}
+            {
+                "session_id": s.session_id,
+                "state": s.state,
+                "reward": s.reward,
+                "reason": s.reason,
+                "eval_reason": s.eval_reason,
+            }
             for s in sessions
         ],
         "result": None,

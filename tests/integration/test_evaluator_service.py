@@ -436,3 +436,47 @@ async def test_builder_hands_the_artifacts_to_the_evaluator(
     assert (got.eval_status, got.reward, got.harness) == ("ok", 1.0, "shell"), got.eval_reason
     assert got.metadata["eval_details"]["applied"] == "diff"
     assert (await registry.get_session(sid)).state == SessionState.COMPLETED
+
+
+async def test_a_zero_reward_carries_the_evaluators_reason_to_session_result_and_table(
+    bus, registry, service, calc_src, nats_url, redis_url
+):
+    """Reward 0 from test_on_output (the agent fixed nothing): the evaluator's reason is
+    on the session record (``GET /sessions/{id}``), on the TaskResult the scheduler
+    builds from the registry, and in ``polar submit``'s results table."""
+    from litestar.testing import AsyncTestClient
+    from rich.console import Console
+
+    from schemas import TaskResult
+    from services.cli.render import results_table
+    from services.scheduler.config import SchedulerConfig
+    from services.scheduler.handlers import Scheduler
+    from services.scheduler.main import create_app
+
+    spec = calc_tests_spec()  # match: exact, so 2 of 3 is reward 0
+    t = task("ev-why", evaluator=spec, runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t)
+    await announce(bus, unscored(sid, "ev-why"))  # the agent changed nothing
+    await drain(service)
+    scored = await one(bus, "ev-why")
+    assert (scored.eval_status, scored.reward) == ("ok", 0.0)
+    why = scored.eval_reason
+    assert why == "2/3 tests as expected"
+
+    cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url)
+    async with AsyncTestClient(create_app(cfg)) as client:
+        record = (await client.get(f"/sessions/{sid}")).json()
+    assert record["state"] == "COMPLETED" and record["reward"] == 0.0
+    assert (record["eval_status"], record["eval_reason"]) == ("ok", why)
+
+    result_sub = await bus.nc.subscribe(S.task_result("ev-why"))
+    assert await Scheduler(bus, registry, cfg).maybe_finish("ev-why")
+    result = decode((await result_sub.next_msg(timeout=5)).data, TaskResult)
+    await result_sub.unsubscribe()
+    (row,) = result.sessions
+    assert (row.reward, row.reason, row.eval_reason) == (0.0, None, why)
+
+    console = Console(width=200, record=True)
+    console.print(results_table(result))
+    line = next(x for x in console.export_text().splitlines() if sid in x)
+    assert "COMPLETED" in line and "0 " in line and why in line

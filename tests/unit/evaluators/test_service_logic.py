@@ -100,9 +100,14 @@ def test_score_of_an_error_has_no_reward():
 
 
 def test_final_fields_and_scored_event():
-    assert logic.final_fields(EvalResult.ok(0.5)) == {"eval_status": "ok", "reward": 0.5}
+    assert logic.final_fields(EvalResult.ok(0.0, "0/1 tests as expected")) == {
+        "eval_status": "ok",
+        "eval_reason": "0/1 tests as expected",
+        "reward": 0.0,
+    }
     assert logic.final_fields(EvalResult.error("x timed out")) == {
         "eval_status": "error",
+        "eval_reason": "x timed out",
         "reason": "evaluator error: x timed out",
     }
     ev = logic.scored_event(built(), EvalResult.error("boom"), 5.0)
