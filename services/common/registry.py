@@ -28,6 +28,7 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.common.metrics import TRANSITIONS
+from services.common.redact import redact
 
 Publisher = Callable[[str, bytes, str], Awaitable[object]]  # (subject, payload, msg_id)
 
@@ -38,6 +39,8 @@ local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
 return 0
 """
+
+REDACTED_FIELDS = ("reason", "eval_reason")
 
 
 def _script(name: str) -> str:
@@ -240,6 +243,9 @@ class Registry:
         now = time.time()
         if reason is not None:
             fields["reason"] = reason
+        for key in REDACTED_FIELDS:  # what people read: no session token, no API key
+            if isinstance(fields.get(key), str):
+                fields[key] = redact(fields[key])
         args: list[object] = [
             to.value,
             "," + ",".join(sorted(allowed)) + ",",

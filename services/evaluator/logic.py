@@ -19,6 +19,7 @@ from schemas import (
     Trajectory,
     TrajectoryBuilt,
 )
+from services.common.redact import redact, redact_struct
 
 S = SessionState
 
@@ -95,7 +96,7 @@ def score(
     }
     if result.details:
         metadata["eval_details"] = result.details
-    return msgspec.structs.replace(
+    scored = msgspec.structs.replace(
         trajectory,
         traces=[msgspec.structs.replace(t, reward=reward) for t in trajectory.traces],
         reward=reward,
@@ -103,6 +104,9 @@ def score(
         eval_reason=result.reason,
         metadata=metadata,
     )
+    # Tool output, CLI errors and reasons may hold the session token or an API key.
+    # Token ids stay as sampled (what the model saw); text fields are redacted.
+    return redact_struct(scored)
 
 
 def final_fields(result: EvalResult) -> dict[str, Any]:
@@ -125,7 +129,7 @@ def scored_event(event: TrajectoryBuilt, result: EvalResult, ts: float) -> Sessi
         reward=result.reward if result.status == "ok" else None,
         attempt=event.attempt,
         eval_status=result.status,
-        reason=result.reason,
+        reason=redact(result.reason),
     )
 
 

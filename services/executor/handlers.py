@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 from nats.aio.msg import Msg
 
 from schemas import Artifacts, NodeHeartbeat, Outcome, ReadyWork, SessionState, decode
@@ -32,6 +33,7 @@ from services.common.node import (
     send_heartbeat,
 )
 from services.common.plugins import Registry as PluginRegistry
+from services.common.redact import redact_bytes, redact_struct
 from services.common.registry import Registry
 from services.executor import artifacts as A
 from services.executor.config import ExecutorConfig
@@ -232,8 +234,8 @@ class Executor:
     async def _collect(self, runtime, harness, ctx, result: RunResult, spec, paths) -> Artifacts:
         cfg = self.config
         paths.logs.mkdir(parents=True, exist_ok=True)
-        (paths.logs / "stdout.log").write_bytes(result.stdout)
-        (paths.logs / "stderr.log").write_bytes(result.stderr)
+        (paths.logs / "stdout.log").write_bytes(redact_bytes(result.stdout))
+        (paths.logs / "stderr.log").write_bytes(redact_bytes(result.stderr))
         diff, logs, files = "", {}, {}
         with contextlib.suppress(Exception):
             d = await runtime.exec(A.diff_command(harness), timeout=120)
@@ -248,7 +250,7 @@ class Executor:
         for name in spec.agent.output_files:
             with contextlib.suppress(Exception):
                 files[name] = A.tail(await runtime.download(name), cfg.max_log_bytes)
-        return Artifacts(
+        found = Artifacts(
             exit_code=result.exit_code,
             stdout_tail=A.tail(result.stdout, cfg.tail_bytes),
             stderr_tail=A.tail(result.stderr, cfg.tail_bytes),
@@ -259,6 +261,9 @@ class Executor:
             harness_version=A.installed_version(logs) or harness.version(ctx),
             protocol=harness.protocol,
         )
+        # The session's token is in CLI logs and error text (its base URL); the diff
+        # stays as the agent left it, since evaluators apply it to grade the work.
+        return msgspec.structs.replace(redact_struct(found), diff=diff)
 
     async def _finish(self, session, work, result: RunResult, arts: Artifacts, eval_rt) -> bool:
         return await finish_session(

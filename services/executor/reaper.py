@@ -29,6 +29,7 @@ from schemas import subjects as S
 from schemas.task import LocalRuntime
 from services.common.bus import Bus
 from services.common.node import SessionPaths
+from services.common.redact import redact
 from services.common.registry import Registry
 from services.executor.prewarm import ROLE as EVAL_ROLE
 from services.executor.prewarm import prewarm_runtime_id
@@ -47,6 +48,7 @@ async def finish_session(
     artifacts: Artifacts,
     eval_runtime_id: str | None,
 ) -> bool:
+    reason = redact(reason)
     t = await registry.transition(
         session.session_id, ST.POSTRUN, from_=[ST.RUNNING], outcome=outcome.value, reason=reason
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.bus import Bus
+from services.common.redact import redact_struct
 from services.export.layouts import LAYOUTS
 from services.export.reader import read_trajectories
 from services.export.writers import WRITERS, ExportError
@@ -43,7 +44,7 @@ async def export(
     try:
         async for t in read_trajectories(bus, task_id, unreadable=stats.unreadable):
             stats.trajectories += 1
-            rows = to_rows(t, threshold)
+            rows = to_rows(redact_struct(t), threshold)  # also what was stored before redaction
             if rows:
                 stats.exported += 1
                 stats.rows += len(rows)
