@@ -6,6 +6,8 @@ settings from ``POLAR_CONFIG``), its default port, and, optionally:
 
 - ``per_node``: one process per topology node (ports: base port + node index), with the
   node's name in ``node``;
+- ``opt_in``: not started unless the topology's ``services`` has an entry for it (the
+  trainer needs its own config: a task source and a model);
 - ``takes``: extra topology fields the service's config accepts, merged into its
   ``POLAR_CONFIG`` — node pool sizes (``max_init``, ``ready_buffer``, ``max_run``) and/or
   ``backends``. Only listed fields are passed: service configs reject unknown keys;
@@ -28,6 +30,7 @@ class ServiceKind(NamedTuple):
     takes: tuple[str, ...] = ()
     rsgi: bool = False  # served over granian's RSGI interface (the app speaks it), else ASGI
     proxy_url: bool = False  # given the stack's proxy URL and node work_dir
+    opt_in: bool = False  # runs only when the topology's `services` names it
 
 
 SERVICES: dict[str, ServiceKind] = {
@@ -53,6 +56,9 @@ SERVICES: dict[str, ServiceKind] = {
     "builder": ServiceKind("services.builder.main:create_app", 8130),
     # rewards, then exactly-once delivery to polar.trajectories.<task>
     "evaluator": ServiceKind("services.evaluator.main:create_app", 8140, proxy_url=True),
+    # the RL loop: tasks out, groups in, policy-gradient steps, weights to the engines
+    # (not in the default topology: it needs a task source and a model to train)
+    "trainer": ServiceKind("services.trainer.main:create_app", 8150, opt_in=True),
 }
 
 

@@ -148,6 +148,8 @@ def plan_services(topo: Topology, catalog: dict[str, ServiceKind] = SERVICES) ->
     nodes = node_specs(topo)
     plans = []
     for service, kind in catalog.items():
+        if kind.opt_in and service not in topo.services:
+            continue
         entry = topo.services.get(service, ServiceEntry())
         if not entry.enabled:
             continue

@@ -316,6 +316,17 @@ _register_export()
 
 
 @app.command()
+def train(
+    config: Annotated[Path, typer.Argument(help="trainer config (.yaml or .json)")],
+) -> None:
+    """Run a training run in the foreground: submit tasks, train on their groups, push the
+    weights to the engines (see services/trainer/config.py for the keys)."""
+    from services.trainer.cli import main as train_main
+
+    raise typer.Exit(train_main(str(config)))
+
+
+@app.command()
 def demo(keep: Annotated[bool, typer.Option(help="leave the stack running")] = False) -> None:
     """Run the whole system end to end on embedded defaults, then stop it."""
     from services.cli.demo import run

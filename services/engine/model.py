@@ -10,6 +10,8 @@ numbers do not depend on what else is in the batch and no padding or mask is eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -127,6 +129,18 @@ class _Layer:
         self.inter = gate.shape[0]
 
 
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _bounds(lengths: list[int]) -> list[tuple[int, int]]:
+    """(start, end) rows of each sequence in a ragged batch."""
+    out, start = [], 0
+    for t in lengths:
+        out.append((start, start + t))
+        start += t
+    return out
+
+
 def _project(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
@@ -152,7 +166,7 @@ class CausalLM:
             _Layer(get, f"model.layers.{i}.", config) for i in range(config.num_hidden_layers)
         ]
         half = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
-        self.inv_freq = 1.0 / (config.rope_theta**half)
+        self.inv_freq = (1.0 / (config.rope_theta**half)).to(self.embed.device)
         self.scale = config.head_dim**-0.5
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +174,7 @@ class CausalLM:
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos()[:, None, :], emb.sin()[:, None, :]
 
-    def _attention(self, i: int, h: torch.Tensor, rope, chunks, caches) -> torch.Tensor:
+    def _attention(self, i: int, h: torch.Tensor, rope, attend: Attend) -> torch.Tensor:
         c, layer = self.config, self.layers[i]
         n, heads, kv_heads, dim = (
             h.shape[0],
@@ -176,12 +190,24 @@ class CausalLM:
         cos, sin = rope
         q = (q * cos + _rotate_half(q) * sin) * self.scale
         k = k * cos + _rotate_half(k) * sin
-        outs = []
-        for (start, end), cache in zip(chunks, caches, strict=True):
-            keys, values = cache.write(i, k[start:end], v[start:end])
-            outs.append(_attend(q[start:end], keys, values, cache.length))
-        attn = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
-        return _project(attn, layer.o, layer.o_bias)
+        return _project(attend(i, q, k, v), layer.o, layer.o_bias)
+
+    def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """The decoder stack over a ragged batch's tokens (one row each); ``attend`` is how
+        each sequence's queries meet its keys (through a KV cache, or its own tokens)."""
+        eps = self.config.rms_norm_eps
+        x = F.embedding(ids, self.embed)
+        rope = self._rope(positions)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, _rms_norm(x, layer.ln1, eps), rope, attend)
+            gate_up = torch.mm(_rms_norm(x, layer.ln2, eps), layer.gate_up)
+            x = x + torch.mm(
+                F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :], layer.down
+            )
+        return x
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(_rms_norm(x, self.norm, self.config.rms_norm_eps), self.lm_head_t)
 
     @torch.inference_mode()
     def forward(
@@ -195,33 +221,67 @@ class CausalLM:
         Returns, per sequence, the logits of its last new token ([vocab]), or of every new
         token ([t, vocab]) when ``all_logits``. Caches are committed on return.
         """
-        eps = self.config.rms_norm_eps
-        lengths = [len(t) for t in token_chunks]
-        bounds, start = [], 0
-        for t in lengths:
-            bounds.append((start, start + t))
-            start += t
-        pairs = list(zip(caches, lengths, strict=True))
+        bounds = _bounds([len(t) for t in token_chunks])
+        pairs = list(zip(caches, [e - s for s, e in bounds], strict=True))
         positions = torch.cat([torch.arange(cache.length, cache.length + t) for cache, t in pairs])
         for cache, t in pairs:
             cache.reserve(cache.length + t)
         ids = torch.tensor([tok for chunk in token_chunks for tok in chunk], dtype=torch.long)
-        x = F.embedding(ids, self.embed)
-        rope = self._rope(positions)
-        for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, _rms_norm(x, layer.ln1, eps), rope, bounds, caches)
-            gate_up = torch.mm(_rms_norm(x, layer.ln2, eps), layer.gate_up)
-            x = x + torch.mm(
-                F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :], layer.down
-            )
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            outs = []
+            for (start, end), cache in zip(bounds, caches, strict=True):
+                keys, values = cache.write(i, k[start:end], v[start:end])
+                outs.append(_attend(q[start:end], keys, values, cache.length))
+            return torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
+
+        x = self._hidden(ids, positions, attend)
         for cache, t in pairs:
             cache.commit(t)
         if not all_logits:
             x = x[[end - 1 for _, end in bounds]]
-        logits = torch.mm(_rms_norm(x, self.norm, eps), self.lm_head_t)
+        logits = self._logits(x)
         if all_logits:
             return [logits[s:e] for s, e in bounds]
         return list(logits.unbind(0))
+
+    def sequence_logprobs(
+        self, sequences: list[list[int]], starts: list[int]
+    ) -> list[torch.Tensor]:
+        """log p(seq[j] | seq[:j]) for j >= start ([len - start]) of whole sequences, each
+        from position 0, with no cache and no in-place writes: autograd runs through it when
+        the weights require grad. The trainer's forward: the math the engine samples with."""
+        bounds = _bounds([len(s) for s in sequences])
+        device = self.embed.device
+        positions = torch.cat([torch.arange(len(s), device=device) for s in sequences])
+        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            outs = [
+                _attend(
+                    q[s:e],
+                    k[s:e].transpose(0, 1).contiguous(),
+                    v[s:e].transpose(0, 1).contiguous(),
+                    0,
+                )
+                for s, e in bounds
+            ]
+            return torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
+
+        x = self._hidden(ids, positions, attend)
+        rows = [
+            torch.arange(s + start - 1, e - 1) for (s, e), start in zip(bounds, starts, strict=True)
+        ]
+        logprobs = torch.log_softmax(self._logits(x[torch.cat(rows).to(device)]), dim=-1)
+        targets = torch.tensor(
+            [t for seq, start in zip(sequences, starts, strict=True) for t in seq[start:]],
+            dtype=torch.long,
+            device=device,
+        )
+        picked = logprobs.gather(1, targets[:, None])[:, 0]
+        return list(
+            picked.split([e - s - start for (s, e), start in zip(bounds, starts, strict=True)])
+        )
 
     def new_cache(self) -> KVCache:
         c = self.config

@@ -83,7 +83,11 @@ def test_nodes_by_name_or_with_pool_sizes():
 def test_example_topology_parses_and_plans():
     topo = load_topology(REPO / "topology.example.yaml")
     plans = plan_services(topo)
-    expected = [f"{n}-node0" if k.per_node else n for n, k in SERVICES.items() if n != "model"]
+    expected = [
+        f"{n}-node0" if k.per_node else n
+        for n, k in SERVICES.items()
+        if n != "model" and not k.opt_in
+    ]
     assert [p.name for p in plans] == expected  # an external engine: no embedded model
     assert cannot_work(plans) == []  # token mode with its model_dir
     sched = next(p for p in plans if p.name == "scheduler")

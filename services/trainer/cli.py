@@ -1,0 +1,48 @@
+"""``polar train CONFIG``: one training run in the foreground; exit status 0 when done,
+1 for a configuration error, 3 when the run failed (e.g. the logprob mismatch check)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from services.trainer.config import ConfigError, load_config
+from services.trainer.loop import run_training
+
+FAILED_EXIT = 3
+
+
+def _print(rec: dict) -> None:
+    if rec["type"] == "step":
+        mm = rec["mismatch_max"]
+        print(
+            f"step {rec['step']:>4}  reward {rec['reward_mean']:.3f}  loss {rec['loss']:+.4f}  "
+            f"clip {rec['clip_fraction']:.3f}  mismatch {'-' if mm is None else f'{mm:.1e}'}  "
+            f"wait {rec['rollout_wait_s']:.1f}s train {rec['train_s']:.2f}s "
+            f"sync {rec['sync_s']:.2f}s",
+            flush=True,
+        )
+    elif rec["type"] == "eval":
+        print(f"eval at step {rec['step']}: held-out accuracy {rec['accuracy']:.3f}", flush=True)
+
+
+def main(path: str) -> int:
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        state = asyncio.run(run_training(cfg, _print))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a failed run is an exit status, with the reason
+        print(f"training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return FAILED_EXIT
+    print(f"done: {state.step} steps; log {cfg.log_file}, plot {cfg.plot_file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,128 @@
+"""The trainer's configuration: one frozen msgspec Struct, from YAML/JSON or ``POLAR_CONFIG``.
+
+Unknown keys are errors (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+import yaml
+from msgspec import Meta, Struct
+
+from services.common.settings import ServiceSettings
+
+Objective = Literal["grpo", "rloo", "dr_grpo"]
+Grouping = Literal["auto", "session", "trace"]
+StalePolicy = Literal["drop", "downweight"]
+Positive = Annotated[float, Meta(gt=0)]
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used (fatal at start)."""
+
+
+class _Cfg(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class TaskSourceConfig(_Cfg):
+    """Task templates (TaskRequest dicts without ``task_id``): a JSONL file, or a
+    ``module:function`` returning an iterable of them (called with ``args``)."""
+
+    path: str | None = None
+    generator: str | None = None
+    args: dict[str, object] = {}
+    heldout: Annotated[int, Meta(ge=0)] = 0  # templates held out (chosen by the seed)
+    heldout_path: str | None = None  # or a file of its own (then ``heldout`` is ignored)
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.generator is None):
+            raise ValueError("tasks: give exactly one of `path` or `generator`")
+
+
+class EvalConfig(_Cfg):
+    every: Annotated[int, Meta(ge=0)] = 1  # steps between held-out evaluations; 0: none
+    at_start: bool = True
+    at_end: bool = True
+    num_samples: Annotated[int, Meta(ge=1)] = 1
+    priority: int = 10  # held-out sessions go ahead of training rollouts
+    # deep-merged into each held-out task (e.g. the agent's env telling it to decode greedily)
+    overrides: dict[str, object] = {}
+    timeout_seconds: Positive = 600.0
+
+
+class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
+    port: int = 8150
+    run_id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_]{1,32}$")] = "run"
+    tasks: TaskSourceConfig
+    model_dir: str
+    checkpoint_dir: str
+    log_path: str | None = None  # JSONL; default <checkpoint_dir>/log.jsonl
+    plot_path: str | None = None  # PNG; default <checkpoint_dir>/curves.png
+    proxy_url: str = "http://127.0.0.1:8200"
+    admin_token: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: Annotated[int, Meta(ge=1)] = 1
+    seed: int = 0
+    # -- the loop
+    steps: Annotated[int, Meta(ge=1)] = 10
+    groups_per_step: Annotated[int, Meta(ge=1)] = 4
+    group_size: Annotated[int, Meta(ge=1)] = 4  # each task's num_samples
+    rollout_ahead: Annotated[int, Meta(ge=0)] = 0  # tasks in flight beyond the step's own
+    partial_after_seconds: Positive | None = 300.0  # a group missing members is used after this
+    sync_every: Annotated[int, Meta(ge=1)] = 1
+    keep_checkpoints: Annotated[int, Meta(ge=1)] = 3
+    cancel_on_exit: bool = True  # cancel tasks still in flight when the run ends
+    # -- the objective
+    objective: Objective = "grpo"
+    grouping: Grouping = "auto"
+    lr: Positive = 1e-4
+    weight_decay: Annotated[float, Meta(ge=0)] = 0.0
+    grad_clip: Positive | None = 1.0
+    clip_eps: Annotated[float, Meta(gt=0, lt=1)] = 0.2
+    clip_eps_high: Annotated[float, Meta(gt=0)] | None = None  # default: clip_eps
+    ratio_cap: Annotated[float, Meta(gt=1)] = 3.0  # dual clip: a ratio's weight is capped here
+    kl_coef: Annotated[float, Meta(ge=0)] = 0.0  # KL to the initial weights; 0: no reference
+    max_staleness: Annotated[int, Meta(ge=0)] = 4
+    stale_policy: StalePolicy = "drop"
+    stale_weight: Annotated[float, Meta(ge=0, le=1)] = 0.1  # downweight factor
+    dr_grpo_max_tokens: Annotated[int, Meta(ge=1)] = 256  # Dr. GRPO's constant normalizer
+    skip_zero_advantage: bool = False  # no forward for samples whose advantage is 0
+    mismatch_threshold: Positive = 1e-4
+    eval: EvalConfig = EvalConfig()
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.log_path or Path(self.checkpoint_dir) / "log.jsonl")
+
+    @property
+    def plot_file(self) -> Path:
+        return Path(self.plot_path or Path(self.checkpoint_dir) / "curves.png")
+
+    @property
+    def eps_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+
+def parse_config(data: object, where: str = "config") -> TrainerConfig:
+    try:
+        return msgspec.convert(data, TrainerConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_config(path: str | Path) -> TrainerConfig:
+    """A YAML or JSON file; relative paths in it stay relative to the working directory."""
+    p = Path(path)
+    try:
+        raw = p.read_text("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {p}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(raw)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not YAML/JSON: {exc}") from None
+    return parse_config(data, str(p))
