@@ -150,3 +150,12 @@ def test_catalog_rows_are_well_formed():
         check_catalog({"x": ServiceKind("m:f", 1, takes=("max_ran",))})
     with pytest.raises(ValueError, match="not 'module:callable'"):
         check_catalog({"x": ServiceKind("m.f", 1)})
+
+
+def test_an_opt_in_service_runs_only_when_the_topology_names_it():
+    assert "trainer" not in [p.name for p in plan_services(Topology())]
+    topo = parse_topology("services: {trainer: {config: {run_id: r}}}\n")
+    (plan,) = [p for p in plan_services(topo) if p.service == "trainer"]
+    assert plan.port == 8150 and plan.config["run_id"] == "r"
+    off = parse_topology("services: {trainer: {enabled: false}}\n")
+    assert "trainer" not in [p.name for p in plan_services(off)]

@@ -1,0 +1,34 @@
+import pytest
+
+from services.trainer.config import ConfigError, load_config, parse_config
+
+BASE = {"tasks": {"path": "t.jsonl"}, "model_dir": "m", "checkpoint_dir": "c"}
+
+
+def test_yaml_config_with_defaults(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("tasks: {path: t.jsonl, heldout: 3}\nmodel_dir: m\ncheckpoint_dir: c\nlr: 0.001\n")
+    cfg = load_config(p)
+    assert cfg.lr == 0.001 and cfg.objective == "grpo" and cfg.rollout_ahead == 0
+    assert cfg.kl_coef == 0.0 and cfg.mismatch_threshold == 1e-4
+    assert str(cfg.log_file) == "c/log.jsonl" and cfg.eps_high == cfg.clip_eps
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"lrr": 1}, "lrr"),
+        ({"objective": "ppo"}, "objective"),
+        ({"stale_policy": "ignore"}, "stale_policy"),
+        ({"tasks": {"path": "a", "generator": "m:f"}}, "exactly one"),
+        ({"tasks": {}}, "exactly one"),
+    ],
+)
+def test_bad_configs_name_the_problem(over, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_config({**BASE, **over})
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
