@@ -5,6 +5,7 @@ Unknown keys are errors (a typo must not silently fall back to a default).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -73,6 +74,7 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     group_size: Annotated[int, Meta(ge=1)] = 4  # each task's num_samples
     rollout_ahead: Annotated[int, Meta(ge=0)] = 0  # tasks in flight beyond the step's own
     partial_after_seconds: Positive | None = 300.0  # a group missing members is used after this
+    ack_wait_seconds: Positive = 60.0  # a dead trainer's uncommitted groups come back after this
     sync_every: Annotated[int, Meta(ge=1)] = 1
     keep_checkpoints: Annotated[int, Meta(ge=1)] = 3
     cancel_on_exit: bool = True  # cancel tasks still in flight when the run ends
@@ -107,22 +109,29 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
 
 
-def parse_config(data: object, where: str = "config") -> TrainerConfig:
+def parse_config(data: object, where: str = "config", *, strict: bool = True) -> TrainerConfig:
     try:
-        return msgspec.convert(data, TrainerConfig)
+        return msgspec.convert(data, TrainerConfig, strict=strict)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
 
 def load_config(path: str | Path) -> TrainerConfig:
-    """A YAML or JSON file; relative paths in it stay relative to the working directory."""
+    """A JSON file (``.json``) or YAML; relative paths in it stay relative to the working
+    directory. YAML reads ``1e-4`` as a string (YAML 1.1 floats need a dot), so YAML
+    values are converted leniently (numbers from strings); JSON ones strictly."""
     p = Path(path)
     try:
         raw = p.read_text("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror}") from None
+    if p.suffix.lower() == ".json":
+        try:
+            return parse_config(json.loads(raw), str(p))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{p}: not JSON: {exc}") from None
     try:
-        data = yaml.safe_load(raw)  # JSON is YAML
+        data = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not YAML/JSON: {exc}") from None
-    return parse_config(data, str(p))
+        raise ConfigError(f"{p}: not YAML: {exc}") from None
+    return parse_config(data, str(p), strict=False)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -41,6 +43,13 @@ from services.trainer.tasks import TaskSource, make_task, task_id
 
 log = logging.getLogger(__name__)
 OnRecord = Callable[[dict], None]
+FAULT_ENV = "POLAR_TRAINER_FAULT"  # "after_checkpoint:<step>": kill -9 itself there (tests)
+
+
+def fault_point(point: str, step: int) -> None:
+    """Crash tests: SIGKILL this process at a named point, as a power cut would."""
+    if os.environ.get(FAULT_ENV) == f"{point}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def settings_of(cfg: TrainerConfig) -> StepSettings:
@@ -92,6 +101,7 @@ class Trainer:
         self.started = time.time()
         self.done = False
         self.error: str | None = None
+        self.skipped_trained = 0  # redelivered groups acked because a checkpoint has them
 
     # -- setup ------------------------------------------------------------------------
     def _open_policy(self) -> None:
@@ -119,14 +129,18 @@ class Trainer:
     def _repair_log(self) -> None:
         """Records the last checkpoint holds but the log lost (a crash between the two)."""
         have = {(r.get("type"), r.get("step")) for r in ck.read_log(self.cfg.log_file)}
-        missing = [r for r in self.state.records if (r["type"], r["step"]) not in have]
+        missing = [
+            {**r, "restored": True}
+            for r in self.state.records
+            if (r["type"], r["step"]) not in have
+        ]
         metrics.append_log(self.cfg.log_file, missing)
 
     async def _connect(self) -> None:
         cfg = self.cfg
         self.bus = await Bus.open(cfg.nats_url, f"polar-trainer-{cfg.run_id}")
         self.client = await TrajectoryClient(
-            cfg.nats_url, durable=f"trainer-{cfg.run_id}"
+            cfg.nats_url, durable=f"trainer-{cfg.run_id}", ack_wait=cfg.ack_wait_seconds
         ).connect()
         self.submitter = await Submitter(self.bus, f"{cfg.run_id}-").start()
         self.http = httpx.AsyncClient(trust_env=False)
@@ -150,8 +164,11 @@ class Trainer:
         trained = set(self.state.trained)
         async for group in self.client.groups(partial_after=self.cfg.partial_after_seconds):
             tid = group.task_id
-            if tid in trained or not tid.startswith(f"{self.cfg.run_id}-"):
-                await group.commit()  # trained before a restart, or not this run's
+            if tid in trained:
+                self.skipped_trained += 1
+                await group.commit()  # trained before a restart (the checkpoint says so)
+            elif not tid.startswith(f"{self.cfg.run_id}-"):
+                await group.commit()  # not this run's
             elif tid.startswith(self.prefix_train):
                 trained.add(tid)
                 await self.train_q.put(group)
@@ -244,6 +261,7 @@ class Trainer:
         t_ck = time.perf_counter()
         self._checkpoint(rec)
         rec["checkpoint_s"] = time.perf_counter() - t_ck
+        fault_point("after_checkpoint", self.state.step)
         await self._commit(groups)
         t_sync = time.perf_counter()
         synced = None
@@ -253,6 +271,7 @@ class Trainer:
         rec["engine_version"] = synced
         rec["step_s"] = time.perf_counter() - t_step
         rec["sampled_tokens_per_s"] = rec["sampled_tokens"] / rec["step_s"]
+        rec["skipped_trained"] = self.skipped_trained
         self._emit(rec)
 
     def _checkpoint(self, rec: dict) -> None:
@@ -281,6 +300,19 @@ class Trainer:
         # the step record is in the checkpoint already; the log gets the timings too
         metrics.append_log(self.cfg.log_file, [rec])
         (metrics.observe_step if rec["type"] == "step" else metrics.observe_eval)(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+
+    def _emit_resume(self) -> None:
+        rec = {
+            "type": "resume",
+            "step": self.state.step,
+            "time": time.time(),
+            "checkpoint": self.ckpt.name,
+            "trained_groups": len(self.state.trained),
+            "in_flight": len(self.state.in_flight),
+        }
+        metrics.append_log(self.cfg.log_file, [rec])
         if self.on_record is not None:
             self.on_record(rec)
 
@@ -337,6 +369,8 @@ class Trainer:
         await asyncio.to_thread(self._open_policy)
         await self._connect()
         try:
+            if self.resumed:
+                self._emit_resume()
             await self._sync()  # the engines serve exactly the weights held here
             await self._top_up(0)
             if eval_due(self.cfg, self.state.step) and self.state.step not in self.state.evals_done:

@@ -47,9 +47,14 @@ def create_app(config: TrainerConfig | None = None) -> Litestar:
                 await task
 
     async def health() -> dict[str, object]:
+        step = trainer.state.step if hasattr(trainer, "state") else 0
         return {
-            "run": {"ok": trainer.error is None, "done": trainer.done, "error": trainer.error},
-            "step": trainer.state.step if hasattr(trainer, "state") else 0,
+            "run": {
+                "ok": trainer.error is None,
+                "done": trainer.done,
+                "step": step,
+                "error": trainer.error,
+            }
         }
 
     return Litestar(route_handlers=ops_routes("trainer", health), lifespan=[lifespan])

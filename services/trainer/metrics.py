@@ -60,8 +60,9 @@ def plot(records: list[dict], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in records if r.get("type") == "step"]
-    evals = [r for r in records if r.get("type") == "eval"]
+    # by step, the last record wins (an evaluation redone after a restart)
+    steps = list({r["step"]: r for r in records if r.get("type") == "step"}.values())
+    evals = list({r["step"]: r for r in records if r.get("type") == "eval"}.values())
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     ax = axes[0][0]
     ax.plot([r["step"] for r in steps], [r["reward_mean"] for r in steps], label="train reward")
@@ -83,7 +84,7 @@ def plot(records: list[dict], out: Path) -> Path:
     xs = [r["step"] for r in steps]
     bottom = [0.0] * len(steps)
     for phase in ("rollout_wait", "train", "checkpoint", "sync"):
-        vals = [r[f"{phase}_s"] for r in steps]
+        vals = [r.get(f"{phase}_s", 0.0) for r in steps]  # a restored record lacks some
         ax.bar(xs, vals, bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_xlabel("step"), ax.set_ylabel("s"), ax.legend(), ax.set_title("step time")

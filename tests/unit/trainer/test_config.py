@@ -32,3 +32,16 @@ def test_bad_configs_name_the_problem(over, match):
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_exponent_floats_in_yaml_and_json(tmp_path):
+    # YAML 1.1 reads 1e-4 as a string; JSON writes 1e-12 that way
+    y = tmp_path / "c.yaml"
+    y.write_text("tasks: {path: t}\nmodel_dir: m\ncheckpoint_dir: c\nmismatch_threshold: 1e-6\n")
+    assert load_config(y).mismatch_threshold == 1e-6
+    j = tmp_path / "c.json"
+    j.write_text('{"tasks": {"path": "t"}, "model_dir": "m", "checkpoint_dir": "c", "lr": 1e-12}')
+    assert load_config(j).lr == 1e-12
+    j.write_text('{"tasks": {"path": "t"}, "model_dir": "m", "checkpoint_dir": "c", "lr": "x"}')
+    with pytest.raises(ConfigError, match="lr"):
+        load_config(j)
