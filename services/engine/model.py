@@ -107,6 +107,36 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: i
     return out.transpose(0, 1).reshape(t, heads * dim)
 
 
+def _batched(x: torch.Tensor, rows: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """Rows of b sequences of length t as [b, heads, t, dim], contiguous like _attend's."""
+    return x[rows].view(b, t, x.shape[1], x.shape[2]).transpose(1, 2).contiguous()
+
+
+def _attend_whole(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[tuple[int, int]]
+) -> torch.Tensor:
+    """Causal self-attention of whole sequences of a ragged batch (rows of q [n, heads,
+    dim], k and v [n, kv_heads, dim]). Sequences of equal length go through one batched
+    SDPA call: no padding, so each sequence's numbers are its own."""
+    by_length: dict[int, list[tuple[int, int]]] = {}
+    for s, e in bounds:
+        by_length.setdefault(e - s, []).append((s, e))
+    pieces, order = [], []
+    for t, spans in by_length.items():
+        rows = torch.cat([torch.arange(s, e, device=q.device) for s, e in spans])
+        b = len(spans)
+        qb, kb, vb = (_batched(x, rows, b, t) for x in (q, k, v))
+        out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=1.0, enable_gqa=True)
+        pieces.append(out.transpose(1, 2).reshape(b * t, q.shape[1] * q.shape[2]))
+        order.append(rows)
+    if len(pieces) == 1 and len(bounds) == 1:
+        return pieces[0]
+    perm = torch.cat(order)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return torch.cat(pieces)[inverse]
+
+
 class _Layer:
     """One decoder layer's weights, fused for few large ops: q|k|v and gate|up are single
     matrices, all stored transposed for ``addmm``."""
@@ -257,16 +287,7 @@ class CausalLM:
         ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            outs = [
-                _attend(
-                    q[s:e],
-                    k[s:e].transpose(0, 1).contiguous(),
-                    v[s:e].transpose(0, 1).contiguous(),
-                    0,
-                )
-                for s, e in bounds
-            ]
-            return torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
+            return _attend_whole(q, k, v, bounds)
 
         x = self._hidden(ids, positions, attend)
         rows = [

@@ -135,3 +135,23 @@ def test_missing_weights_are_a_load_error(model_dir, tmp_path):
     (tmp_path / "config.json").write_bytes((model_dir / "config.json").read_bytes())
     with pytest.raises(ModelLoadError, match="model.safetensors"):
         load_model(tmp_path)
+
+
+def test_sequence_logprobs_of_a_ragged_batch_match_each_sequence_alone(model, model_dir):
+    """The trainer's forward: whole sequences of mixed and repeated lengths at once (equal
+    lengths share one attention call) give each sequence's teacher-forced logprobs, and
+    a backward through it reaches every weight."""
+    from services.engine.model import CausalLM
+    from services.engine.weights import load_tensors
+
+    rng = random.Random(3)
+    seqs = [[rng.randrange(4096) for _ in range(n)] for n in (9, 5, 9, 12, 5, 9)]
+    starts = [4, 2, 1, 6, 4, 8]
+    params = {k: torch.nn.Parameter(v) for k, v in load_tensors(model_dir).items()}
+    rows = CausalLM(model.config, params).sequence_logprobs(seqs, starts)
+    for row, seq, start in zip(rows, seqs, starts, strict=True):
+        alone = model.teacher_forced_logprobs(seq, start)
+        assert row.shape == (len(seq) - start,)
+        assert max(abs(a - b) for a, b in zip(row.tolist(), alone, strict=True)) < 1e-5
+    sum(r.sum() for r in rows).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params.values())
