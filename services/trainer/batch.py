@@ -7,6 +7,9 @@ Grouping rule (which rewards are compared for the advantage):
 - ``trace``: each trace carries its own reward (one question per trace); the group for
   the advantage is (task, trace index) across the task's sessions — trace i of every
   session is compared with trace i of the others.
+- ``prompt``: like ``trace``, but the group is (task, prompt ids): traces that saw the same
+  prompt are compared whatever their position, for agents that ask several questions
+  concurrently (their traces' order differs from session to session).
 - ``auto`` (default): ``trace`` when a member says so (``metadata.per_trace_rewards``) or
   its traces' rewards differ from its session reward, else ``session``.
 
@@ -74,7 +77,7 @@ def usable(t: Trajectory) -> bool:
 
 def per_trace(members: list[Trajectory], grouping: str) -> bool:
     if grouping != "auto":
-        return grouping == "trace"
+        return grouping in ("trace", "prompt")
     for t in members:
         if t.metadata.get("per_trace_rewards") is True:
             return True
@@ -137,15 +140,16 @@ def group_samples(
             for i, tr in enumerate(trainable_traces(t))
         ]
     counts.per_trace_groups += 1
-    by_index: dict[int, list[tuple[Trajectory, Trace, float]]] = {}
+    by_key: dict[object, list[tuple[Trajectory, int, Trace, float]]] = {}
     for t in comparable:
         for i, tr in enumerate(trainable_traces(t)):
             reward = tr.reward if tr.reward is not None else t.reward  # unscored: the session's
-            by_index.setdefault(i, []).append((t, tr, float(reward)))
+            key = tuple(tr.prompt_ids) if grouping == "prompt" else i
+            by_key.setdefault(key, []).append((t, i, tr, float(reward)))
     out = []
-    for i, entries in sorted(by_index.items()):
-        advs = _scored([r for _, _, r in entries], objective, counts)
-        out += [_sample(t, i, tr, r, a) for (t, tr, r), a in zip(entries, advs, strict=True)]
+    for entries in by_key.values():
+        advs = _scored([r for *_, r in entries], objective, counts)
+        out += [_sample(t, i, tr, r, a) for (t, i, tr, r), a in zip(entries, advs, strict=True)]
     return out
 
 

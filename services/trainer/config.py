@@ -16,7 +16,7 @@ from msgspec import Meta, Struct
 from services.common.settings import ServiceSettings
 
 Objective = Literal["grpo", "rloo", "dr_grpo"]
-Grouping = Literal["auto", "session", "trace"]
+Grouping = Literal["auto", "session", "trace", "prompt"]
 StalePolicy = Literal["drop", "downweight"]
 Positive = Annotated[float, Meta(gt=0)]
 

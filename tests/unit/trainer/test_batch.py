@@ -1,3 +1,4 @@
+import msgspec
 import pytest
 
 from schemas import Trajectory
@@ -113,3 +114,25 @@ def test_equal_rewards_count_as_zero_variance(objective):
     counts = GroupCounts()
     samples = group_samples(members, 2, objective, "auto", counts)
     assert all(s.advantage == 0.0 for s in samples) and counts.zero_variance == 1
+
+
+def asked(i: int, question: int, reward: float) -> Trace:
+    """Trace ``i`` of a session, answering ``question`` (its prompt ids say which)."""
+    return msgspec.structs.replace(trace(i, reward), prompt_ids=[1, 2, 100 + question])
+
+
+def test_prompt_grouping_compares_traces_that_saw_the_same_prompt():
+    # two sessions ask questions 0 and 1 concurrently: their traces come in either order
+    members = [
+        traj("a", 0.5, [asked(0, 0, 1.0), asked(1, 1, 0.0)]),
+        traj("b", 0.5, [asked(0, 1, 1.0), asked(1, 0, 0.0)]),
+    ]
+    counts = GroupCounts()
+    samples = group_samples(members, 2, "dr_grpo", "prompt", counts)
+    got = {(s.session_id, s.tokens[2], s.advantage) for s in samples}
+    # question 0: a right (1.0), b wrong (0.0); question 1: b right, a wrong
+    assert got == {("a", 100, 0.5), ("b", 100, -0.5), ("b", 101, 0.5), ("a", 101, -0.5)}
+    assert counts.per_trace_groups == 1 and counts.zero_variance == 0
+    # by trace index the same members compare different questions: all-equal pairs
+    by_index = group_samples(members, 2, "dr_grpo", "trace", GroupCounts())
+    assert {s.advantage for s in by_index} == {0.0}
