@@ -70,6 +70,9 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     seed: int = 0
     # -- the loop
     steps: Annotated[int, Meta(ge=1)] = 10
+    # or stop after the step that ends past this many seconds from the start (then the
+    # final held-out evaluation and the plot, as after the last of `steps`)
+    max_seconds: Positive | None = None
     groups_per_step: Annotated[int, Meta(ge=1)] = 4
     group_size: Annotated[int, Meta(ge=1)] = 4  # each task's num_samples
     rollout_ahead: Annotated[int, Meta(ge=0)] = 0  # tasks in flight beyond the step's own

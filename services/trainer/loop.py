@@ -359,12 +359,18 @@ class Trainer:
         self.state.records = [*self.state.records, rec]
         self._write_state()
         self.hold += list(groups.values())
-        if step == self.cfg.steps:  # no later step commits them
+        if self._final():  # no later step commits them
             await self._commit([])
         self._emit(rec)
         return rec
 
     # -- the run ----------------------------------------------------------------------
+    def _final(self) -> bool:
+        """No step follows: ``steps`` are done, or ``max_seconds`` have passed."""
+        limit = self.cfg.max_seconds
+        out_of_time = limit is not None and time.time() - self.started >= limit
+        return self.state.step >= self.cfg.steps or out_of_time
+
     async def run(self) -> ck.TrainerState:
         await asyncio.to_thread(self._open_policy)
         await self._connect()
@@ -375,9 +381,9 @@ class Trainer:
             await self._top_up(0)
             if eval_due(self.cfg, self.state.step) and self.state.step not in self.state.evals_done:
                 await self._evaluate(self.state.step)
-            while self.state.step < self.cfg.steps:
+            while not self._final():
                 await self._step()
-                if eval_due(self.cfg, self.state.step):
+                if eval_due(self.cfg, self.state.step) or (self._final() and self.cfg.eval.at_end):
                     await self._evaluate(self.state.step)
             self._write_state()
             await asyncio.to_thread(
