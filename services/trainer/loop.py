@@ -28,14 +28,16 @@ from pathlib import Path
 import httpx
 import msgspec
 import torch
+from nats.js.errors import NotFoundError
 
+from schemas import subjects as S
 from services.client import TrajectoryClient
 from services.client.client import Group
 from services.common.bus import Bus
 from services.trainer import checkpoint as ck
 from services.trainer import metrics
 from services.trainer.batch import GroupCounts, group_samples, trainable_traces, usable
-from services.trainer.config import TrainerConfig
+from services.trainer.config import ConfigError, TrainerConfig
 from services.trainer.policy import MismatchError, Policy, StepSettings, train_step
 from services.trainer.submit import Submitter
 from services.trainer.sync import push_weights
@@ -118,8 +120,7 @@ class Trainer:
         found = ck.latest(self.root)
         if found is None:
             self.state = ck.TrainerState(run_id=self.cfg.run_id)
-            self.ckpt = ck.commit_checkpoint(self.root, self.state, self.policy.save)
-            self.resumed = False
+            self.resumed = False  # step 0 is written once the run id is known to be new
         else:
             self.ckpt, self.state = found
             self.policy.load(self.ckpt)
@@ -139,12 +140,30 @@ class Trainer:
     async def _connect(self) -> None:
         cfg = self.cfg
         self.bus = await Bus.open(cfg.nats_url, f"polar-trainer-{cfg.run_id}")
+        if not self.resumed:
+            await self._check_new_run()
         self.client = await TrajectoryClient(
             cfg.nats_url, durable=f"trainer-{cfg.run_id}", ack_wait=cfg.ack_wait_seconds
         ).connect()
         self.submitter = await Submitter(self.bus, f"{cfg.run_id}-").start()
         self.http = httpx.AsyncClient(trust_env=False)
         self.reader = asyncio.create_task(self._read(), name="trainer-reader")
+
+    async def _check_new_run(self) -> None:
+        """A fresh run must not reuse a run id the bus knows: its task ids would be
+        deduplicated against the old run's and their groups are already acked, so the
+        run would wait forever."""
+        durable = f"trainer-{self.cfg.run_id}"
+        try:
+            await self.bus.js.consumer_info(S.STREAM_TRAJECTORIES, durable)
+        except NotFoundError:
+            return
+        await self.bus.close()
+        raise ConfigError(
+            f"run_id {self.cfg.run_id!r} was used before on this bus (consumer {durable} "
+            f"exists) but {self.root} has no checkpoint: give a new run_id, or the old "
+            "run's checkpoint_dir to resume it"
+        )
 
     async def _close(self) -> None:
         self.reader.cancel()
@@ -377,6 +396,10 @@ class Trainer:
         try:
             if self.resumed:
                 self._emit_resume()
+            else:
+                self.ckpt = await asyncio.to_thread(
+                    ck.commit_checkpoint, self.root, self.state, self.policy.save
+                )
             await self._sync()  # the engines serve exactly the weights held here
             await self._top_up(0)
             if eval_due(self.cfg, self.state.step) and self.state.step not in self.state.evals_done:

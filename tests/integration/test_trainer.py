@@ -19,7 +19,7 @@ import httpx
 import pytest
 import torch
 
-from infra import devstack
+from infra import devstack, localservers
 from services.client import TrajectoryClient
 from services.engine.weights import load_tensors
 from services.trainer import checkpoint as ck
@@ -28,6 +28,7 @@ from services.trainer.cli import main as train_main
 from services.trainer.config import parse_config
 from services.trainer.loop import FAULT_ENV, settings_of
 from services.trainer.policy import Policy, train_step
+from services.trainer.sync import SyncError, push_weights
 from tests.helpers.procs import ServiceProcess
 from tests.helpers.trainer_stack import start_stack, trainer_config
 
@@ -183,6 +184,23 @@ async def test_the_run_fails_with_a_nonzero_status_above_the_mismatch_threshold(
     log = ck.read_log(out / "ckpt" / "log.jsonl")
     assert [r["type"] for r in log] == ["error"] and "mismatch" in log[0]["error"]
     assert ck.latest(out / "ckpt")[1].step == 0  # nothing was stepped or committed
+
+    # the same run id, started fresh elsewhere, would wait forever on deduplicated tasks
+    again = {**raw, "checkpoint_dir": str(out / "other"), "mismatch_threshold": 1e-4}
+    assert await asyncio.to_thread(train_main_json, again, out / "again") == 1
+    assert "run_id 'strict' was used before" in capsys.readouterr().err
+    assert ck.latest(out / "other") is None
+
+
+async def test_a_weight_push_that_cannot_land_fails_with_the_reason(stack):
+    _, _, proxy_url, state_dir = stack
+    async with httpx.AsyncClient(trust_env=False) as client:
+        with pytest.raises(SyncError, match="refused .400"):
+            await push_weights(client, proxy_url, str(state_dir / "no-such-dir"), "9")
+        closed = f"http://127.0.0.1:{localservers.free_port()}"
+        with pytest.raises(SyncError, match="unreachable"):
+            await push_weights(client, closed, str(state_dir), "9", attempts=2)
+        assert (await client.get(f"{proxy_url}/admin/weight_version")).json()["weight_version"]
 
 
 def run_trainer(cfg_path: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
