@@ -34,6 +34,7 @@ from schemas import subjects as S
 from services.client import TrajectoryClient
 from services.client.client import Group
 from services.common.bus import Bus
+from services.engine.modelconfig import ModelLoadError
 from services.trainer import checkpoint as ck
 from services.trainer import metrics
 from services.trainer.batch import GroupCounts, group_samples, trainable_traces, usable
@@ -110,13 +111,16 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)
         torch.set_num_threads(self.cfg.threads)
         self.source = TaskSource.load(self.cfg.tasks, self.cfg.seed)
-        self.policy = Policy(
-            self.cfg.model_dir,
-            lr=self.cfg.lr,
-            weight_decay=self.cfg.weight_decay,
-            device=self.cfg.device,
-            reference=self.cfg.kl_coef > 0,
-        )
+        try:
+            self.policy = Policy(
+                self.cfg.model_dir,
+                lr=self.cfg.lr,
+                weight_decay=self.cfg.weight_decay,
+                device=self.cfg.device,
+                reference=self.cfg.kl_coef > 0,
+            )
+        except ModelLoadError as exc:
+            raise ConfigError(f"model_dir: {exc}") from None
         found = ck.latest(self.root)
         if found is None:
             self.state = ck.TrainerState(run_id=self.cfg.run_id)

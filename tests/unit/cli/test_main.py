@@ -81,3 +81,29 @@ def test_model_commands_come_from_the_embedded_server(args):
     """`polar model` is the embedded server's own CLI (services/engine/cli.py)."""
     r = invoke(*args)
     assert "init" in r.output and "serve" in r.output
+
+
+def test_train_reports_a_bad_config_with_status_1(tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("tasks: {path: t.jsonl}\nmodel_dir: m\ncheckpoint_dir: c\nlrr: 1\n")
+    r = invoke("train", str(cfg))
+    assert r.exit_code == 1 and "lrr" in r.output
+    r = invoke("train", str(tmp_path / "missing.yaml"))
+    assert r.exit_code == 1 and "cannot read" in r.output
+
+
+def test_train_reports_a_task_source_it_cannot_read(tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(f"tasks: {{path: {tmp_path}/none.jsonl}}\nmodel_dir: m\ncheckpoint_dir: c\n")
+    r = invoke("train", str(cfg))
+    assert r.exit_code == 1 and "cannot read" in r.output and "none.jsonl" in r.output
+
+
+def test_train_reports_a_model_dir_it_cannot_load(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"instruction": "x"}\n')
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(
+        f"tasks: {{path: {tmp_path}/t.jsonl}}\nmodel_dir: {tmp_path}/m\ncheckpoint_dir: c\n"
+    )
+    r = invoke("train", str(cfg))
+    assert r.exit_code == 1 and "model_dir" in r.output and "no config.json" in r.output
