@@ -17,6 +17,11 @@ MISMATCH = Gauge("polar_trainer_logprob_mismatch", "Last step's max |d logprob| 
 TOKENS_PER_S = Gauge("polar_trainer_tokens_per_second", "Last step's trained tokens per second")
 GROUPS = Counter("polar_trainer_groups_total", "Groups trained on")
 SAMPLES = Counter("polar_trainer_samples_total", "Samples by fate", ["fate"])
+AGES = Counter(
+    "polar_trainer_sample_staleness_total",
+    "Samples by staleness (trainer version minus the version that sampled them)",
+    ["age"],
+)
 PHASE = Histogram(
     "polar_trainer_phase_seconds",
     "Time per step by phase",
@@ -38,6 +43,8 @@ def observe_step(rec: dict) -> None:
     SAMPLES.labels("trained").inc(rec["trained_samples"])
     SAMPLES.labels("dropped_stale").inc(rec["dropped_stale"])
     SAMPLES.labels("downweighted").inc(rec["downweighted"])
+    for age, n in rec["staleness"].items():
+        AGES.labels(age).inc(n)
     for phase in ("rollout_wait", "train", "checkpoint", "sync"):
         PHASE.labels(phase).observe(rec[f"{phase}_s"])
 

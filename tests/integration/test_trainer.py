@@ -89,6 +89,7 @@ async def test_a_served_run_trains_pushes_versions_and_checks_every_on_policy_st
     finally:
         proc.stop()
     assert "polar_trainer_step 3.0" in metrics
+    assert 'polar_trainer_sample_staleness_total{age="0"} 24.0' in metrics
     assert (
         "polar_trainer_logprob_mismatch" in metrics and "polar_trainer_heldout_accuracy" in metrics
     )
