@@ -95,7 +95,10 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     stale_policy: StalePolicy = "drop"
     stale_weight: Annotated[float, Meta(ge=0, le=1)] = 0.1  # downweight factor
     dr_grpo_max_tokens: Annotated[int, Meta(ge=1)] = 256  # Dr. GRPO's constant normalizer
-    skip_zero_advantage: bool = False  # no forward for samples whose advantage is 0
+    # no forward for samples whose advantage is 0: the loss is the same (their terms are 0,
+    # the denominator still counts their tokens) unless kl_coef > 0, but the mismatch check
+    # then covers only the samples that went through the forward
+    skip_zero_advantage: bool = False
     mismatch_threshold: Positive = 1e-4
     eval: EvalConfig = EvalConfig()
 
