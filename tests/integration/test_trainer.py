@@ -279,3 +279,19 @@ async def test_kill_9_mid_run_resumes_with_no_group_trained_twice_and_none_lost(
 
         await asyncio.wait_for(drain(), 120)
     assert leftover <= got and not (got & set(state.trained))
+
+
+async def test_a_served_run_that_fails_the_mismatch_check_ends_its_process(stack):
+    topo, model_dir, proxy_url, state_dir = stack
+    out = state_dir / "served-strict"
+    cfg = trainer_config(
+        topo, model_dir, proxy_url, out, run_id="servedstrict", steps=2, mismatch_threshold=1e-12
+    )
+    proc = ServiceProcess("services.trainer.main:create_app", cfg, out).start(timeout=60)
+    try:
+        code = await asyncio.to_thread(proc.proc.wait, 300)
+    finally:
+        proc.stop()
+    assert code != 0
+    log = ck.read_log(out / "ckpt" / "log.jsonl")
+    assert [r["type"] for r in log] == ["error"] and "mismatch" in log[0]["error"]
