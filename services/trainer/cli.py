@@ -42,7 +42,3 @@ def main(path: str) -> int:
         return FAILED_EXIT
     print(f"done: {state.step} steps; log {cfg.log_file}, plot {cfg.plot_file}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
