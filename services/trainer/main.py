@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 
 from services.common.http import ops_routes
+from services.common.logs import service_logging
 from services.common.settings import load
 from services.trainer.config import TrainerConfig
 from services.trainer.loop import Trainer
@@ -57,4 +58,8 @@ def create_app(config: TrainerConfig | None = None) -> Litestar:
             }
         }
 
-    return Litestar(route_handlers=ops_routes("trainer", health), lifespan=[lifespan])
+    return Litestar(
+        route_handlers=ops_routes("trainer", health),
+        lifespan=[lifespan],
+        logging_config=service_logging(),
+    )
