@@ -11,8 +11,10 @@ settings from ``POLAR_CONFIG``), its default port, and, optionally:
 - ``takes``: extra topology fields the service's config accepts, merged into its
   ``POLAR_CONFIG`` — node pool sizes (``max_init``, ``ready_buffer``, ``max_run``) and/or
   ``backends``. Only listed fields are passed: service configs reject unknown keys;
-- ``proxy_url``: the service sends sandboxes to the proxy, so ``polar up`` gives it the
-  stack's proxy URL and a ``work_dir`` under the state dir (``infra/wiring.py``).
+- ``proxy_url``: the service talks to the proxy (sandboxes sent there, weights pushed
+  there), so ``polar up`` gives it the stack's proxy URL (``infra/wiring.py``);
+- ``work_dir``: the service keeps session work dirs, so ``polar up`` gives it a
+  ``work_dir`` under the state dir.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class ServiceKind(NamedTuple):
     per_node: bool = False
     takes: tuple[str, ...] = ()
     rsgi: bool = False  # served over granian's RSGI interface (the app speaks it), else ASGI
-    proxy_url: bool = False  # given the stack's proxy URL and node work_dir
+    proxy_url: bool = False  # given the stack's proxy URL
+    work_dir: bool = False  # given a work_dir under the state dir
     opt_in: bool = False  # runs only when the topology's `services` names it
 
 
@@ -47,18 +50,26 @@ SERVICES: dict[str, ServiceKind] = {
         per_node=True,
         takes=NODE_FIELDS + TOPOLOGY_FIELDS,
         proxy_url=True,
+        work_dir=True,
     ),
     # RUNNING stage per node: harnesses run, deadlines enforced, artifacts collected
     "executor": ServiceKind(
-        "services.executor.main:create_app", 8120, per_node=True, takes=NODE_FIELDS, proxy_url=True
+        "services.executor.main:create_app",
+        8120,
+        per_node=True,
+        takes=NODE_FIELDS,
+        proxy_url=True,
+        work_dir=True,
     ),
     # POSTRUN: completions -> trajectories
     "builder": ServiceKind("services.builder.main:create_app", 8130),
     # rewards, then exactly-once delivery to polar.trajectories.<task>
-    "evaluator": ServiceKind("services.evaluator.main:create_app", 8140, proxy_url=True),
+    "evaluator": ServiceKind(
+        "services.evaluator.main:create_app", 8140, proxy_url=True, work_dir=True
+    ),
     # the RL loop: tasks out, groups in, policy-gradient steps, weights to the engines
     # (not in the default topology: it needs a task source and a model to train)
-    "trainer": ServiceKind("services.trainer.main:create_app", 8150, opt_in=True),
+    "trainer": ServiceKind("services.trainer.main:create_app", 8150, opt_in=True, proxy_url=True),
 }
 
 

@@ -7,8 +7,9 @@ sent to whatever listens at a default port:
 - NATS and Redis: a URL with an explicit port 0 gets a free port, and every service is
   given the resulting URL (``with_server_ports``);
 - each service instance with ``port: 0`` gets a free port (``with_ports``);
-- then ``wire``: pools, executors and evaluators (``ServiceKind.proxy_url``) get the
-  stack's proxy URL and a ``work_dir`` under the state dir; the proxy and the pools get
+- then ``wire``: pools, executors, evaluators and the trainer (``ServiceKind.proxy_url``)
+  get the stack's proxy URL, the first three (``ServiceKind.work_dir``) a ``work_dir``
+  under the state dir; the proxy and the pools get
   the embedded ``model`` service's URL for every backend without a ``url`` (and the
   proxy its default backend when the topology lists none), and the proxy the model
   service's ``model_dir`` for token mode. What the user set in a service's ``config``
@@ -96,12 +97,14 @@ def wire(
     proxy = service_url(plans, PROXY, topo.host)
     model = service_url(plans, MODEL, topo.host)
     model_dir = next((p.config.get("model_dir") for p in plans if p.service == MODEL), None)
-    node_defaults = {"work_dir": str(state_dir / "work"), **({"proxy_url": proxy} if proxy else {})}
     out = []
     for p in plans:
         config = dict(p.config)
-        if catalog[p.service].proxy_url:
-            config = {**node_defaults, **config}
+        kind = catalog[p.service]
+        if kind.proxy_url and proxy:
+            config = {"proxy_url": proxy, **config}
+        if kind.work_dir:
+            config = {"work_dir": str(state_dir / "work"), **config}
         if model is not None:
             config = _embedded_backends(config, p.service, model)
         if p.service == PROXY and model_dir and "model_dir" not in config:

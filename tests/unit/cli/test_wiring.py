@@ -135,3 +135,16 @@ def test_the_proxy_templates_with_the_embedded_engines_own_model_dir():
         "backends: [{kind: sglang, url: 'http://gpu:1'}]"
     )
     assert "model_dir" not in by_name(plans)["proxy"].config  # not the embedded engine
+
+
+def test_the_trainer_pushes_weights_to_the_stacks_proxy():
+    _, plans = planned(
+        """
+services:
+  proxy: {port: 0}
+  trainer: {config: {model_dir: /m}}
+"""
+    )
+    p = by_name(plans)
+    assert p["trainer"].config["proxy_url"] == f"http://127.0.0.1:{p['proxy'].port}"
+    assert "work_dir" not in p["trainer"].config  # its config has no such field
