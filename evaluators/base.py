@@ -26,14 +26,24 @@ RuntimeKind = Literal["live", "fresh"]
 
 @dataclass(frozen=True)
 class EvalResult:
+    """``reward`` is the session's; ``trace_rewards``, when given, is one reward per trace
+    of the trajectory, in order (otherwise every trace gets ``reward``)."""
+
     status: Literal["ok", "error"]
     reward: float | None
     reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    trace_rewards: tuple[float, ...] | None = None
 
     @classmethod
     def ok(cls, reward: float, reason: str | None = None, **details: Any) -> EvalResult:
         return cls("ok", float(reward), reason, details)
+
+    @classmethod
+    def per_trace(
+        cls, reward: float, trace_rewards: list[float], reason: str | None = None, **details: Any
+    ) -> EvalResult:
+        return cls("ok", float(reward), reason, details, tuple(float(r) for r in trace_rewards))
 
     @classmethod
     def error(cls, reason: str, **details: Any) -> EvalResult:
@@ -76,8 +86,9 @@ class Evaluator(ABC):
         """The reward of one session (or an error result saying why there is none)."""
 
 
-def checked(result: object, name: str) -> EvalResult:
-    """What an evaluator returned, or an error result saying why it is not usable."""
+def checked(result: object, name: str, traces: int | None = None) -> EvalResult:
+    """What an evaluator returned, or an error result saying why it is not usable
+    (``traces``: how many per-trace rewards it must give, when it gives them)."""
     if not isinstance(result, EvalResult):
         return EvalResult.error(
             f"evaluator {name!r} returned {type(result).__name__}, not EvalResult"
@@ -88,4 +99,12 @@ def checked(result: object, name: str) -> EvalResult:
         return EvalResult.error(f"evaluator {name!r} returned status {result.status!r}")
     if result.reward is None or not math.isfinite(result.reward):
         return EvalResult.error(f"evaluator {name!r} returned reward {result.reward!r}")
+    per_trace = result.trace_rewards
+    if per_trace is not None:
+        if traces is not None and len(per_trace) != traces:
+            return EvalResult.error(
+                f"evaluator {name!r} gave {len(per_trace)} trace rewards for {traces} traces"
+            )
+        if not all(math.isfinite(r) for r in per_trace):
+            return EvalResult.error(f"evaluator {name!r} returned trace rewards {per_trace!r}")
     return result

@@ -14,6 +14,7 @@ import time
 
 from evaluators.base import EvalContext, EvalResult, Evaluator, EvaluatorError, checked
 from evaluators.command import CommandEvaluator
+from evaluators.exact_answer import ExactAnswer
 from evaluators.session_completed import SessionCompleted
 from evaluators.swebench import SweBench
 from evaluators.test_on_output import TestOnOutput
@@ -30,6 +31,7 @@ def default_registry() -> EvaluatorRegistry:
     reg.register("test_on_output", TestOnOutput)
     reg.register("swebench", SweBench)
     reg.register("command", CommandEvaluator)
+    reg.register("exact_answer", ExactAnswer)
     return reg
 
 
@@ -70,7 +72,7 @@ async def run_evaluator(
         return EvalResult.error(
             f"evaluator {name!r} raised {type(exc).__name__}: {exc}", **ctx.notes
         )
-    result = checked(result, name)
+    result = checked(result, name, len(ctx.trajectory.traces))
     if ctx.notes:
         result.details.update({k: v for k, v in ctx.notes.items() if k not in result.details})
     return result

@@ -22,7 +22,9 @@ BUILTIN_HARNESSES = frozenset(
     {"shell", "noop", "codex", "claude_code", "gemini_cli", "qwen_code", "opencode", "pi"}
 )
 BUILTIN_BUILDERS = frozenset({"per_request", "prefix_merging"})
-BUILTIN_EVALUATORS = frozenset({"session_completed", "test_on_output", "swebench", "command"})
+BUILTIN_EVALUATORS = frozenset(
+    {"session_completed", "test_on_output", "swebench", "command", "exact_answer"}
+)
 
 
 class _Spec(Struct, frozen=True, kw_only=True, omit_defaults=True):

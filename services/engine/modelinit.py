@@ -56,6 +56,25 @@ def train_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Tokenizer:
     return tok
 
 
+def byte_tokenizer() -> Tokenizer:
+    """A byte-level tokenizer with no merges: the three special tokens, one id per byte
+    (3-258), then the tool/think tags. Every character of a digit or ``*``/``.`` line is its
+    own token, which tiny models learn to count far faster than BPE merges like ``*.``."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    vocab.update({ch: len(SPECIAL_TOKENS) + i for i, ch in enumerate(alphabet)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in ADDED_TOKENS])
+    return tok
+
+
+TOKENIZERS = {"bpe": train_tokenizer, "bytes": byte_tokenizer}
+
+
 def _tokenizer_config(tok: Tokenizer) -> dict:
     decoder = {}
     for text in SPECIAL_TOKENS + ADDED_TOKENS:
@@ -151,11 +170,20 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", "utf-8")
 
 
-def init_model_dir(model_dir: str | Path, seed: int = 0, dims: dict | None = None) -> Path:
-    """Write the tiny model directory (tokenizer seeded by 0, weights by ``seed``)."""
+def init_model_dir(
+    model_dir: str | Path, seed: int = 0, dims: dict | None = None, tokenizer: str = "bpe"
+) -> Path:
+    """Write the tiny model directory (tokenizer seeded by 0, weights by ``seed``):
+    ``tokenizer`` is ``bpe`` (4,096 ids trained on the agent corpus) or ``bytes``
+    (265 ids, no merges); ``dims`` overrides ``DEFAULT_DIMS``."""
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, not {tokenizer!r}")
+    unknown = set(dims or {}) - set(DEFAULT_DIMS)
+    if unknown:
+        raise ValueError(f"unknown model dims {sorted(unknown)}; known: {sorted(DEFAULT_DIMS)}")
     out = Path(model_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer()
+    tok = TOKENIZERS[tokenizer]()
     eos_ids = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     pad_id = tok.token_to_id("<|endoftext|>")
     config = model_config(tok.get_vocab_size(with_added_tokens=True), eos_ids, pad_id, dims)

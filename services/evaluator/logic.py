@@ -86,8 +86,9 @@ def runtime_kind(needs_runtime: str, task_runtime: str) -> str | None:
 def score(
     trajectory: Trajectory, result: EvalResult, *, num_samples: int, index: int
 ) -> Trajectory:
-    """The scored trajectory a trainer receives: reward on it and on every trace, the
-    evaluation's status and reason, and what a GRPO group needs (``num_samples``)."""
+    """The scored trajectory a trainer receives: reward on it and on every trace (each
+    trace's own when the evaluator gave per-trace rewards), the evaluation's status and
+    reason, and what a GRPO group needs (``num_samples``)."""
     reward = result.reward if result.status == "ok" else None
     metadata: dict[str, Any] = {
         **trajectory.metadata,
@@ -96,9 +97,14 @@ def score(
     }
     if result.details:
         metadata["eval_details"] = result.details
+    per_trace = result.trace_rewards if reward is not None else None
+    rewards = list(per_trace) if per_trace is not None else [reward] * len(trajectory.traces)
     scored = msgspec.structs.replace(
         trajectory,
-        traces=[msgspec.structs.replace(t, reward=reward) for t in trajectory.traces],
+        traces=[
+            msgspec.structs.replace(t, reward=r)
+            for t, r in zip(trajectory.traces, rewards, strict=True)
+        ],
         reward=reward,
         eval_status=result.status,
         eval_reason=result.reason,
@@ -150,10 +156,18 @@ def encode_result(result: EvalResult) -> bytes:
         "reward": result.reward,
         "reason": result.reason,
         "details": result.details,
+        "trace_rewards": result.trace_rewards,
     }
     return orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
 
 
 def decode_result(raw: bytes) -> EvalResult:
     data = orjson.loads(raw)
-    return EvalResult(data["status"], data["reward"], data.get("reason"), data.get("details") or {})
+    per_trace = data.get("trace_rewards")
+    return EvalResult(
+        data["status"],
+        data["reward"],
+        data.get("reason"),
+        data.get("details") or {},
+        tuple(per_trace) if per_trace is not None else None,
+    )

@@ -30,7 +30,13 @@ def ctx(outcome=Outcome.COMPLETED, **config) -> EvalContext:
 
 def test_builtins_and_fresh_instances():
     reg = default_registry()
-    assert reg.names() == ["command", "session_completed", "swebench", "test_on_output"]
+    assert reg.names() == [
+        "command",
+        "exact_answer",
+        "session_completed",
+        "swebench",
+        "test_on_output",
+    ]
     assert create_evaluator(reg, "command") is not create_evaluator(reg, "command")
     assert create_evaluator(reg, "session_completed").needs_runtime == "none"
     assert create_evaluator(reg, "test_on_output").needs_runtime == "task"
@@ -39,7 +45,7 @@ def test_builtins_and_fresh_instances():
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("nope", "unknown evaluator 'nope': use one of command, session_completed"),
+        ("nope", "unknown evaluator 'nope': use one of command, exact_answer, session_completed"),
         ("no_such_pkg_x:Cls", "cannot import 'no_such_pkg_x'"),
         (f"{P}:Missing", "has no callable 'Missing'"),
         (f"{P}:NotAnEvaluator", "has no `async def evaluate(ctx)`"),

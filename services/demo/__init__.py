@@ -1,0 +1,1 @@
+"""The learning demo: a tiny model learns to count through the whole stack."""

@@ -1,0 +1,35 @@
+"""``polar model init`` with the byte tokenizer and small dims (the learning demo's model)."""
+
+import json
+
+import pytest
+
+from services.common.tokenization.tokenizer import ChatTokenizer
+from services.engine.modelinit import init_model_dir
+from services.engine.weights import load_model
+
+DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_key_value_heads": 4}
+
+
+def test_byte_model_tokenizes_every_character_alone(tmp_path):
+    out = init_model_dir(tmp_path / "m", seed=1, dims=DIMS, tokenizer="bytes")
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 265 and config["hidden_size"] == 64
+    tok = ChatTokenizer.load(out)
+    for text in ("**.*..*.**", "10", "*.*.*.*.*."):
+        ids = tok.tokenizer.encode(text).ids
+        assert len(ids) == len(text)
+        assert tok.tokenizer.decode(ids) == text
+    prompt = tok.render_ids([{"role": "user", "content": "How many * in **.*..*.**?"}], None, True)
+    text = tok.tokenizer.decode(prompt, skip_special_tokens=False)
+    assert text == "<|im_start|>user\nHow many * in **.*..*.**?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.tokenizer.token_to_id("<|im_end|>") in tok.eos_token_ids
+    model = load_model(out)
+    assert model.config.vocab_size == 265
+
+
+def test_bad_tokenizer_or_dims_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer must be one of"):
+        init_model_dir(tmp_path / "a", tokenizer="chars")
+    with pytest.raises(ValueError, match="unknown model dims"):
+        init_model_dir(tmp_path / "b", dims={"hidden": 64})
