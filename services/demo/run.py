@@ -1,0 +1,190 @@
+"""``polar demo`` / ``just demo``: a tiny model learns to count ``*``, through the stack.
+
+1. A tiny byte-vocabulary model is created locally (no download) and, while the stack
+   starts (its own NATS and Valkey, every service on free ports), warm-started on the
+   answer format only (random numbers as targets: nothing about counting).
+2. The trainer (``polar train``, its own process) submits tasks: each session is an
+   unmodified quiz agent (``infra/demo/quiz_agent.py``) asking its questions through the
+   proxy at once; ``per_request`` makes one trace per question and ``exact_answer``
+   rewards each trace. Each step trains on one group (GRPO over the sessions that saw the
+   same question), writes a checkpoint and pushes it to the engine; the held-out set is
+   measured greedily through the same stack.
+3. The terminal shows the run live; at the end the plot, the trained checkpoint and the
+   trajectories are on disk, everything is stopped, and the last lines give the final
+   held-out accuracy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+
+from infra import devstack
+from infra.topology import Topology, parse_topology
+from services.demo import stars
+from services.demo.topology import stack_topology
+from services.demo.view import LiveView, final_lines, read_records
+from services.demo.warmstart import create_model, warm_start
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the demo trains with (measured choices: docs/benchmarks.md)."""
+
+    seed: int = 0
+    budget_seconds: float = 285.0  # from the demo's start to the trainer's last step
+    questions: int = 32  # per session (one chat call, one trace each)
+    group_size: int = 8  # sessions per task: each question is sampled 8 times
+    groups_per_step: int = 1
+    rollout_ahead: int = 2
+    max_run: int = 16
+    lr: float = 1e-3
+    eval_every: int = 3
+    sft_steps: int = 60
+    sft_batch: int = 32
+    target: float = 0.6
+
+
+def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, limit: float):
+    heldout = state / "heldout.jsonl"
+    heldout.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in stars.heldout_templates()))
+    proxy_port = topo.services["proxy"].port
+    return {
+        "nats_url": topo.nats_url,
+        "redis_url": topo.redis_url,
+        "run_id": f"demo{recipe.seed}",
+        "tasks": {
+            "generator": "services.demo.stars:training_templates",
+            "args": {"seed": recipe.seed, "tasks": 512, "questions": recipe.questions},
+            "heldout_path": str(heldout),
+        },
+        "model_dir": str(model),
+        "checkpoint_dir": str(state / "checkpoints"),
+        "proxy_url": f"http://127.0.0.1:{proxy_port}",
+        "seed": recipe.seed,
+        "steps": 100_000,
+        "max_seconds": limit,
+        "groups_per_step": recipe.groups_per_step,
+        "group_size": recipe.group_size,
+        "rollout_ahead": recipe.rollout_ahead,
+        "partial_after_seconds": 60.0,
+        "objective": "grpo",
+        "grouping": "prompt",
+        "lr": recipe.lr,
+        "grad_clip": 1.0,
+        "skip_zero_advantage": True,  # questions all 8 samples got right (or wrong) teach nothing
+        "clip_eps": 0.2,
+        "keep_checkpoints": 2,
+        "eval": {"every": recipe.eval_every, "at_start": True, "at_end": True, "priority": 10},
+    }
+
+
+def prepare(recipe: Recipe, state: Path, console: Console) -> tuple[Topology, Path, float]:
+    """Model + warm start in a thread while the stack comes up; returns the warm model."""
+    base = create_model(state / "model-init", recipe.seed)
+    topo = parse_topology(stack_topology(state, base, max_run=recipe.max_run), "demo topology")
+    with ThreadPoolExecutor(1) as pool:
+        sft = pool.submit(
+            warm_start,
+            base,
+            state / "model-warm",
+            seed=recipe.seed,
+            steps=recipe.sft_steps,
+            batch=recipe.sft_batch,
+        )
+        t0 = time.monotonic()
+        devstack.up(topo)
+        up_s = time.monotonic() - t0
+        ws = sft.result()
+    console.print(
+        f"stack up in {up_s:.1f}s; format warm start: {ws.steps} steps in {ws.seconds:.1f}s "
+        f"(loss {ws.final_loss:.2f})"
+    )
+    return topo, ws.model_dir, up_s
+
+
+def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) -> int:
+    started = time.time()  # the trainer's log records carry wall-clock times
+    state = Path(out or tempfile.mkdtemp(prefix="polar-learn-")).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    console.rule("[bold]Polar: a tiny model learns to count, through the whole stack")
+    console.print(
+        "task: how many [bold]*[/bold] in a 10-character line of * and . (answer 0-10); "
+        f"held-out: {stars.HELDOUT_SIZE} fixed lines never trained on; "
+        f"seed {recipe.seed}; state in {state}"
+    )
+    topo, model, _ = prepare(recipe, state, console)
+    try:
+        limit = recipe.budget_seconds - (time.time() - started)
+        cfg = trainer_config(recipe, topo, state, model, limit)
+        (state / "trainer.json").write_text(json.dumps(cfg, indent=2))
+        code = _train(console, recipe, state, started)
+        _save_trajectories(topo.nats_url, state / "trajectories.jsonl", console)
+    finally:
+        devstack.down(state)
+        console.print("stopped every service")
+    records = read_records(state / "checkpoints" / "log.jsonl")
+    for line in final_lines(records, recipe.target, state, started):
+        console.print(line, highlight=False)
+    return code
+
+
+def _train(console: Console, recipe: Recipe, state: Path, started: float) -> int:
+    log = (state / "trainer.log").open("wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "services.cli.main", "train", str(state / "trainer.json")]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log_path = state / "checkpoints" / "log.jsonl"
+    view = LiveView(console, recipe.budget_seconds, recipe.target, log_path, started)
+    try:
+        with view:
+            while proc.poll() is None:
+                view.refresh()
+                time.sleep(0.25)
+            view.refresh()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        log.close()
+    if proc.returncode != 0:
+        tail = (state / "trainer.log").read_text(errors="replace")[-2000:]
+        console.print(f"[red]trainer exited {proc.returncode}[/red]\n{tail}")
+    return proc.returncode
+
+
+def _save_trajectories(nats_url: str, out: Path, console: Console) -> None:
+    n = asyncio.run(_dump(nats_url, out))
+    console.print(f"trajectories: {n} sessions in {out}")
+
+
+async def _dump(nats_url: str, out: Path) -> int:
+    from schemas import subjects as S
+    from services.common.bus import Bus
+
+    bus = await Bus.open(nats_url, "polar-demo-dump", declare=False)
+    try:
+        info = await bus.js.stream_info(S.STREAM_TRAJECTORIES)
+        total = info.state.messages
+        sub = await bus.js.subscribe(S.trajectories(">"), ordered_consumer=True)
+        n = 0
+        with out.open("wb") as f:
+            while n < total:
+                msg = await sub.next_msg(timeout=30)
+                f.write(await bus.payload(msg) + b"\n")
+                n += 1
+        await sub.unsubscribe()
+        return n
+    finally:
+        await bus.close()
