@@ -3,9 +3,13 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 py := env_var_or_default("PYTHON", "python")
 
-# Run the whole system end to end on embedded defaults, then stop it.
-demo:
-    {{py}} -m services.cli.main demo
+# A tiny model learns to count through the whole stack (trainer included), live; then stop.
+demo *ARGS:
+    {{py}} -m services.cli.main demo {{ARGS}}
+
+# The scripted calculator task end to end (no training), then stop.
+demo-scripted:
+    {{py}} -m services.cli.main demo --scripted
 
 # Start the local dev stack (own NATS/Valkey when none is reachable).
 up *ARGS:

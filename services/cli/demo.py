@@ -1,10 +1,11 @@
-"""``polar demo`` / ``just demo``: the whole system, end to end, on embedded defaults.
+"""``polar demo --scripted``: the whole system, end to end, on embedded defaults.
 
 Starts its own NATS and Valkey and every service on free ports (nothing of the user's is
 touched), runs a real task — a calculator repository with a failing test, a stdlib-only
 shell agent (infra/demo/agent.py) making tool calls through the proxy, 4 samples,
 prefix_merging, test_on_output — shows progress and the results, exports the
-trajectories, and stops everything it started.
+trajectories, and stops everything it started. (``polar demo`` without ``--scripted`` is
+the learning demo, ``services/demo/``.)
 """
 
 from __future__ import annotations

@@ -327,11 +327,29 @@ def train(
 
 
 @app.command()
-def demo(keep: Annotated[bool, typer.Option(help="leave the stack running")] = False) -> None:
-    """Run the whole system end to end on embedded defaults, then stop it."""
-    from services.cli.demo import run
+def demo(
+    scripted: Annotated[
+        bool, typer.Option(help="the scripted calculator demo (one task, no training)")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="model, warm start and task order seed")] = 0,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="where the run's files go (default: a temp dir)")
+    ] = None,
+    budget: Annotated[
+        float, typer.Option(help="seconds from the start to the trainer's last step")
+    ] = 285.0,
+    keep: Annotated[bool, typer.Option(help="--scripted: leave the stack running")] = False,
+) -> None:
+    """A tiny model learns to count through the whole stack (trainer included), live;
+    `--scripted`: the calculator task end to end with a scripted policy."""
+    if scripted:
+        from services.cli.demo import run
 
-    raise typer.Exit(run(out, keep=keep))
+        raise typer.Exit(run(out, keep=keep))
+    from services.demo.run import Recipe
+    from services.demo.run import run as learn
+
+    raise typer.Exit(learn(out, Recipe(seed=seed, budget_seconds=budget), out_dir))
 
 
 def main() -> None:

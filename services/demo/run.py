@@ -44,15 +44,17 @@ class Recipe:
 
     seed: int = 0
     budget_seconds: float = 285.0  # from the demo's start to the trainer's last step
+    max_steps: int = 100_000  # or stop after this many steps
     questions: int = 32  # per session (one chat call, one trace each)
     group_size: int = 8  # sessions per task: each question is sampled 8 times
     groups_per_step: int = 1
     rollout_ahead: int = 2
     max_run: int = 16
-    lr: float = 1e-3
+    lr: float = 5e-4
     eval_every: int = 3
     sft_steps: int = 60
     sft_batch: int = 32
+    sft_lr: float = 3e-3
     target: float = 0.6
 
 
@@ -73,7 +75,7 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
         "checkpoint_dir": str(state / "checkpoints"),
         "proxy_url": f"http://127.0.0.1:{proxy_port}",
         "seed": recipe.seed,
-        "steps": 100_000,
+        "steps": recipe.max_steps,
         "max_seconds": limit,
         "groups_per_step": recipe.groups_per_step,
         "group_size": recipe.group_size,
@@ -102,6 +104,7 @@ def prepare(recipe: Recipe, state: Path, console: Console) -> tuple[Topology, Pa
             seed=recipe.seed,
             steps=recipe.sft_steps,
             batch=recipe.sft_batch,
+            lr=recipe.sft_lr,
         )
         t0 = time.monotonic()
         devstack.up(topo)

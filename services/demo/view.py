@@ -97,7 +97,7 @@ def chart(records: list[dict], t0: float, budget: float, target: float) -> Text:
         text.append(label + "".join(row) + "\n")
     text.append("     +" + "-" * CHART_WIDTH + "\n")
     text.append(f"      0 s{'':>{CHART_WIDTH - 12}}{budget:.0f} s\n")
-    text.append(f"      ● held-out accuracy (greedy)   · training reward   -- target {target}")
+    text.append(f"      ● held-out accuracy (greedy)   · training reward   -- target {target}\n")
     return text
 
 

@@ -128,17 +128,18 @@ def model_config(
     }
 
 
-def init_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
+def init_weights(config: dict, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
     """Random Qwen2 weights, drawn wider than HF's default so the untrained model's
     next-token distributions are peaked (sampling knobs visibly matter); the output head is
-    untied so the model does not just echo its input token."""
+    untied so the model does not just echo its input token. ``scale`` multiplies every
+    standard deviation (a model to be trained wants flat distributions: e.g. 0.05)."""
     g = torch.Generator().manual_seed(seed)
     h, inter, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     head_dim = h // config["num_attention_heads"]
     kv = config["num_key_value_heads"] * head_dim
 
     def normal(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * std
+        return torch.randn(*shape, generator=g) * (std * scale)
 
     tensors = {
         "model.embed_tokens.weight": normal(v, h, std=0.35),
@@ -171,11 +172,16 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def init_model_dir(
-    model_dir: str | Path, seed: int = 0, dims: dict | None = None, tokenizer: str = "bpe"
+    model_dir: str | Path,
+    seed: int = 0,
+    dims: dict | None = None,
+    tokenizer: str = "bpe",
+    init_scale: float = 1.0,
 ) -> Path:
     """Write the tiny model directory (tokenizer seeded by 0, weights by ``seed``):
     ``tokenizer`` is ``bpe`` (4,096 ids trained on the agent corpus) or ``bytes``
-    (265 ids, no merges); ``dims`` overrides ``DEFAULT_DIMS``."""
+    (265 ids, no merges); ``dims`` overrides ``DEFAULT_DIMS``; ``init_scale`` multiplies
+    the weights' standard deviations."""
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, not {tokenizer!r}")
     unknown = set(dims or {}) - set(DEFAULT_DIMS)
@@ -207,7 +213,7 @@ def init_model_dir(
             "top_p": 1.0,
         },
     )
-    save_tensors(init_weights(config, seed), out)
+    save_tensors(init_weights(config, seed, init_scale), out)
     _write_json(out / "config.json", config)  # last: its presence marks a complete directory
     return out
 
