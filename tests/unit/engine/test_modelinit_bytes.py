@@ -33,3 +33,14 @@ def test_bad_tokenizer_or_dims_are_refused(tmp_path):
         init_model_dir(tmp_path / "a", tokenizer="chars")
     with pytest.raises(ValueError, match="unknown model dims"):
         init_model_dir(tmp_path / "b", dims={"hidden": 64})
+
+
+def test_init_scale_narrows_the_weights(tmp_path):
+    from services.engine.weights import load_tensors
+
+    wide = load_tensors(init_model_dir(tmp_path / "w", tokenizer="bytes", dims=DIMS))
+    flat = load_tensors(
+        init_model_dir(tmp_path / "f", tokenizer="bytes", dims=DIMS, init_scale=0.05)
+    )
+    for name in ("lm_head.weight", "model.layers.0.mlp.up_proj.weight"):
+        assert abs(float(flat[name].std() / wide[name].std()) - 0.05) < 0.005
