@@ -34,7 +34,7 @@ from infra import devstack
 from infra.topology import Topology, parse_topology
 from services.demo import stars
 from services.demo.topology import stack_topology
-from services.demo.view import LiveView, final_lines, read_records
+from services.demo.view import LiveView, final_lines, read_records, render
 from services.demo.warmstart import create_model, warm_start
 
 
@@ -45,13 +45,13 @@ class Recipe:
     seed: int = 0
     budget_seconds: float = 285.0  # from the demo's start to the trainer's last step
     max_steps: int = 100_000  # or stop after this many steps
-    questions: int = 32  # per session (one chat call, one trace each)
+    questions: int = 16  # per session (one chat call, one trace each)
     group_size: int = 8  # sessions per task: each question is sampled 8 times
     groups_per_step: int = 1
     rollout_ahead: int = 2
     max_run: int = 16
-    lr: float = 5e-4
-    eval_every: int = 3
+    lr: float = 1e-3
+    eval_every: int = 5
     sft_steps: int = 60
     sft_batch: int = 32
     sft_lr: float = 3e-3
@@ -138,9 +138,22 @@ def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) ->
         devstack.down(state)
         console.print("stopped every service")
     records = read_records(state / "checkpoints" / "log.jsonl")
-    for line in final_lines(records, recipe.target, state, started):
+    lines = final_lines(records, recipe.target, state, started)
+    save_capture(state / "terminal.txt", records, recipe, started, lines)
+    for line in lines:
         console.print(line, highlight=False)
     return code
+
+
+def save_capture(path: Path, records: list[dict], recipe: Recipe, t0: float, lines: list[str]):
+    """The live view's last frame and the closing lines, as plain text (for the README)."""
+    last = max((r["time"] for r in records if "time" in r), default=t0)
+    with open(os.devnull, "w") as sink:
+        capture = Console(record=True, width=100, file=sink)
+        capture.print(render(records, t0, recipe.budget_seconds, recipe.target, last))
+        for line in lines:
+            capture.print(line, highlight=False)
+    path.write_text(capture.export_text())
 
 
 def _train(console: Console, recipe: Recipe, state: Path, started: float) -> int:
