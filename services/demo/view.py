@@ -7,6 +7,7 @@ and redraws them with rich's ``Live``.
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -101,17 +102,19 @@ def chart(records: list[dict], t0: float, budget: float, target: float) -> Text:
     return text
 
 
-def header(records: list[dict], t0: float, budget: float, now: float) -> Group:
+def header(records: list[dict], t0: float, budget: float, now: float) -> Table:
     steps, evals = _kind(records, "step"), _kind(records, "eval")
     elapsed = now - t0
     n = completions(records)
     rate = n / max(1e-9, (steps[-1]["time"] - t0)) if steps else 0.0
     held = f"{evals[-1]['accuracy']:.3f} (step {evals[-1]['step']})" if evals else "-"
     line = Text(
-        f"{elapsed:5.0f}s / {budget:.0f}s   step {steps[-1]['step'] if steps else 0}   "
-        f"held-out {held}   {n} completions ({rate:.0f}/s trained)"
+        f"{elapsed:4.0f}s / {budget:.0f}s  step {steps[-1]['step'] if steps else 0}  "
+        f"held-out {held}  {n} completions ({rate:.0f}/s)"
     )
-    return Group(ProgressBar(total=budget, completed=min(elapsed, budget), width=70), line)
+    grid = Table.grid(padding=(0, 1))
+    grid.add_row(ProgressBar(total=budget, completed=min(elapsed, budget), width=24), line)
+    return grid
 
 
 def render(records: list[dict], t0: float, budget: float, target: float, now: float) -> Group:
@@ -151,6 +154,8 @@ def final_lines(records: list[dict], target: float, state: Path, t0: float) -> l
             else f"never reached {target}"
         )
     )
+    smooth = statistics.median(e["accuracy"] for e in evals[-3:])
+    lines.append(f"median of the last 3 held-out evaluations: {smooth:.3f}")
     lines.append(f"final held-out accuracy: {last['accuracy']:.3f}")
     return lines
 
