@@ -181,9 +181,12 @@ def build_record(
     error: str | None = None,
     queue_ms: float = 0.0,
     finish: str | None = None,
+    reply: dict | None = None,
 ) -> CompletionRecord:
     """The call's record; ``finish`` is the turn's reason as the harness was told it
-    (``tool_calls`` for a turn that calls tools, whoever parsed them), else the engine's."""
+    (``tool_calls`` for a turn that calls tools, whoever parsed them), else the engine's;
+    ``reply`` the assistant message it was answered with (what a trainer's conversation
+    ends with), when the answer was parsed."""
     previous = None
     if plan.base is not None:
         previous = (plan.base.seq, plan.base.prompt_ids + plan.base.output_ids)
@@ -198,6 +201,7 @@ def build_record(
         served_model=gen.served_model,
         raw_request=msgspec.Raw(ctx.raw_request or b"null"),
         normalized=msgspec.Raw(ctx.normalized),
+        reply=msgspec.Raw(orjson.dumps(reply) if reply is not None else b"null"),
         prompt_ids=tail,
         prompt_base_seq=base_seq,
         prompt_base_len=base_len,

@@ -228,18 +228,22 @@ class CompletionHandler:
         self, ctx, reserved, plan, gen, request: _Request, queue_ms, render: Render
     ) -> tuple[TurnState, Any]:
         """Commit the call's record and store its TITO state, both round trips at once,
-        the answer parsed and rendered (``render``) while they are out. A failed commit
-        is the caller's error (the state is taken back and the number given back, so the
+        the answer rendered (``render``) while they are out (parsed before: the record
+        carries the turn's finish reason and message). A failed commit is the caller's error (the state is taken back and the number given back, so the
         retry re-extends the old state). A state that could not be stored after a
         committed record only costs the next call its extension."""
         seq = await reserved
-        turn, failed = None, None
-        try:  # first: the record's finish reason is the turn's (tool_calls in either mode)
+        turn, failed, message = None, None, None
+        try:  # first: the record carries the turn's finish reason (tool_calls in either
+            # mode) and the answer itself (a trainer's conversation ends with it)
             turn = self._turn(gen, request.tools)
+            message = _reply_message(turn)
         except Exception as exc:  # a bug: recorded all the same, then the harness's 500
             failed = exc
         finish = turn.finish_reason if turn is not None else None
-        record = capture.build_record(ctx, seq, plan, gen, queue_ms=queue_ms, finish=finish)
+        record = capture.build_record(
+            ctx, seq, plan, gen, queue_ms=queue_ms, finish=finish, reply=message
+        )
         committing = capture.start_commit(self.publisher, record)  # the longer wait: first
         try:
             if failed is not None:
@@ -247,7 +251,7 @@ class CompletionHandler:
             state = TurnState(
                 seq=seq,
                 messages=request.messages,
-                reply=_reply_message(turn),
+                reply=message,
                 tools_key=request.key,
                 prompt=pack(plan.prompt_ids),
                 output=pack(gen.output_ids),

@@ -41,7 +41,7 @@ from schemas.task import (
     UploadDir,
     UploadFile,
 )
-from schemas.trajectory import BuildStats, Trace, Trajectory
+from schemas.trajectory import BuildStats, Trace, Trajectory, VersionSpan
 
 __all__ = [
     "ALLOWED_FROM",
@@ -82,6 +82,7 @@ __all__ = [
     "Trace",
     "Trajectory",
     "TrajectoryBuilt",
+    "VersionSpan",
     "UploadDir",
     "UploadFile",
     "UpstreamMode",

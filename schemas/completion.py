@@ -57,6 +57,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     served_model: str = ""
     raw_request: Raw = Raw(b"null")  # the harness's request body, verbatim JSON
     normalized: Raw = Raw(b"null")  # the normalized Conversation
+    reply: Raw = Raw(b"null")  # the assistant message the proxy answered with (OpenAI shape)
     prompt_ids: list[int] = []  # full prompt, or the tail after the base (see module doc)
     prompt_base_seq: int | None = None
     prompt_base_len: int = 0  # tokens taken from base prompt + base output

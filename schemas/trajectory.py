@@ -7,11 +7,24 @@ from msgspec import Struct
 from schemas.session import Outcome
 
 
+class VersionSpan(Struct, frozen=True, kw_only=True):
+    """Response tokens ``[start, end)`` (indices into ``Trace.response_ids``) were sampled
+    by the weights of ``version``."""
+
+    version: str
+    start: int
+    end: int
+
+
 class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One trainable sequence: prompt_ids + response_ids, mask and logprobs over the response.
 
     ``loss_mask`` is 1 exactly on tokens the model sampled; interstitial tokens (tool
-    results, template glue) are 0 and their logprob is ``None``.
+    results, template glue) are 0 and their logprob is ``None``. ``version_spans`` cover
+    every sampled token whose engine reported a weight version, in order, never a masked
+    one; ``weight_versions`` lists the distinct versions (kept for older readers).
+    ``messages`` is the whole conversation as OpenAI-shaped messages, the last sampled
+    assistant turn included, and ``tools`` the tool specs it was sampled with.
     """
 
     trace_id: str
@@ -24,10 +37,25 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     response_logprobs: list[float | None]
     reward: float | None = None
     messages: list[dict[str, object]] = []
+    tools: list[dict[str, object]] = []
     weight_versions: list[str] = []
+    version_spans: list[VersionSpan] = []
     completion_seqs: list[int] = []  # the CompletionRecords this trace was built from
     side_call: str | None = None
     trainable: bool = True
+
+    def token_versions(self) -> list[str | None]:
+        """The weight version of each response token; None where no version sampled it
+        (masked tokens, or an engine that reports none)."""
+        return token_versions(self.version_spans, len(self.response_ids))
+
+
+def token_versions(spans: list[VersionSpan], n: int) -> list[str | None]:
+    out: list[str | None] = [None] * n
+    for span in spans:
+        for i in range(max(span.start, 0), min(span.end, n)):
+            out[i] = span.version
+    return out
 
 
 class BuildStats(Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -4,6 +4,7 @@ captured in JetStream before the reply, token-exact."""
 import asyncio
 
 import anthropic
+import msgspec
 import openai
 import pytest
 
@@ -95,6 +96,14 @@ async def test_openai_tool_round_trip_is_captured_token_exact(proxy, bus, redis_
         assert len(r.output_logprobs) == len(r.output_ids) > 0
         assert r.weight_version and r.protocol == "openai_chat" and r.mode == "token"
         assert all(lp <= 0 for lp in r.output_logprobs)
+    # each record carries the answer the harness got, as the next request echoes it
+    sent = msgspec.json.decode(recs[0].reply)
+    assert sent["tool_calls"][0]["function"] == {
+        "name": "bash", "arguments": call.function.arguments,
+    }  # fmt: skip
+    assert sent["tool_calls"][0]["id"] == call.id
+    final = msgspec.json.decode(recs[1].reply)
+    assert final["role"] == "assistant" and final.get("tool_calls")
 
 
 async def test_anthropic_sdk_with_key_header(proxy, bus, redis_client):

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from schemas import BuildStats, CompletionRecord, Outcome, Trace
+from schemas import BuildStats, CompletionRecord, Outcome, Trace, VersionSpan
 
 T = TypeVar("T")
 CUT_FINISH_REASONS = frozenset({"abort", "error"})
@@ -142,11 +142,27 @@ def trace_id(session_id: str, chain_id: int) -> str:
 
 
 def weight_versions(calls: Iterable[Call]) -> list[str]:
+    """The distinct versions that sampled these calls, in order (a swap mid-call: all)."""
     seen: dict[str, None] = {}
     for c in calls:
-        if c.rec.weight_version is not None:
-            seen.setdefault(c.rec.weight_version)
+        for v in c.rec.weight_versions or ([c.rec.weight_version] if c.rec.weight_version else []):
+            seen.setdefault(v)
     return list(seen)
+
+
+def version_spans(rec: CompletionRecord, offset: int) -> list[VersionSpan]:
+    """Which weights sampled which of ``rec``'s output tokens, as spans of the trace's
+    response (``rec``'s output starts at ``offset`` there). A swap mid-call gives one span
+    per version; an engine that names no version gives none."""
+    n = len(rec.output_ids)
+    if rec.weight_versions:
+        ends = [*rec.weight_version_starts[1:], n]
+        pairs = zip(rec.weight_versions, rec.weight_version_starts, ends, strict=True)
+    elif rec.weight_version is not None:
+        pairs = [(rec.weight_version, 0, n)]
+    else:
+        return []
+    return [VersionSpan(version=v, start=offset + a, end=offset + b) for v, a, b in pairs if b > a]
 
 
 def stats_of(calls: Sequence[Call], traces: Sequence[Trace], breaks: dict[str, int]) -> BuildStats:
@@ -163,11 +179,25 @@ def stats_of(calls: Sequence[Call], traces: Sequence[Trace], breaks: dict[str, i
     )
 
 
-def messages_of(rec: CompletionRecord) -> list[dict[str, Any]]:
-    """The normalized conversation's messages, when the proxy recorded them."""
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []
+
+
+def _json(raw: msgspec.Raw) -> Any:
     try:
-        conv = msgspec.json.decode(rec.normalized)
+        return msgspec.json.decode(raw)
     except msgspec.DecodeError:
-        return []
-    msgs = conv.get("messages") if isinstance(conv, dict) else None
-    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
+        return None
+
+
+def conversation_of(rec: CompletionRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(messages, tools)`` of a call as the proxy recorded them: the request's messages
+    followed by the assistant turn the proxy answered with (when it recorded one), so the
+    last call of a trace gives the whole conversation."""
+    conv = _json(rec.normalized)
+    conv = conv if isinstance(conv, dict) else {}
+    messages, tools = _dicts(conv.get("messages")), _dicts(conv.get("tools"))
+    reply = _json(rec.reply)
+    if isinstance(reply, dict):
+        messages.append(reply)
+    return messages, tools

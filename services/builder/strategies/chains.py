@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas import Trace
+from schemas import Trace, VersionSpan
 from services.builder.strategies.base import (
     Call,
-    messages_of,
+    conversation_of,
     output_logprobs,
     starts_with,
     trace_id,
+    version_spans,
     weight_versions,
 )
 
@@ -29,6 +30,7 @@ class Chain:
     tokens: list[int]  # latest prompt + latest output
     mask: list[int]  # over tokens after the first prompt
     logprobs: list[float | None]
+    spans: list[VersionSpan]  # which weights sampled which response tokens
     closed: bool = False  # no call may extend it (a cut turn, a side call)
     glue_closed: list[tuple[int, str]] = field(default_factory=list)  # (seq, finish reason)
     tag: str | None = None  # a side-call tag the builder found (the proxy's, if None)
@@ -44,6 +46,7 @@ class Chain:
             tokens=call.prompt + call.output,
             mask=[1] * len(call.output),
             logprobs=output_logprobs(call.rec),
+            spans=version_spans(call.rec, 0),
             closed=call.cut or call.rec.side_call is not None,
         )
 
@@ -80,6 +83,7 @@ class Chain:
         glue = call.prompt[len(self.tokens) :]
         self._note_glue_eot(glue, eot)
         self.tokens.extend(glue)
+        self.spans.extend(version_spans(call.rec, len(self.tokens) - len(self.first.prompt)))
         self.tokens.extend(call.output)
         self.mask.extend([0] * len(glue))
         self.mask.extend([1] * len(call.output))
@@ -98,6 +102,7 @@ class Chain:
 
     def to_trace(self, session_id: str) -> Trace:
         n = len(self.first.prompt)
+        messages, tools = conversation_of(self.tip.rec)
         return Trace(
             trace_id=trace_id(session_id, self.chain_id),
             chain_id=self.chain_id,
@@ -107,8 +112,10 @@ class Chain:
             response_ids=self.tokens[n:],
             loss_mask=list(self.mask),
             response_logprobs=list(self.logprobs),
-            messages=messages_of(self.tip.rec),
+            messages=messages,
+            tools=tools,
             weight_versions=weight_versions(self.calls),
+            version_spans=list(self.spans),
             completion_seqs=[c.seq for c in self.calls],
             side_call=self.side_call,
             trainable=any(self.mask),

@@ -9,12 +9,13 @@ from msgspec import Struct
 from schemas import BuildStats, CompletionRecord, Outcome, Trace
 from services.builder.strategies.base import (
     Call,
+    conversation_of,
     full_calls,
-    messages_of,
     output_logprobs,
     parse_config,
     stats_of,
     trace_id,
+    version_spans,
     weight_versions,
 )
 
@@ -25,6 +26,7 @@ class PerRequestConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 def trace_of(call: Call, chain_id: int) -> Trace:
     rec = call.rec
+    messages, tools = conversation_of(rec)
     return Trace(
         trace_id=trace_id(rec.session_id, chain_id),
         chain_id=chain_id,
@@ -33,8 +35,10 @@ def trace_of(call: Call, chain_id: int) -> Trace:
         response_ids=list(rec.output_ids),
         loss_mask=[1] * len(rec.output_ids),
         response_logprobs=output_logprobs(rec),
-        messages=messages_of(rec),
+        messages=messages,
+        tools=tools,
         weight_versions=weight_versions([call]),
+        version_spans=version_spans(rec, 0),
         completion_seqs=[rec.seq],
         side_call=rec.side_call,
         trainable=bool(rec.output_ids),
