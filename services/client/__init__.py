@@ -1,5 +1,11 @@
 """The trainer-side client: ``TrajectoryClient`` (see ``services.client.client``)."""
 
-from services.client.client import Delivered, Group, TrajectoryClient
+from services.client.client import (
+    DEFAULT_GROUP_TIMEOUT,
+    Delivered,
+    Dropped,
+    Group,
+    TrajectoryClient,
+)
 
-__all__ = ["Delivered", "Group", "TrajectoryClient"]
+__all__ = ["DEFAULT_GROUP_TIMEOUT", "Delivered", "Dropped", "Group", "TrajectoryClient"]

@@ -10,6 +10,13 @@ again. Claim-checked payloads are fetched from the object store; a trajectory se
         async for group in client.groups():          # all num_samples of one task
             train_on(group.trajectories)
             await group.commit()
+
+Groups never wait forever: a group that got no new member for ``group_timeout`` seconds
+(default 900) is settled by ``on_partial``: ``"yield"`` hands it out with
+``complete=False`` (the trainer decides), ``"drop"`` commits its members untrained and
+counts them in ``client.dropped``. Every session yields a trajectory, even one that failed
+before its first model call (an empty ERROR one), so a group is short only when sessions
+were cancelled (early stop) or are still running past the timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import nats
 from nats.aio.msg import Msg
@@ -32,6 +40,17 @@ from services.client.groups import GroupBuffer, Key, expected_size
 from services.common.bus import Bus
 
 COMMITTED_MEMORY = 100_000  # keys remembered after commit, to drop late duplicates
+DEFAULT_GROUP_TIMEOUT = 900.0  # seconds without a new member before a group is settled
+Partial = Literal["yield", "drop"]
+_UNSET: float = -1.0  # groups(partial_after=...) not given: the client's group_timeout
+
+
+@dataclass
+class Dropped:
+    """What ``on_partial="drop"`` committed untrained."""
+
+    groups: int = 0
+    trajectories: int = 0
 
 
 @dataclass
@@ -55,7 +74,7 @@ class Delivered:
 class Group:
     task_id: str
     items: list[Delivered]
-    complete: bool = True  # False: handed out by ``partial_after``, members are missing
+    complete: bool = True  # False: handed out after the group timeout, members are missing
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -78,7 +97,18 @@ class TrajectoryClient:
         batch: int = 64,
         max_ack_pending: int = 20_000,
         poll_seconds: float = 1.0,
+        group_timeout: float | None = DEFAULT_GROUP_TIMEOUT,
+        on_partial: Partial = "yield",
     ) -> None:
+        """``group_timeout``: seconds a group may go without a new member before it is
+        settled by ``on_partial`` (``"yield"``: handed out with ``complete=False``;
+        ``"drop"``: committed untrained, counted in ``dropped``); None waits forever."""
+        if on_partial not in ("yield", "drop"):
+            raise ValueError(f"on_partial must be 'yield' or 'drop', not {on_partial!r}")
+        if group_timeout is not None and group_timeout <= 0:
+            raise ValueError(f"group_timeout must be > 0 seconds or None, not {group_timeout}")
+        self.group_timeout, self.on_partial = group_timeout, on_partial
+        self.dropped = Dropped()
         self.nats_url, self.durable = nats_url, durable
         self.task_ids = list(task_ids) if task_ids else None
         self.ack_wait, self.batch, self.max_ack_pending = ack_wait, batch, max_ack_pending
@@ -155,13 +185,21 @@ class TrajectoryClient:
         self,
         num_samples: int | None = None,
         *,
-        partial_after: float | None = None,
+        partial_after: float | None = _UNSET,
+        on_partial: Partial | None = None,
         stop_when_idle: bool = False,
     ) -> AsyncIterator[Group]:
         """Whole GRPO groups: all ``num_samples`` trajectories of a task (default: the
-        ``num_samples`` the evaluator wrote into each trajectory's metadata). With
-        ``partial_after``, a group that got no new member for that long is handed out
-        incomplete (``complete=False``), e.g. when early stop cancelled the rest."""
+        ``num_samples`` the evaluator wrote into each trajectory's metadata).
+
+        A group that got no new member for ``partial_after`` seconds (default: the
+        client's ``group_timeout``, 900 s; None: wait forever) is settled by
+        ``on_partial`` (default: the client's): ``"yield"`` hands it out incomplete
+        (``complete=False``), ``"drop"`` commits its members untrained and counts them in
+        ``self.dropped``. Groups still incomplete when ``stop_when_idle`` ends the
+        iteration stay buffered for the next call."""
+        after = self.group_timeout if partial_after == _UNSET else partial_after
+        policy = on_partial or self.on_partial
         buffer = self._groups
         async for item in self._deliveries(stop_when_idle):
             now = time.monotonic()
@@ -171,9 +209,15 @@ class TrajectoryClient:
                 whole = buffer.add(t.task_id, item.key, item, size, now)
                 if whole is not None:
                     yield Group(t.task_id, whole)
-            if partial_after is not None:
-                for task_id, members in buffer.stale(now, partial_after):
+            if after is None:
+                continue
+            for task_id, members in buffer.stale(now, after):
+                if policy == "yield":
                     yield Group(task_id, members, complete=False)
+                else:
+                    await self._commit(members)
+                    self.dropped.groups += 1
+                    self.dropped.trajectories += len(members)
 
     async def _deliveries(self, stop_when_idle: bool) -> AsyncIterator[Delivered | None]:
         """New deliveries; ``None`` when a poll found nothing (a tick for timers)."""

@@ -177,6 +177,44 @@ async def test_partial_groups_after_a_quiet_period(bus, clients):
     await group.commit()
 
 
+async def test_groups_never_block_forever_by_default(bus, clients):
+    """No ``partial_after`` given: the client's group timeout settles a short group."""
+    await publish(bus, scored("cl-default", 0, 3))  # 2 of 3 never come
+    c = await clients("cl-default", ["cl-default"], group_timeout=0.5)
+    (group,) = await take(c.groups(), 1)
+    assert not group.complete and len(group.items) == 1
+    await group.commit()
+    assert TrajectoryClient("nats://x").group_timeout == 900.0  # the stated default
+
+
+async def test_drop_policy_commits_short_groups_untrained_and_counts_them(bus, clients, nats_url):
+    for i in range(2):
+        await publish(bus, scored("cl-drop", i, 3))
+    await publish(bus, scored("cl-drop2", 0, 1))
+    c = await clients("cl-drop", ["cl-drop", "cl-drop2"], group_timeout=0.5, on_partial="drop")
+    (group,) = await take(c.groups(), 1)  # the whole one
+    assert group.task_id == "cl-drop2" and group.complete
+    await group.commit()
+
+    async def dropped():
+        async for _ in c.groups():
+            pytest.fail("a short group was yielded under on_partial='drop'")
+
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(dropped(), 2.0)
+    assert (c.dropped.groups, c.dropped.trajectories) == (1, 2)
+    await c.close()
+    again = await clients("cl-drop", ["cl-drop", "cl-drop2"])  # same durable: acked for good
+    assert [g async for g in again.groups(num_samples=1, stop_when_idle=True)] == []
+
+
+def test_bad_partial_policies_are_refused():
+    with pytest.raises(ValueError, match="on_partial"):
+        TrajectoryClient("nats://x", on_partial="wait")
+    with pytest.raises(ValueError, match="group_timeout"):
+        TrajectoryClient("nats://x", group_timeout=0)
+
+
 async def test_end_to_end_evaluator_to_trainer_groups(bus, redis_client, state_dir, clients):
     reg = Registry(redis_client)
     task = TaskRequest(task_id="cl-e2e", instruction="x", num_samples=4, evaluator=EvaluatorSpec())
