@@ -38,7 +38,9 @@ ALLOWED_FROM: dict[SessionState, frozenset[SessionState]] = {
     S.INITIALIZING: frozenset({S.REGISTERED}),
     S.READY: frozenset({S.INITIALIZING}),
     S.RUNNING: frozenset({S.READY}),
-    S.POSTRUN: frozenset({S.RUNNING, S.INITIALIZING, S.READY}),
+    # from before RUNNING: a session that failed before it ran, finished with nothing
+    # captured so it still yields its (empty, ERROR) trajectory
+    S.POSTRUN: frozenset({S.RUNNING, S.REGISTERED, S.INITIALIZING, S.READY}),
     S.BUILDING: frozenset({S.POSTRUN}),
     S.EVALUATING: frozenset({S.BUILDING}),
     S.COMPLETED: frozenset({S.EVALUATING}),

@@ -4,8 +4,10 @@ A holder (pool during INIT and READY, executor during RUNNING) renews a lease in
 when it stops renewing, any pool or executor that notices takes the expired lease
 (exactly one wins), cleans the runtime if it can reach it, and retries the session if
 the task allows — otherwise a RUNNING session is finished as ERROR so what it captured
-is still built, and an earlier one ends as ERROR. A session that ended (cancelled, or
-ended by a deadline) while its holder still had it only has its runtime stopped. The
+is still built, and an earlier one is finished as ERROR with nothing captured, so it
+still yields its empty trajectory (``services.common.finish``). A session that ended
+(cancelled, or ended by a deadline) while its holder still had it only has its runtime
+stopped. The
 runtimes cleaned are the session's own and, when the task prewarms its evaluator, the
 fresh eval runtime a dead executor may have left.
 
@@ -24,50 +26,18 @@ import shutil
 import time
 from collections.abc import Callable
 
-from schemas import Artifacts, InitWork, Outcome, SessionFinished, SessionState, encode
+from schemas import Artifacts, InitWork, Outcome, SessionState, encode
 from schemas import subjects as S
 from schemas.task import LocalRuntime
 from services.common.bus import Bus
+from services.common.finish import fail_before_run, finish_session
 from services.common.node import SessionPaths
-from services.common.redact import redact
 from services.common.registry import Registry
 from services.executor.prewarm import ROLE as EVAL_ROLE
 from services.executor.prewarm import prewarm_runtime_id
 
 log = logging.getLogger(__name__)
 ST = SessionState
-
-
-async def finish_session(
-    registry: Registry,
-    bus: Bus,
-    session,
-    attempt: int,
-    outcome: Outcome,
-    reason: str | None,
-    artifacts: Artifacts,
-    eval_runtime_id: str | None,
-) -> bool:
-    reason = redact(reason)
-    t = await registry.transition(
-        session.session_id, ST.POSTRUN, from_=[ST.RUNNING], outcome=outcome.value, reason=reason
-    )
-    if not t.ok:
-        return False  # cancelled or reaped meanwhile
-    event = SessionFinished(
-        ts=time.time(),
-        session_id=session.session_id,
-        task_id=session.task_id,
-        outcome=outcome,
-        attempt=attempt,
-        reason=reason,
-        artifacts=artifacts,
-        eval_runtime_id=eval_runtime_id,
-    )
-    await bus.publish(
-        S.SESSIONS_FINISHED, encode(event), msg_id=f"finished:{session.session_id}:{attempt}"
-    )
-    return True
 
 
 async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> bool:
@@ -134,8 +104,8 @@ class Reaper:
                 Artifacts(),
                 None,
             )
-        else:
-            await self.registry.transition(sid, ST.ERROR, from_=[session.state], reason=reason)
+        else:  # it never ran: an empty ERROR trajectory keeps its group whole
+            await fail_before_run(self.registry, self.bus, session, reason, [session.state])
 
     async def _stop_runtime(self, task, sid: str) -> None:
         raw = await self.registry.redis.hget(S.key_session(sid), "runtime_id")

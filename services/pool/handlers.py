@@ -28,6 +28,7 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer, work_consumer
+from services.common.finish import fail_before_run
 from services.common.node import (
     STAGE_RESULTS,
     STAGE_SECONDS,
@@ -55,7 +56,7 @@ ST = SessionState
 POOL_STAGES = {"INIT": ST.INITIALIZING, "READY": ST.READY}
 # A READY session that moves to one of these never reaches an executor: its runtime,
 # prepared and detached by this pool, is the pool's to stop.
-LEFT_READY = (ST.CANCELLED, ST.ERROR)
+LEFT_READY = (ST.CANCELLED, ST.ERROR, ST.POSTRUN)  # POSTRUN from READY: ended, never ran
 READY_POLL_SECONDS = 0.2  # a prepared runtime waiting for room re-checks at least this often
 
 
@@ -280,10 +281,8 @@ class RuntimePool:
         session = await self.registry.get_session(item.session_id)
         if task and session and item.attempt < task.spec.max_retries:
             await retry_session(self.registry, self.bus, session, reason)
-        else:
-            await self.registry.transition(
-                item.session_id, ST.ERROR, from_=[ST.INITIALIZING], reason=reason
-            )
+        elif session is not None:  # through POSTRUN: its empty ERROR trajectory is delivered
+            await fail_before_run(self.registry, self.bus, session, reason, [ST.INITIALIZING])
 
     # -- cancellation, leases, heartbeats ---------------------------------------------
     async def subscribe(self) -> list:

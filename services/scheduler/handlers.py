@@ -27,6 +27,7 @@ from schemas import (
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.consumer import Poison
+from services.common.finish import fail_before_run
 from services.common.registry import Registry
 from services.scheduler import logic
 from services.scheduler.config import SchedulerConfig
@@ -237,10 +238,9 @@ class Scheduler:
         for task_id in await self.registry.active_tasks():
             for s in await self.registry.task_sessions(task_id):
                 if s.state in (SessionState.REGISTERED, SessionState.READY) and s.deadline < now:
-                    await self.registry.transition(
-                        s.session_id,
-                        SessionState.ERROR,
-                        from_=[s.state],
-                        reason="deadline passed before the session ran",
-                    )
+                    # through POSTRUN: the session still yields its empty ERROR trajectory
+                    await fail_before_run(
+                        self.registry, self.bus, s, "deadline passed before the session ran",
+                        [s.state],
+                    )  # fmt: skip
             await self.maybe_finish(task_id)

@@ -134,7 +134,9 @@ async def test_kill_9_pool_mid_init(fresh_servers, tmp_path):
 
         pool.kill()  # kill -9 mid-INIT: its prepare steps live on, its leases lapse
         killed_at = time.monotonic()
-        err = await h.wait_state(err_id, ST.ERROR, 3 * LEASE)
+        # never ran: finished as ERROR through POSTRUN, so it still yields a trajectory
+        err = await h.wait_state(err_id, ST.POSTRUN, 3 * LEASE)
+        assert err.outcome == Outcome.ERROR
         await h.wait_state(retry_id, ST.REGISTERED, 3 * LEASE, attempt=1)
         assert time.monotonic() - killed_at < LEASE + LEASE / 2 + 3  # lease + reaper period
         assert "initializing holder lost" in err.reason
@@ -149,8 +151,9 @@ async def test_kill_9_pool_mid_init(fresh_servers, tmp_path):
         assert not dead(harness) and (await h.states([run_id]))[0].state == ST.RUNNING
         assert f"{run_id}-main" in leftover_dirs(work)
         (marks / "go").touch()
-        await wait_until(lambda: len(h.finished) == 2, 20, "both runs to finish")
+        await wait_until(lambda: len(h.finished) == 3, 20, "both runs to finish")
         assert {f.session_id: (f.outcome, f.attempt) for f in h.finished} == {
+            err_id: (Outcome.ERROR, 0),
             run_id: (Outcome.COMPLETED, 0),
             retry_id: (Outcome.COMPLETED, 1),
         }
@@ -191,12 +194,12 @@ async def test_kill_9_whole_node_then_restart_sweeps(fresh_servers, tmp_path):
         async def ended() -> bool:
             await elsewhere.reap()
             rows = await h.states([init_id, run_id])
-            return rows[0].state == ST.ERROR and rows[1].state == ST.POSTRUN
+            return rows[0].state == ST.POSTRUN and rows[1].state == ST.POSTRUN
 
         await wait_until(ended, 3 * LEASE, "the sessions to be ended elsewhere")
         assert time.monotonic() - killed_at < LEASE + 3
         init, run = await h.states([init_id, run_id])
-        assert "initializing holder lost" in init.reason
+        assert init.outcome == Outcome.ERROR and "initializing holder lost" in init.reason
         assert run.outcome == Outcome.ERROR and "running holder lost" in run.reason
         assert not any(dead(p) for p in pids)
         assert {f"{init_id}-main", f"{run_id}-main"} <= set(leftover_dirs(work))
@@ -237,12 +240,14 @@ async def test_kill_9_whole_node_restarted_before_anyone_notices(fresh_servers, 
 
         async def ended() -> bool:
             rows = await h.states([init_id, run_id])
-            return rows[0].state == ST.ERROR and rows[1].state == ST.POSTRUN
+            return rows[0].state == ST.POSTRUN and rows[1].state == ST.POSTRUN
 
         await wait_until(ended, 3 * LEASE, "the restarted node's reapers to end both")
         assert time.monotonic() - killed_at < LEASE + LEASE / 2 + 3
         await wait_until(lambda: all(dead(p) for p in pids), 5, "their processes killed")
         await wait_until(lambda: leftover_dirs(work) == [], 5, "their runtimes removed")
-        assert [f.session_id for f in h.finished] == [run_id]  # ERROR, what it captured
+        # both ERROR: what the run captured, and the INIT's empty capture
+        await wait_until(lambda: len(h.finished) == 2, 5, "both finish events")
+        assert sorted(f.session_id for f in h.finished) == sorted([init_id, run_id])
     finally:
         await h.close()

@@ -113,19 +113,21 @@ async def test_failures_end_the_session_never_leave_it_stuck(fresh_servers, tmp_
         )
         [a] = await node.scheduler.accept(logic.with_task_id(no_binary))
         [b] = await node.scheduler.accept(logic.with_task_id(bad_prepare))
-        await node.wait_finished(1, timeout=30)
+        await node.wait_finished(2, timeout=30)  # the one that never ran is finished too
         ev = node.finished[a.session_id]
         assert ev.outcome == Outcome.ERROR and "could not run" in ev.reason
 
         async def errored():
             s = await node.registry.get_session(b.session_id)
-            return s if s.state == SessionState.ERROR else None
+            return s if s.state == SessionState.POSTRUN else None  # no builder here
 
         for _ in range(200):
             if s := await errored():
                 break
             await asyncio.sleep(0.05)
         assert s.attempt == 1 and "prepare action 0" in s.reason and "broken" in s.reason
+        # it never ran, yet it is finished like a run: its empty ERROR trajectory follows
+        assert node.finished[b.session_id].outcome == Outcome.ERROR and s.outcome == "error"
         assert leftover_dirs(tmp_path / "work") == []
     finally:
         await node.stop()

@@ -1,0 +1,69 @@
+"""Finishing a session: the one way a session reaches POSTRUN, so it is built and scored.
+
+The executor finishes the sessions it ran. A session that fails before it ever runs
+(INIT failed, its holder died in INITIALIZING or READY, its deadline passed while it
+waited) is finished the same way with outcome ERROR and no artifacts: the builder turns
+its (empty) capture into a trajectory and the evaluator delivers it with reward 0, so a
+trainer's group of ``num_samples`` is always whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from schemas import Artifacts, Outcome, SessionFinished, SessionState, encode
+from schemas import subjects as S
+from services.common.bus import Bus
+from services.common.redact import redact
+from services.common.registry import Registry
+
+ST = SessionState
+BEFORE_RUN = (ST.REGISTERED, ST.INITIALIZING, ST.READY)
+
+
+async def finish_session(
+    registry: Registry,
+    bus: Bus,
+    session,
+    attempt: int,
+    outcome: Outcome,
+    reason: str | None,
+    artifacts: Artifacts,
+    eval_runtime_id: str | None,
+    *,
+    from_: Iterable[SessionState] = (ST.RUNNING,),
+) -> bool:
+    """POSTRUN (from one of ``from_``) and the SessionFinished event; False when the
+    session was no longer there to finish (cancelled or ended meanwhile)."""
+    reason = redact(reason)
+    t = await registry.transition(
+        session.session_id, ST.POSTRUN, from_=list(from_), outcome=outcome.value, reason=reason
+    )
+    if not t.ok:
+        return False
+    event = SessionFinished(
+        ts=time.time(),
+        session_id=session.session_id,
+        task_id=session.task_id,
+        outcome=outcome,
+        attempt=attempt,
+        reason=reason,
+        artifacts=artifacts,
+        eval_runtime_id=eval_runtime_id,
+    )
+    await bus.publish(
+        S.SESSIONS_FINISHED, encode(event), msg_id=f"finished:{session.session_id}:{attempt}"
+    )
+    return True
+
+
+async def fail_before_run(
+    registry: Registry, bus: Bus, session, reason: str, from_: Iterable[SessionState]
+) -> bool:
+    """End a session that never ran as ERROR, through POSTRUN: it still yields its
+    (empty, ERROR) trajectory."""
+    return await finish_session(
+        registry, bus, session, session.attempt, Outcome.ERROR, reason, Artifacts(), None,
+        from_=from_,
+    )  # fmt: skip
