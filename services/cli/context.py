@@ -8,12 +8,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from infra.devstack import state_dir_of
 from infra.stackstate import Proc, StackState, read_state
 from infra.topology import Topology, load_topology, plan_services
 
 SERVERS = ("nats", "redis")
+# the options every command that reaches the stack takes
+TopologyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--topology",
+        "-t",
+        envvar="POLAR_TOPOLOGY",
+        help="topology.yaml (default: ./topology.yaml if present)",
+    ),
+]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="where the stack keeps its record, logs and data (default: the topology's)",
+    ),
+]
 
 
 class Unreachable(RuntimeError):

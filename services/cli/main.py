@@ -23,7 +23,7 @@ from infra import devstack
 from infra.catalog import SERVICES
 from infra.topology import TopologyError, load_topology, plan_services
 from services.cli import exitcodes, render, taskfile
-from services.cli.context import Stack, Unreachable
+from services.cli.context import Stack, StateDirOpt, TopologyOpt, Unreachable
 
 EMBEDDED_CLI = "services.engine.cli"  # the embedded model server's own typer app
 
@@ -36,22 +36,6 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
-TopologyOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--topology",
-        "-t",
-        envvar="POLAR_TOPOLOGY",
-        help="topology.yaml (default: ./topology.yaml if present)",
-    ),
-]
-StateDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--state-dir",
-        help="where the stack keeps its record, logs and data (default: the topology's)",
-    ),
-]
 Via = Literal["bus", "http"]
 
 

@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 
 import typer
 
+from infra.topology import TopologyError
 from services.cli.connect import open_bus
-from services.cli.context import Unreachable
-from services.common.settings import DEFAULT_NATS_URL
+from services.cli.context import Stack, StateDirOpt, TopologyOpt, Unreachable
 from services.export.export import ExportStats, export
 from services.export.writers import ExportError
 
@@ -39,15 +39,20 @@ def export_command(
         float | None, typer.Option(help="keep sessions with reward >= this (sft default 1.0)")
     ] = None,
     nats_url: Annotated[
-        str, typer.Option(envvar="POLAR_NATS_URL", help="NATS URL")
-    ] = DEFAULT_NATS_URL,
+        str | None,
+        typer.Option(envvar="POLAR_NATS_URL", help="NATS URL (default: the topology's)"),
+    ] = None,
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
 ) -> None:
     """Export stored trajectories: an SFT corpus or Slime samples, as JSONL or Parquet."""
     try:
+        if nats_url is None:  # like every other command: the running stack's, else the topology's
+            nats_url = Stack.load(topology, state_dir).nats_url
         stats = asyncio.run(
             _run(nats_url, out, layout=layout, fmt=fmt, task_id=task, min_reward=min_reward)
         )
-    except ExportError as exc:
+    except (ExportError, TopologyError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.common.bus import Bus
 from services.common.redact import redact_struct
-from services.export.layouts import LAYOUTS
+from services.export.layouts import LAYOUTS, Numbering
 from services.export.reader import read_trajectories
 from services.export.writers import WRITERS, ExportError
 
@@ -38,13 +38,13 @@ async def export(
         raise ExportError(f"unknown format {fmt!r}: use one of {sorted(WRITERS)}")
     to_rows = LAYOUTS[layout]
     threshold = 1.0 if layout == "sft" and min_reward is None else min_reward
-    stats = ExportStats()
+    stats, numbering = ExportStats(), Numbering()
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = WRITERS[fmt](out, layout)
     try:
         async for t in read_trajectories(bus, task_id, unreadable=stats.unreadable):
             stats.trajectories += 1
-            rows = to_rows(redact_struct(t), threshold)  # also what was stored before redaction
+            rows = to_rows(redact_struct(t), threshold, numbering)  # also pre-redaction ones
             if rows:
                 stats.exported += 1
                 stats.rows += len(rows)

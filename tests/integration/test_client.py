@@ -315,3 +315,29 @@ async def test_export_reads_the_stored_trajectories(bus, nats_url, tmp_path):
         runner.invoke, app, ["--nats-url", "nats://127.0.0.1:1", "--out", str(tmp_path / "x")]
     )
     assert down.exit_code == 1 and "cannot reach NATS" in down.output
+
+
+async def test_export_reads_the_topologys_nats_url(bus, nats_url, tmp_path):
+    """`polar export -t topology.yaml` finds NATS where every other command does."""
+    import orjson
+    import typer
+    from typer.testing import CliRunner
+
+    from services.export.cli import export_command
+
+    await publish(bus, scored("cl-topo", 0, 1))
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(f"nats_url: {nats_url}\nstate_dir: '{tmp_path / 'state'}'\n")
+    app = typer.Typer()
+    app.command()(export_command)
+    out = tmp_path / "t.jsonl"
+    args = ["-t", str(topo), "--task", "cl-topo", "--out", str(out)]
+    result = await asyncio.to_thread(CliRunner(env={"POLAR_NATS_URL": None}).invoke, app, args)
+    assert result.exit_code == 0, result.output
+    assert [orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()] == [
+        "cl-topo-0000"
+    ]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("nats_url: [not, a, url]\n")
+    bad = await asyncio.to_thread(CliRunner().invoke, app, ["-t", str(broken), "--out", str(out)])
+    assert bad.exit_code == 1 and "error:" in bad.output

@@ -5,7 +5,7 @@ import orjson
 import pytest
 
 from schemas import Outcome, Trace, Trajectory
-from services.export.layouts import sft_rows, slime_rows
+from services.export.layouts import Numbering, sft_rows, slime_rows
 from services.export.writers import ExportError, JsonlWriter, ParquetWriter
 
 
@@ -65,7 +65,9 @@ def test_slime_rows():
     assert len(rows) == 2
     r = rows[1]
     assert r["rollout_id"] == "s-0000:1:s-0000/1"
-    assert (r["group_id"], r["index"], r["status"], r["reward"]) == ("s", 2, "truncated", 0.0)
+    assert (r["group_id"], r["sample_index"], r["status"], r["reward"]) == (
+        "s", 2, "truncated", 0.0,
+    )  # fmt: skip
     assert r["tokens"] == [1, 2, 31, 31, 32] and r["response_length"] == 3
     assert r["loss_mask"] == [0, 1, 1]
     assert r["rollout_log_probs"] == [0.0, -0.5, -0.25]
@@ -96,7 +98,7 @@ def test_parquet_round_trip(tmp_path, layout):
     assert len(back) == 4
     first = back[0]
     for key, value in rows[0].items():
-        if key in ("messages", "metadata"):
+        if key in ("messages", "tools", "metadata"):
             assert orjson.loads(first[key]) == value  # nested values are JSON text
         else:
             assert first[key] == value, key
@@ -113,3 +115,30 @@ def test_rows_are_plain_json():
     for rows in (sft_rows(scored()), slime_rows(scored())):
         assert orjson.loads(orjson.dumps(rows)) == rows
         assert msgspec.json.decode(msgspec.json.encode(rows)) == rows
+
+
+def test_slime_group_ids_stay_consistent_across_a_sessions_traces():
+    """Two sessions of one task with two traces each, and another task: one group per
+    task whatever the traces, unique row indices, each trace's place in its session."""
+    numbering = Numbering()
+    a = scored()
+    b = msgspec.structs.replace(
+        scored(), session_id="s-0001", metadata={"num_samples": 4, "sample_index": 3}
+    )
+    other = msgspec.structs.replace(scored(), task_id="u", session_id="u-0000")
+    rows = [r for t in (a, b, other) for r in slime_rows(t, None, numbering)]
+    by_task = {}
+    for r in rows:
+        by_task.setdefault(r["group_id"], set()).add(r["group_index"])
+    assert by_task == {"s": {0}, "u": {1}}
+    assert [r["index"] for r in rows] == list(range(6))
+    assert [(r["sample_index"], r["trace_index"]) for r in rows[:4]] == [
+        (2, 0), (2, 1), (3, 0), (3, 1),
+    ]  # fmt: skip
+
+
+def test_sft_rows_carry_the_tools():
+    tools = [{"type": "function", "function": {"name": "sh"}}]
+    t = scored(traces=[msgspec.structs.replace(trace(0), tools=tools)])
+    (row,) = sft_rows(t)
+    assert row["tools"] == tools
