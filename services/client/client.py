@@ -99,15 +99,18 @@ class TrajectoryClient:
         poll_seconds: float = 1.0,
         group_timeout: float | None = DEFAULT_GROUP_TIMEOUT,
         on_partial: Partial = "yield",
+        start: Literal["all", "new"] = "all",
     ) -> None:
-        """``group_timeout``: seconds a group may go without a new member before it is
+        """``start``: where a new durable begins: every stored trajectory (``"all"``) or
+        only those published after it is created (``"new"``: a trainer that submits its
+        own tasks once connected). ``group_timeout``: seconds a group may go without a new member before it is
         settled by ``on_partial`` (``"yield"``: handed out with ``complete=False``;
         ``"drop"``: committed untrained, counted in ``dropped``); None waits forever."""
         if on_partial not in ("yield", "drop"):
             raise ValueError(f"on_partial must be 'yield' or 'drop', not {on_partial!r}")
         if group_timeout is not None and group_timeout <= 0:
             raise ValueError(f"group_timeout must be > 0 seconds or None, not {group_timeout}")
-        self.group_timeout, self.on_partial = group_timeout, on_partial
+        self.group_timeout, self.on_partial, self.start = group_timeout, on_partial, start
         self.dropped = Dropped()
         self.nats_url, self.durable = nats_url, durable
         self.task_ids = list(task_ids) if task_ids else None
@@ -125,7 +128,7 @@ class TrajectoryClient:
         cfg = ConsumerConfig(
             durable_name=self.durable,
             ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
+            deliver_policy=DeliverPolicy.NEW if self.start == "new" else DeliverPolicy.ALL,
             ack_wait=self.ack_wait,
             max_deliver=-1,  # a trajectory is never given up on
             max_ack_pending=self.max_ack_pending,
