@@ -1,0 +1,55 @@
+"""Traces -> padded tensors a policy-gradient step consumes.
+
+``collate(traces, pad_id)`` right-pads every trace's ``prompt_ids + response_ids`` to the
+longest and gives, per row (all ``[batch, max_len]``):
+
+- ``input_ids``: the tokens, ``pad_id`` after the end;
+- ``attention_mask``: 1 on real tokens, 0 on padding;
+- ``loss_mask``: 1 exactly on tokens the model sampled (the trace's loss mask, placed
+  after its prompt), 0 on the prompt, tool results, template glue and padding;
+- ``logprobs``: the engine's logprob of each sampled token at its position, 0.0 elsewhere
+  (use it only where ``loss_mask`` is 1);
+- ``position_ids``: 0.. per row.
+
+Logprob ``i`` belongs to the token at position ``i``: the model's prediction for it is
+read off the logits at ``i - 1`` (shift the logits, not the targets). ``rewards`` (one
+per trace, 0.0 where None) comes along when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from schemas import Trace
+
+
+def collate(traces: Sequence[Trace], pad_id: int, *, with_rewards: bool = False) -> dict[str, Any]:
+    import torch
+
+    if not traces:
+        raise ValueError("collate needs at least one trace")
+    width = max(len(t.prompt_ids) + len(t.response_ids) for t in traces)
+    shape = (len(traces), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    loss_mask = torch.zeros(shape, dtype=torch.float32)
+    logprobs = torch.zeros(shape, dtype=torch.float32)
+    for row, t in enumerate(traces):
+        p, n = len(t.prompt_ids), len(t.response_ids)
+        input_ids[row, : p + n] = torch.tensor([*t.prompt_ids, *t.response_ids])
+        attention[row, : p + n] = 1
+        if n:
+            loss_mask[row, p : p + n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            lps = [0.0 if lp is None else lp for lp in t.response_logprobs]
+            logprobs[row, p : p + n] = torch.tensor(lps, dtype=torch.float32)
+    out: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "logprobs": logprobs,
+        "position_ids": torch.arange(width).expand(shape).clone(),
+    }
+    if with_rewards:
+        out["rewards"] = torch.tensor([t.reward or 0.0 for t in traces], dtype=torch.float32)
+    return out
