@@ -41,13 +41,24 @@ class Polar:
 @pytest.fixture(scope="module")
 def polar(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    ports = {"nats": free_port(), "redis": free_port(), "scheduler": free_port()}
+    names = ("nats", "redis", "scheduler", "builder", "evaluator")
+    ports = {name: free_port() for name in names}
+    # builder and evaluator too: a session whose deadline passes before it runs is still
+    # built and delivered (an empty ERROR trajectory) before it ends
+    work = f"{{work_dir: '{root / 'work'}'}}"
     topo = root / "topology.yaml"
-    topo.write_text(f"""
+    topo.write_text(
+        f"""
 nats_url: nats://127.0.0.1:{ports["nats"]}
 redis_url: redis://127.0.0.1:{ports["redis"]}/0
 state_dir: {root / "state"}
-{only_scheduler(ports["scheduler"], "{reconcile_interval_seconds: 0.3}")}""")
+{only_scheduler(ports["scheduler"], "{reconcile_interval_seconds: 0.3}")}""".replace(
+            "  builder: {enabled: false}\n", f"  builder: {{port: {ports['builder']}}}\n"
+        ).replace(
+            "  evaluator: {enabled: false}\n",
+            f"  evaluator: {{port: {ports['evaluator']}, config: {work}}}\n",
+        )
+    )
     cli = Polar(topo, ports)
     up = cli("up")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -56,7 +67,7 @@ state_dir: {root / "state"}
     yield cli
     down = cli("down")
     assert down.returncode == 0, down.stdout + down.stderr
-    assert "stopped: scheduler, redis, nats" in down.stdout
+    assert "stopped: evaluator, builder, scheduler, redis, nats" in down.stdout
     for port in ports.values():
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
@@ -162,7 +173,9 @@ def test_status_shows_services_streams_and_sessions(polar):
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["errors"] == []
-    assert [(s["name"], s["status"]) for s in report["services"]] == [("scheduler", 200)]
+    assert [(s["name"], s["status"]) for s in report["services"]] == [
+        ("scheduler", 200), ("builder", 200), ("evaluator", 200),
+    ]  # fmt: skip
     streams = {s["name"]: s for s in report["streams"]}
     assert streams["POLAR_TASKS"]["messages"] >= 1
     assert {c["name"] for c in streams["POLAR_TASKS"]["consumers"]} >= {"scheduler-submit"}
