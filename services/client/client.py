@@ -103,9 +103,10 @@ class TrajectoryClient:
     ) -> None:
         """``start``: where a new durable begins: every stored trajectory (``"all"``) or
         only those published after it is created (``"new"``: a trainer that submits its
-        own tasks once connected). ``group_timeout``: seconds a group may go without a new member before it is
-        settled by ``on_partial`` (``"yield"``: handed out with ``complete=False``;
-        ``"drop"``: committed untrained, counted in ``dropped``); None waits forever."""
+        own tasks once connected). ``group_timeout``: seconds a group may go without a
+        new member before it is settled by ``on_partial`` (``"yield"``: handed out with
+        ``complete=False``; ``"drop"``: committed untrained, counted in ``dropped``);
+        None waits forever."""
         if on_partial not in ("yield", "drop"):
             raise ValueError(f"on_partial must be 'yield' or 'drop', not {on_partial!r}")
         if group_timeout is not None and group_timeout <= 0:

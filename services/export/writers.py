@@ -35,13 +35,15 @@ def parquet_schema(layout: str) -> Any:
         fields = [
             ("session_id", pa.string()), ("task_id", pa.string()), ("attempt", pa.int64()),
             ("trace_id", pa.string()), ("reward", pa.float64()), ("messages", pa.string()),
-            ("tools", pa.string()), ("tokens", ints), ("loss_mask", mask), ("prompt_length", pa.int64()),
+            ("tools", pa.string()), ("tokens", ints), ("loss_mask", mask),
+            ("prompt_length", pa.int64()),
         ]  # fmt: skip
     elif layout == "slime":
         fields = [
             ("rollout_id", pa.string()), ("group_id", pa.string()),
             ("group_index", pa.int64()), ("index", pa.int64()), ("sample_index", pa.int64()),
-            ("trace_index", pa.int64()), ("tokens", ints), ("response_length", pa.int64()), ("loss_mask", mask),
+            ("trace_index", pa.int64()), ("tokens", ints), ("response_length", pa.int64()),
+            ("loss_mask", mask),
             ("rollout_log_probs", pa.list_(pa.float64())), ("reward", pa.float64()),
             ("status", pa.string()), ("weight_versions", pa.list_(pa.string())),
             ("session_id", pa.string()), ("metadata", pa.string()),

@@ -110,8 +110,8 @@ def test_trl_batch_rows_in_sample_order_with_env_mask_and_short_groups_filled():
     assert out["polar_traces"] == [1, 3, 0, 0]
     for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
         assert len(out[key]) == 4
-    assert all(len(c) == len(m) == len(lp) for c, m, lp in
-               zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True))  # fmt: skip
+    rows = zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True)
+    assert all(len(c) == len(m) == len(lp) for c, m, lp in rows)
 
 
 def test_slime_sample_fields():
