@@ -7,8 +7,9 @@ returns, per session in prompt order: ``prompt_ids``, ``completion_ids`` (the tr
 response: sampled tokens and, for a prefix-merged multi-turn trace, the tool results and
 template glue between them), ``logprobs`` (the engine's, 0.0 where nothing was sampled)
 and ``env_mask`` (the trace's loss mask: 1 on sampled tokens). Extra fields go to TRL's
-reward functions: ``polar_reward`` (the evaluator's reward; None for a member missing
-from a short group, which TRL leaves out of the baseline), ``polar_session``,
+reward functions: ``polar_reward`` (the evaluator's reward; None for a session with
+nothing to train on or a member missing from a short group: TRL leaves those out of the
+baseline and gives them advantage 0, as ``services/trainer/batch.py`` does), ``polar_session``,
 ``polar_outcome``, ``polar_traces`` and ``polar_weight_versions``.
 
 A session is one TRL sample: its main trace (the trainable, non-side-call trace with the
@@ -44,13 +45,14 @@ def main_trace(t: Trajectory) -> Trace | None:
 
 def _row(t: Trajectory | None, pad_id: int) -> dict[str, Any]:
     trace = main_trace(t) if t is not None else None
-    if trace is None:  # nothing sampled (failed before its first call, or missing): masked
+    if trace is None:  # nothing sampled (failed before its first call) or missing: masked,
+        # and out of the baseline (reward None), as Polar's trainer leaves empty members out
         return {
             "prompt_ids": [pad_id],
             "completion_ids": [pad_id],
             "logprobs": [0.0],
             "env_mask": [0],
-            "polar_reward": t.reward if t is not None else None,
+            "polar_reward": None,
         }
     return {
         "prompt_ids": list(trace.prompt_ids),
@@ -63,8 +65,9 @@ def _row(t: Trajectory | None, pad_id: int) -> dict[str, Any]:
 
 def trl_batch(groups: list[Group], num_generations: int, pad_id: int) -> Batch:
     """``rollout_func``'s answer for these groups (one per distinct prompt, in order):
-    ``num_generations`` rows each, members in sample order; a short group is filled with
-    masked rows whose ``polar_reward`` is None."""
+    ``num_generations`` rows each, members in sample order; a session with no trainable
+    trace, and each member missing from a short group, is a masked row whose
+    ``polar_reward`` is None."""
     out: Batch = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
     extra: Batch = {
         k: []

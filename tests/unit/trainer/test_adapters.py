@@ -103,9 +103,9 @@ def test_trl_batch_rows_in_sample_order_with_env_mask_and_short_groups_filled():
     assert out["prompt_ids"][:2] == [[1, 2], [1, 2]]
     assert out["completion_ids"][1] == [5, 6, 7, 8] and out["env_mask"][1] == [1, 0, 0, 1]
     assert out["logprobs"][1] == [-0.5, 0.0, 0.0, -0.5]  # no logprob where nothing sampled
-    # nothing sampled: a masked placeholder with Polar's rule reward; missing: None
+    # nothing sampled, or missing: a masked placeholder, out of the baseline (None)
     assert out["env_mask"][2:] == [[0], [0]] and out["completion_ids"][2] == [0]
-    assert out["polar_reward"] == [1.0, 0.5, 0.0, None]
+    assert out["polar_reward"] == [1.0, 0.5, None, None]
     assert out["polar_outcome"] == ["completed", "completed", "error", "missing"]
     assert out["polar_traces"] == [1, 3, 0, 0]
     for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
