@@ -10,6 +10,7 @@ filter (``ensure_ascii=False``), ``raise_exception`` and ``strftime_now`` global
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
@@ -51,7 +52,8 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     except TypeError:  # e.g. non-string keys: not worth remembering
         compact = b""
     key = (compact, ensure_ascii, indent, separators, sort_keys)
-    remember = len(compact) >= MEMO_MIN_BYTES
+    # orjson writes inf as null, so a value holding one must not share None's entry
+    remember = len(compact) >= MEMO_MIN_BYTES and not (b"null" in compact and _has_nonfinite(value))
     if remember and (hit := _dumped.get(key)) is not None:
         return hit
     out = json.dumps(
@@ -60,6 +62,16 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     if remember:
         _dumped.put(key, out)
     return out
+
+
+def _has_nonfinite(value) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_nonfinite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_nonfinite(v) for v in value)
+    return False
 
 
 MEMO_MIN_BYTES = 64  # smaller values dump faster than they hash

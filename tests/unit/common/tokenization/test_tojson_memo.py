@@ -41,3 +41,12 @@ def test_the_memo_stays_within_its_budget(monkeypatch):
         value = {"i": i, "pad": "y" * 100}
         assert template._tojson(value) == json.dumps(value)
         assert template._dumped.used <= 5000
+
+
+def test_infinity_is_not_served_from_nones_entry():
+    # orjson writes inf as null, the memo's key: the two must still dump apart
+    pad = "z" * 80
+    assert template._tojson({"a": None, "pad": pad}) == json.dumps({"a": None, "pad": pad})
+    for x in (float("inf"), float("-inf")):
+        value = {"a": [x], "pad": pad}
+        assert template._tojson(value) == json.dumps(value, ensure_ascii=False)
