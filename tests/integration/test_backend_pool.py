@@ -6,9 +6,7 @@ which worker served a request is read from ``Generation.worker``.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -17,9 +15,13 @@ from proxy.backends.base import BackendCapabilityError, BackendError, ErrorKind,
 from proxy.backends.factory import make_pool
 from proxy.backends.pool import BackendPool
 from schemas.completion import UpstreamMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "backends"))
-from backend_replay import ReplayServer, Reply, fixture_reply, load_fixture, reply_json  # noqa: E402
+from tests.fixtures.backends.backend_replay import (
+    ReplayServer,
+    Reply,
+    fixture_reply,
+    load_fixture,
+    reply_json,
+)
 
 SESSIONS = [f"sess-{i}" for i in range(30)]
 V = "sglang/0.5.13"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,9 +16,12 @@ from proxy.backends.base import (
 )
 from proxy.backends.vllm import VLLMBackend
 from schemas.completion import UpstreamMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "backends"))
-from backend_replay import ReplayServer, fixture_reply, load_fixture, reply_json  # noqa: E402
+from tests.fixtures.backends.backend_replay import (
+    ReplayServer,
+    fixture_reply,
+    load_fixture,
+    reply_json,
+)
 
 OUT = [9707, 0, 2585, 646, 358, 1492, 498, 3351, 30, 151645]
 PROMPT = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645]

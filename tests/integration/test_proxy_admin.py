@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import httpx
 import openai
@@ -24,12 +22,10 @@ import pytest
 
 from proxy.backends.base import BackendError, ChatRequest, SamplingParams
 from proxy.backends.sglang import SGLangBackend
+from tests.fixtures.backends.backend_replay import ReplayServer, fixture_reply, reply_json
 from tests.helpers.stack import new_session, proxy_process, start_proxy
 from tests.integration.proxy_agents import ChatAgent, captured, run_loop
 from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "backends"))
-from backend_replay import ReplayServer, fixture_reply, reply_json  # noqa: E402
 
 pytestmark = pytest.mark.asyncio
 ADMIN = {"authorization": "Bearer admin-secret"}

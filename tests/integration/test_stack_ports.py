@@ -22,7 +22,11 @@ def port_zero_topology(state_dir, nats_url: str, redis_url: str) -> str:
     model = (
         f"{{port: 0, config: {{policy: '{DEMO / 'policy.yaml'}', served_model_name: polar-tiny}}}}"
     )
-    others = "".join(f"  {name}: {{port: 0}}\n" for name in SERVICES if name != "model")
+    others = "".join(
+        f"  {name}: {{port: 0}}\n"
+        for name, kind in SERVICES.items()
+        if name != "model" and not kind.opt_in  # the trainer needs a config of its own
+    )
     return f"""
 nats_url: {nats_url}
 redis_url: {redis_url}
@@ -48,7 +52,9 @@ async def one_trajectory(nats_url: str, task: dict):
         await bus.close()
 
 
-def test_port_zero_stack_sends_the_harness_to_its_own_proxy(tmp_path, nats_url, redis_url):
+def test_port_zero_stack_sends_the_harness_to_its_own_proxy(tmp_path, fresh_servers):
+    # a whole stack consumes the task queues: its own servers, not the session's shared ones
+    nats_url, redis_url = fresh_servers
     topo = parse_topology(port_zero_topology(tmp_path, nats_url, redis_url))
     state = devstack.up(topo)
     try:
