@@ -5,27 +5,36 @@ from __future__ import annotations
 import asyncio
 
 
-class HttpSink:
-    def __init__(self, fail_first: int = 0, status: int = 200) -> None:
-        self.bodies: list[bytes] = []
-        self.requests = 0
-        self.fail_first = fail_first
-        self.status = status
-        self.server: asyncio.Server | None = None
-        self.received = asyncio.Event()
+class _LocalServer:
+    """Listens on a free loopback port for the ``async with`` block; subclasses answer in
+    ``_handle`` and say which ``path`` their ``url`` ends with."""
+
+    path = ""
+    server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
         host, port = self.server.sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}/callback"
+        return f"http://{host}:{port}{self.path}"
 
-    async def __aenter__(self) -> HttpSink:
+    async def __aenter__(self):
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         return self
 
     async def __aexit__(self, *exc) -> None:
         self.server.close()
         await self.server.wait_closed()
+
+
+class HttpSink(_LocalServer):
+    path = "/callback"
+
+    def __init__(self, fail_first: int = 0, status: int = 200) -> None:
+        self.bodies: list[bytes] = []
+        self.requests = 0
+        self.fail_first = fail_first
+        self.status = status
+        self.received = asyncio.Event()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -46,7 +55,7 @@ class HttpSink:
         writer.close()
 
 
-class JsonServer:
+class JsonServer(_LocalServer):
     """A tiny real HTTP/1.1 server (keep-alive) answering JSON by route: ``routes[(method,
     path)](request_json) -> (status, answer_json)``; unknown routes answer 404. Each
     request is kept in ``requests`` as (method, path, json)."""
@@ -54,20 +63,6 @@ class JsonServer:
     def __init__(self, routes: dict) -> None:
         self.routes = routes
         self.requests: list[tuple[str, str, object]] = []
-        self.server: asyncio.Server | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
-
-    async def __aenter__(self) -> JsonServer:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-        await self.server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         import orjson
