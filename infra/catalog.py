@@ -70,6 +70,9 @@ SERVICES: dict[str, ServiceKind] = {
     # the RL loop: tasks out, groups in, policy-gradient steps, weights to the engines
     # (not in the default topology: it needs a task source and a model to train)
     "trainer": ServiceKind("services.trainer.main:create_app", 8150, opt_in=True, proxy_url=True),
+    # what people look at: tasks, sessions, model calls, tokens, rewards, live (read-only
+    # but for cancel); `polar up` tells it the state dir, tokenizer and trainer log
+    "dashboard": ServiceKind("services.dashboard.main:create_app", 8160, takes=TOPOLOGY_FIELDS),
 }
 
 

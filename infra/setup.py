@@ -4,7 +4,8 @@
 parts of the test suite need more, installed here where this user can:
 
   system-packages  bubblewrap (``bwrap``: the local runtime's sandbox), podman + runc (the
-                   Docker API the docker runtime's tests talk to). apt-get, only as root on
+                   Docker API the docker runtime's tests talk to), chromium + chromium-driver
+                   (the dashboard's browser tests). apt-get, only as root on
                    a machine with apt; anyone else is told the command to run.
   docker-api       ``podman system service`` on a Unix socket plus the offline test image
                    (infra/podman/setup.sh). DOCKER_HOST goes to .state/test.env, which
@@ -51,6 +52,8 @@ SYSTEM_PACKAGES = {
     ),
     "podman": ("podman", "serves the Docker API for the docker runtime's tests"),
     "runc": ("runc", "podman's OCI runtime (crun fails on these machines' cgroups)"),
+    "chromium": ("chromium", "the headless browser the dashboard's tests drive"),
+    "chromium-driver": ("chromedriver", "WebDriver for that browser (selenium talks to it)"),
 }
 
 Which = Callable[[str], str | None]
@@ -242,7 +245,7 @@ def step_harness_clis() -> Result:
 
 
 STEPS: dict[str, tuple[Callable[[], Result], str]] = {
-    "system-packages": (step_system_packages, "bubblewrap, podman, runc (apt, as root)"),
+    "system-packages": (step_system_packages, "bubblewrap, podman, runc, chromium (apt, as root)"),
     "docker-api": (step_docker_api, "podman's Docker API + test image; DOCKER_HOST for the tests"),
     "harness-clis": (step_harness_clis, "agent CLIs from npm into .state/harness-cache"),
 }

@@ -33,7 +33,7 @@ from infra.topology import ServicePlan, Topology
 from proxy.config import ProxyConfig
 
 PickPort = Callable[[], int]
-MODEL, PROXY = "model", "proxy"
+MODEL, PROXY, TRAINER, DASHBOARD = "model", "proxy", "trainer", "dashboard"
 
 
 def connect_host(host: str) -> str:
@@ -110,7 +110,28 @@ def wire(
         if p.service == PROXY and model_dir and "model_dir" not in config:
             config = _embedded_model_dir(config, model_dir)
         out.append(msgspec.structs.replace(p, config=config))
-    return out
+    return [_dashboard_sources(p, out, state_dir) if p.service == DASHBOARD else p for p in out]
+
+
+def _dashboard_sources(
+    plan: ServicePlan, plans: list[ServicePlan], state_dir: Path
+) -> ServicePlan:
+    """What the dashboard reads besides NATS and Redis: the stack's record (the topology
+    page), the proxy's tokenizer (token ids decoded) and the trainer's JSONL log."""
+    found: dict[str, Any] = {"state_dir": str(state_dir)}
+    proxy = next((p.config for p in plans if p.service == PROXY), {})
+    if proxy.get("model_dir"):
+        found["model_dir"] = proxy["model_dir"]
+    elif any(p.service == MODEL for p in plans):  # the embedded engine's default model
+        from schemas.engine import DEFAULT_MODEL_DIR
+
+        found["model_dir"] = str(DEFAULT_MODEL_DIR)
+    trainer = next((p.config for p in plans if p.service == TRAINER), None)
+    if trainer and (trainer.get("log_path") or trainer.get("checkpoint_dir")):
+        found["trainer_log"] = trainer.get("log_path") or str(
+            Path(trainer["checkpoint_dir"]) / "log.jsonl"
+        )
+    return msgspec.structs.replace(plan, config={**found, **plan.config})
 
 
 def _embedded_backends(config: dict[str, Any], service: str, model_url: str) -> dict[str, Any]:

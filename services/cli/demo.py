@@ -24,7 +24,7 @@ from infra import devstack, localservers
 from infra.topology import parse_topology
 
 DEMO = Path(__file__).resolve().parents[2] / "infra" / "demo"
-SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator")
+SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator", "dashboard")
 
 
 def demo_topology(state_dir: Path) -> str:
@@ -47,6 +47,7 @@ services:
   executor: {{port: {ports["executor"]}, config: {node_cfg}}}
   builder: {{port: {ports["builder"]}}}
   evaluator: {{port: {ports["evaluator"]}, config: {node_cfg}}}
+  dashboard: {{port: {ports["dashboard"]}}}
 """
 
 

@@ -261,6 +261,45 @@ def _serve_config(service: str, topology: Path | None, host: str | None, port: i
     return config
 
 
+@app.command()
+def dashboard(
+    host: Annotated[str | None, typer.Option(help="listen address")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (0: any free one)")] = None,
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """The dashboard of the running stack (`polar up` starts one; this prints its URL), or
+    one in the foreground, against the stack's NATS and Redis, when it runs none or a
+    --port is given."""
+    stack = _stack(topology, state_dir)
+    running = stack.state.get("dashboard") if stack.state else None
+    if running is not None and port is None:
+        out.print(f"the stack's dashboard: {running.url}", highlight=False)
+        return
+    config = _dashboard_config(stack, host, port)
+    os.environ["POLAR_CONFIG"] = json.dumps(config)
+    out.print(f"dashboard at http://{config['host']}:{config['port']}", highlight=False)
+    from services.common.http import serve as serve_app
+
+    serve_app(SERVICES["dashboard"].target, config["host"], config["port"])
+
+
+def _dashboard_config(stack: Stack, host: str | None, port: int | None) -> dict:
+    from infra import wiring
+
+    plans = wiring.wire(plan_services(stack.topology), stack.topology, stack.state_dir)
+    plan = next((p for p in plans if p.service == "dashboard"), None)
+    config = dict(plan.config) if plan else {"state_dir": str(stack.state_dir)}
+    config.update(nats_url=stack.nats_url, redis_url=stack.redis_url)
+    config["host"] = host or config.get("host") or "127.0.0.1"
+    config["port"] = SERVICES["dashboard"].port if port is None else port
+    if config["port"] == 0:
+        from infra.localservers import free_port
+
+        config["port"] = free_port()
+    return config
+
+
 # -- the embedded model server (its own typer app, when installed) --------------------
 def _embedded_app():
     try:

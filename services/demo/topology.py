@@ -13,7 +13,7 @@ import yaml
 
 from infra import localservers
 
-SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator")
+SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator", "dashboard")
 MODEL_NAME = "polar-stars"
 
 
@@ -51,6 +51,7 @@ def stack_topology(
         "executor": {"config": node_cfg},
         "builder": {},
         "evaluator": {"config": node_cfg},
+        "dashboard": {},
         **(extra or {}),
     }
     for name, entry in services.items():

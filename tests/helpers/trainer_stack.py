@@ -12,7 +12,7 @@ from infra.topology import Topology, parse_topology
 from tests.unit.engine.tiny import tiny_model_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "trainer"
-SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator")
+SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator", "dashboard")
 
 
 def model_copy(dest: Path) -> Path:
@@ -40,6 +40,7 @@ services:
   executor: {{port: {ports["executor"]}, config: {node_cfg}}}
   builder: {{port: {ports["builder"]}}}
   evaluator: {{port: {ports["evaluator"]}, config: {node_cfg}}}
+  dashboard: {{port: {ports["dashboard"]}}}
 """
 
 

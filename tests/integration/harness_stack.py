@@ -32,7 +32,7 @@ from services.executor.harnesses.npm import Installed
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "tests" / "fixtures" / "policies"
 MODEL = "polar-tiny"
-SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator")
+SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator", "dashboard")
 
 
 def cache_dir() -> Path:
@@ -86,6 +86,7 @@ services:
   executor: {{port: {ports["executor"]}, config: {node}}}
   builder: {{port: {ports["builder"]}}}
   evaluator: {{port: {ports["evaluator"]}, config: {node}}}
+  dashboard: {{port: {ports["dashboard"]}}}
 """,
     )
 

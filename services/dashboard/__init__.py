@@ -1,0 +1,1 @@
+"""``polar dashboard``: tasks, sessions, model calls, tokens and rewards, live."""

@@ -1,0 +1,379 @@
+"""The dashboard service: ``polar dashboard`` / ``polar serve dashboard``.
+
+A thin HTTP shell over ``reader`` (what it reads) and ``views`` (what each page shows):
+pages are one static HTML shell each whose script (``static/app.js``, no build step)
+fetches ``/api/...`` JSON and listens to ``/api/live`` (server-sent events) for changes.
+Pages and the API answer 404 for an unknown task or session; a cancel is a POST with a
+custom header (a cross-site form cannot send one) and the pages carry a strict
+Content-Security-Policy, so injected markup could not run a script even if it got in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar.exceptions import HTTPException
+from litestar.response import ServerSentEvent
+from litestar.static_files import create_static_files_router
+from prometheus_client import Counter, Gauge, Histogram
+
+from schemas import Outcome
+from services.common.http import ops_routes
+from services.common.logs import service_logging
+from services.common.settings import load
+from services.dashboard import views
+from services.dashboard.config import DashboardConfig
+from services.dashboard.index import BadQuery, parse_query
+from services.dashboard.reader import StackReader
+
+STATIC = resources.files(__package__).joinpath("static")
+PAGES = ("overview", "task", "session", "trajectory", "training", "topology")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+CANCEL_HEADER = "x-polar-action"  # must be "cancel": a plain cross-site form cannot set it
+
+API_SECONDS = Histogram(
+    "polar_dashboard_api_seconds", "Time to answer one dashboard API call", ["route"]
+)
+LIVE_CLIENTS = Gauge("polar_dashboard_live_clients", "Browsers following /api/live")
+CANCELS = Counter("polar_dashboard_cancels_total", "Cancels sent from the dashboard", ["result"])
+SESSIONS = Gauge("polar_dashboard_sessions", "Sessions in the dashboard's index")
+
+
+def page_html(page: str, **data: str) -> str:
+    """A page's shell: the page name and its ids as data attributes the script reads."""
+    import html
+
+    attrs = " ".join(f'data-{k}="{html.escape(v, quote=True)}"' for k, v in data.items())
+    return (
+        STATIC.joinpath("page.html")
+        .read_text()
+        .replace("{{page}}", html.escape(page))
+        .replace("{{attrs}}", attrs)
+    )
+
+
+def html_page(page: str, status: int = 200, **data: str) -> Response:
+    return Response(
+        page_html(page, **data),
+        status_code=status,
+        media_type=MediaType.HTML,
+        headers=SECURITY_HEADERS,
+    )
+
+
+def not_found(what: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=what)
+
+
+def create_app(config: DashboardConfig | None = None) -> Litestar:
+    cfg = config or load(DashboardConfig)
+    reader = StackReader(cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar):
+        await reader.start()
+        try:
+            yield
+        finally:
+            await reader.stop()
+
+    async def health() -> dict[str, object]:
+        bus = reader.bus
+        return {
+            "nats": bool(bus and bus.nc.is_connected),
+            "redis": reader.redis_error is None,
+            "index": {"ok": True, "sessions": len(reader.index.rows), "loaded": reader.loaded},
+        }
+
+    def api(route: str, body: Any) -> Response:
+        body = body if isinstance(body, dict) else {"data": body}
+        return Response({**body, "problems": reader.problems()}, headers=SECURITY_HEADERS)
+
+    # -- pages ------------------------------------------------------------------------
+    @get("/", include_in_schema=False)
+    async def overview_page() -> Response:
+        return html_page("overview")
+
+    @get("/tasks/{task_id:str}", include_in_schema=False)
+    async def task_page(task_id: str) -> Response:
+        if not await known_task(task_id):
+            return html_page("notfound", 404, what=f"task {task_id}")
+        return html_page("task", task=task_id)
+
+    @get("/sessions/{session_id:str}", include_in_schema=False)
+    async def session_page(session_id: str) -> Response:
+        if session_id not in reader.index.rows:
+            return html_page("notfound", 404, what=f"session {session_id}")
+        return html_page("session", session=session_id)
+
+    @get("/sessions/{session_id:str}/trajectory", include_in_schema=False)
+    async def trajectory_page(session_id: str) -> Response:
+        if session_id not in reader.index.rows:
+            return html_page("notfound", 404, what=f"session {session_id}")
+        return html_page("trajectory", session=session_id)
+
+    @get("/training", include_in_schema=False)
+    async def training_page() -> Response:
+        return html_page("training")
+
+    @get("/topology", include_in_schema=False)
+    async def topology_page() -> Response:
+        return html_page("topology")
+
+    async def known_task(task_id: str) -> bool:
+        return task_id in reader.index.tasks or await reader.task(task_id) is not None
+
+    # -- the API ----------------------------------------------------------------------
+    @get("/api/overview")
+    async def api_overview(request: Request) -> Response:
+        with API_SECONDS.labels("overview").time():
+            try:
+                _, offset, limit, _ = parse_query(request.query_params)
+            except BadQuery as exc:
+                raise HTTPException(status_code=400, detail=str(exc)) from None
+            SESSIONS.set(len(reader.index.rows))
+            body = views.overview(
+                reader.index,
+                now=time.time(),
+                nodes=reader.nodes,
+                streams=reader.streams,
+                engines=reader.engines,
+                backpressure=reader.backpressure,
+                tasks=views.task_page(reader.index, offset, min(limit, 50)),
+            )
+            return api("overview", body)
+
+    @get("/api/sessions")
+    async def api_sessions(request: Request) -> Response:
+        with API_SECONDS.labels("sessions").time():
+            try:
+                filters, offset, limit, sort = parse_query(request.query_params)
+            except BadQuery as exc:
+                raise HTTPException(status_code=400, detail=str(exc)) from None
+            page = reader.index.query(filters, offset, limit, sort)
+            return api("sessions", {"page": page})
+
+    @get("/api/tasks/{task_id:str}")
+    async def api_task(task_id: str) -> Response:
+        with API_SECONDS.labels("task").time():
+            record = await reader.task(task_id)
+            rows = reader.index.task_rows(task_id)
+            if record is None and not rows:
+                raise not_found(f"no task {task_id!r}")
+            spec = record.spec if record else reader.specs.get(task_id)
+            trajs = dict(
+                zip(
+                    [r.session_id for r in rows],
+                    await asyncio.gather(
+                        *(
+                            reader.trajectory(r.session_id, r.attempt, r.state in views._ENDED)
+                            for r in rows[:64]
+                        )
+                    ),
+                    strict=False,
+                )
+            )
+            submitted = record.submitted_at if record else reader.index.submitted.get(task_id, 0)
+            body = views.task_view(task_id, spec, rows, trajs, submitted, time.time())
+            return api("task", body)
+
+    @get("/api/sessions/{session_id:str}")
+    async def api_session(session_id: str) -> Response:
+        with API_SECONDS.labels("session").time():
+            row = reader.index.rows.get(session_id)
+            if row is None:
+                raise not_found(f"no session {session_id!r}")
+            records, problems = await reader.completions(session_id)
+            traj = await reader.trajectory(session_id, row.attempt, row.state in views._ENDED)
+            art = reader.artifacts.get(session_id)
+            body = views.session_view(row, records, problems, art, traj, time.time())
+            return api("session", body)
+
+    @get("/api/sessions/{session_id:str}/trajectory")
+    async def api_trajectory(session_id: str, view: str = "stored") -> Response:
+        with API_SECONDS.labels("trajectory").time():
+            row = reader.index.rows.get(session_id)
+            if row is None:
+                raise not_found(f"no session {session_id!r}")
+            if view not in views.VIEWS:
+                raise HTTPException(status_code=400, detail=f"view must be one of {views.VIEWS}")
+            note = None
+            if view == "stored":
+                traj = await reader.trajectory(session_id, row.attempt, row.state in views._ENDED)
+                traces = traj.traces if traj else []
+                if traj is None:
+                    note = "not built yet: showing nothing (pick a rebuilt view)"
+            else:
+                records, problems = await reader.completions(session_id)
+                outcome = Outcome(row.outcome) if row.outcome else Outcome.COMPLETED
+                try:
+                    traces = views.rebuild(records, view, outcome)
+                except Exception as exc:  # noqa: BLE001 - a builder's failure is shown
+                    traces, note = [], f"{view} could not build this session: {exc}"
+                if problems:
+                    note = "; ".join(problems)
+            body = views.trajectory_view(session_id, view, traces, reader.decoder, note)
+            return api("trajectory", body)
+
+    @get("/api/training")
+    async def api_training() -> Response:
+        lines = reader.trainer_log()
+        if lines is None:
+            return api("training", {"configured": False, **views.training_view([])})
+        return api(
+            "training", {"configured": True, **views.training_view(views.parse_jsonl(lines))}
+        )
+
+    @get("/api/topology")
+    async def api_topology() -> Response:
+        from infra.devstack import healthz
+
+        record = reader.stack_record()
+        services = []
+        if record is not None:
+            checks = await asyncio.gather(
+                *(
+                    asyncio.to_thread(healthz, p.url)
+                    for p in record.procs
+                    if p.name not in ("nats", "redis")
+                )
+            )
+            procs = [p for p in record.procs if p.name not in ("nats", "redis")]
+            for p, (status, body) in zip(procs, checks, strict=True):
+                services.append(
+                    {
+                        "name": p.name,
+                        "url": p.url,
+                        "pid": p.pid,
+                        "status": status,
+                        "ok": status == 200,
+                        "detail": body,
+                    }
+                )
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            polar_version = version("polar-rollout")
+        except PackageNotFoundError:
+            polar_version = None
+        harnesses = sorted(
+            {
+                f"{a.harness} {a.harness_version or ''}".strip()
+                for a in reader.artifacts.entries.values()
+                if a.harness
+            }
+        )
+        return api(
+            "topology",
+            {
+                "polar_version": polar_version,
+                "nats_url": cfg.nats_url,
+                "redis_url": _no_password(cfg.redis_url),
+                "services": services,
+                "stack_record": record is not None,
+                "nodes": views.node_occupancy(reader.nodes or []),
+                "backends": reader.engines,
+                "harnesses": harnesses,
+            },
+        )
+
+    @post("/api/tasks/{task_id:str}/cancel", status_code=200)
+    async def api_cancel(task_id: str, request: Request) -> Response:
+        if request.headers.get(CANCEL_HEADER) != "cancel":
+            raise HTTPException(
+                status_code=403, detail=f"a cancel needs the header {CANCEL_HEADER}: cancel"
+            )
+        if not await known_task(task_id):
+            raise not_found(f"no task {task_id!r}")
+        try:
+            message = await reader.cancel(task_id, "cancelled from the dashboard")
+        except ConnectionError as exc:
+            CANCELS.labels("unreachable").inc()
+            raise HTTPException(status_code=503, detail=str(exc)) from None
+        CANCELS.labels("sent").inc()
+        return api("cancel", {"message": message})
+
+    @get("/api/live")
+    async def api_live() -> ServerSentEvent:
+        async def changes() -> AsyncIterator[dict[str, Any]]:
+            LIVE_CLIENTS.inc()
+            try:
+                seen, quiet = -1, 0.0
+                while True:
+                    v = reader.index.version
+                    if v != seen or quiet >= 15.0:
+                        seen, quiet = v, 0.0
+                        yield {
+                            "event": "change",
+                            "data": _json(
+                                {
+                                    "version": v,
+                                    "ts": time.time(),
+                                    "states": reader.index.state_counts(),
+                                    "problems": reader.problems(),
+                                }
+                            ),
+                        }
+                    await asyncio.sleep(cfg.refresh_seconds)
+                    quiet += cfg.refresh_seconds
+            finally:
+                LIVE_CLIENTS.dec()
+
+        return ServerSentEvent(changes(), headers={"Cache-Control": "no-store"})
+
+    return Litestar(
+        route_handlers=[
+            *ops_routes("dashboard", health),
+            overview_page,
+            task_page,
+            session_page,
+            trajectory_page,
+            training_page,
+            topology_page,
+            api_overview,
+            api_sessions,
+            api_task,
+            api_session,
+            api_trajectory,
+            api_training,
+            api_topology,
+            api_cancel,
+            api_live,
+            create_static_files_router(
+                path="/static", directories=[str(STATIC)], include_in_schema=False
+            ),
+        ],
+        lifespan=[lifespan],
+        logging_config=service_logging(),
+        openapi_config=None,
+    )
+
+
+def _json(body: dict[str, Any]) -> str:
+    import orjson
+
+    return orjson.dumps(body).decode()
+
+
+def _no_password(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username or ''}:***@{parts.hostname}:{parts.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url

@@ -1,0 +1,329 @@
+"""The dashboard's I/O: what it reads from NATS, Redis and the object store.
+
+It writes nothing there: the bus connection declares no stream, and the one command it
+sends is the CLI's cancel (``services/cli/submit.py``'s ``BusTasks.cancel``). Reading a
+session's model calls takes an ephemeral consumer, as the builder's reader does.
+
+Connections come from the services' own factories (``Bus.open``, ``Registry.from_url``)
+and are made in the background: a stack with NATS or Redis down still gets its pages,
+with a banner saying what is unreachable (``problems``), and catches up once it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import redis.exceptions
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+
+from infra.stackstate import read_state
+from schemas import (
+    CompletionRecord,
+    ContractError,
+    SessionFinished,
+    SessionStateChanged,
+    TaskRequest,
+    Trajectory,
+    decode,
+)
+from schemas import subjects as S
+from services.builder.completions import read_completions
+from services.builder.logic import object_name
+from services.cli.status import node_rows, stream_rows
+from services.common.bus import Bus
+from services.common.registry import Registry, TaskRecord
+from services.common.tokenization.lru import SizedLRU
+from services.dashboard.config import DashboardConfig
+from services.dashboard.index import SessionIndex
+from services.pool.backpressure import queue_length
+
+log = logging.getLogger(__name__)
+REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+TASK_BATCH = 500  # task records read per pipeline at start
+
+
+class StackReader:
+    def __init__(self, cfg: DashboardConfig) -> None:
+        self.cfg = cfg
+        self.index = SessionIndex()
+        self.bus: Bus | None = None
+        self.registry = Registry.from_url(cfg.redis_url)
+        self.redis_error: str | None = "not connected yet"
+        self.nats_error: str | None = "not connected yet"
+        self.loaded = False  # the registry has been read once
+        self.specs: dict[str, TaskRequest] = {}
+        self.artifacts: SizedLRU[str, Any] = SizedLRU(cfg.artifact_sessions, lambda k, v: 1)
+        self.trajectories: SizedLRU[tuple[str, int], Trajectory] = SizedLRU(
+            cfg.trajectory_cache, lambda k, v: 1
+        )
+        self.nodes: list[Any] | None = None
+        self.streams: list[Any] | None = None
+        self.engines: list[dict[str, Any]] = []
+        self.backpressure: bool | None = None
+        self._dirty: set[str] = set()
+        self._new_tasks: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._subs: list[Any] = []
+        self._http = httpx.AsyncClient(timeout=1.0, trust_env=False)
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        self._spawn(self._connect_bus(), "connect-bus")
+        self._spawn(self._loop(self.cfg.refresh_seconds, self.refresh), "refresh")
+        self._spawn(self._loop(self.cfg.stack_poll_seconds, self.poll_stack), "poll-stack")
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        await self._http.aclose()
+        with contextlib.suppress(Exception):
+            await self.registry.close()
+        if self.bus is not None:
+            with contextlib.suppress(Exception):
+                await self.bus.close()
+
+    def _spawn(self, coro, name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    async def _loop(self, seconds: float, job) -> None:
+        while True:
+            try:
+                await job()
+            except Exception:  # noqa: BLE001 - a periodic read must keep going
+                log.exception("dashboard: %s failed", job.__name__)
+            await asyncio.sleep(seconds)
+
+    async def _connect_bus(self) -> None:
+        while self.bus is None:
+            try:
+                # no declare: the dashboard creates no stream; reconnects forever once up
+                self.bus = await Bus.open(self.cfg.nats_url, "polar-dashboard", declare=False)
+            except (ConnectionError, OSError) as exc:
+                self.nats_error = f"cannot reach NATS at {self.cfg.nats_url}: {exc}"
+                continue
+        self.nats_error = None
+        nc = self.bus.nc
+        self._subs.append(await nc.subscribe(S.SESSIONS_FINISHED, cb=self._on_finished))
+        await self._follow_events()
+
+    async def _follow_events(self) -> None:
+        """Every session event from the start of the events stream (the timelines of
+        sessions that began before the dashboard did), then live ones."""
+        assert self.bus is not None
+        while True:
+            try:
+                sub = await self.bus.js.subscribe(
+                    "polar.events.session.>",
+                    ordered_consumer=True,
+                    deliver_policy=DeliverPolicy.ALL,
+                    cb=self._on_event,
+                )
+                self._subs.append(sub)
+                return
+            except (NotFoundError, Exception) as exc:  # noqa: BLE001 - no stream yet
+                self.nats_error = f"NATS: no session events stream yet ({exc})"
+                await asyncio.sleep(1.0)
+
+    # -- what arrives -----------------------------------------------------------------
+    async def _on_event(self, msg) -> None:
+        try:
+            ev = decode(msg.data, SessionStateChanged)
+        except ContractError:
+            return
+        if ev.task_id not in self.index.tasks:
+            self._new_tasks.add(ev.task_id)
+        self.index.apply(ev)
+        self._dirty.add(ev.session_id)
+
+    async def _on_finished(self, msg) -> None:
+        """A finished session's artifacts (diff, logs, tails) are only on the bus, on
+        their way to the builder: kept here for the session page."""
+        assert self.bus is not None
+        try:
+            ev = decode(await self.bus.payload(msg), SessionFinished)
+        except (ContractError, LookupError):
+            return
+        self.artifacts.put(ev.session_id, ev.artifacts)
+
+    # -- Redis ------------------------------------------------------------------------
+    async def _redis(self, coro):
+        try:
+            out = await coro
+        except REDIS_ERRORS as exc:
+            self.redis_error = f"cannot reach Redis at {self.cfg.redis_url}: {exc}"
+            raise
+        self.redis_error = None
+        return out
+
+    async def load(self) -> None:
+        """Every task and session in the registry, once (then the events keep it)."""
+        keys = []
+        async for key in self.registry.redis.scan_iter(match="polar:task:*", count=1000):
+            parts = key.decode().split(":")
+            if len(parts) == 3:  # polar:task:<id>, not its :sessions / :counts
+                keys.append(parts[2])
+        for i in range(0, len(keys), TASK_BATCH):
+            await self._read_tasks(keys[i : i + TASK_BATCH])
+        self.loaded = True
+
+    async def _read_tasks(self, task_ids: list[str]) -> None:
+        reg = self.registry
+        async with reg.redis.pipeline(transaction=False) as p:
+            for t in task_ids:
+                p.hget(S.key_task(t), "spec")
+                p.hget(S.key_task(t), "submitted_at")
+                p.lrange(S.key_task_sessions(t), 0, -1)
+            raw = await p.execute()
+        ids: list[str] = []
+        for i, t in enumerate(task_ids):
+            spec_raw, submitted, sids = raw[3 * i : 3 * i + 3]
+            spec = None
+            if spec_raw:
+                with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
+                    spec = msgspec.json.decode(spec_raw, type=TaskRequest)
+            if spec is not None:
+                self.specs[t] = spec
+            self.index.add_task(t, spec.agent.harness if spec else None, float(submitted or 0))
+            for row in self.index.task_rows(t):  # rows the events made before we knew
+                row.harness = spec.agent.harness if spec else None
+            ids += [s.decode() for s in sids]
+        for s in await reg.get_sessions(ids):
+            if s is not None:
+                self.index.put(s)
+
+    async def refresh(self) -> None:
+        """Re-read what the events said changed: a reward, reasons, the node."""
+        try:
+            if not self.loaded:
+                await self._redis(self.load())
+            if self._new_tasks:
+                new, self._new_tasks = list(self._new_tasks), set()
+                await self._redis(self._read_tasks(new))
+            if self._dirty:
+                dirty, self._dirty = list(self._dirty), set()
+                for s in await self._redis(self.registry.get_sessions(dirty)):
+                    if s is not None:
+                        self.index.put(s)
+        except REDIS_ERRORS:
+            return
+
+    async def poll_stack(self) -> None:
+        try:
+            raw = await self._redis(self.registry.redis.hgetall(S.KEY_NODES))
+            self.nodes = node_rows(raw, time.time())
+            self.backpressure = bool(
+                await self._redis(self.registry.redis.exists(S.KEY_BACKPRESSURE))
+            )
+        except REDIS_ERRORS:
+            self.nodes, self.backpressure = None, None
+        if self.bus is not None and self.bus.nc.is_connected:
+            try:
+                self.streams = await stream_rows(self.bus.js)
+                self.nats_error = None
+            except Exception as exc:  # noqa: BLE001 - the banner says it
+                self.streams = None
+                self.nats_error = f"NATS JetStream: {exc or type(exc).__name__}"
+        elif self.bus is not None:
+            self.streams = None
+            self.nats_error = f"NATS at {self.cfg.nats_url} is not connected (reconnecting)"
+        self.engines = await asyncio.gather(*(self._engine(b) for b in self.cfg.backends))
+
+    async def _engine(self, backend: dict[str, Any]) -> dict[str, Any]:
+        url = backend.get("url")
+        row = {"name": backend.get("name", "default"), "kind": backend.get("kind"), "url": url}
+        if not url:
+            return {**row, "queue": None, "up": None}
+        try:
+            r = await self._http.get(f"{url.rstrip('/')}/metrics")
+        except httpx.HTTPError:
+            return {**row, "queue": None, "up": False}
+        return {**row, "queue": queue_length(r.text) if r.is_success else None, "up": True}
+
+    def problems(self) -> list[str]:
+        return [p for p in (self.nats_error, self.redis_error) if p]
+
+    # -- one task, one session ---------------------------------------------------------
+    async def task(self, task_id: str) -> TaskRecord | None:
+        try:
+            return await self._redis(self.registry.get_task(task_id))
+        except REDIS_ERRORS:
+            return None
+
+    async def completions(self, session_id: str) -> tuple[list[CompletionRecord], list[str]]:
+        if self.bus is None or not self.bus.nc.is_connected:
+            return [], ["NATS is unreachable: model calls cannot be read"]
+        try:
+            return await read_completions(self.bus, session_id, timeout=3.0)
+        except (TimeoutError, NotFoundError) as exc:
+            return [], [f"reading model calls: {exc}"]
+
+    async def trajectory(self, session_id: str, attempt: int, final: bool) -> Trajectory | None:
+        """The built trajectory in the object store (cached once the session ended)."""
+        key = (session_id, attempt)
+        if (hit := self.trajectories.get(key)) is not None:
+            return hit
+        if self.bus is None or not self.bus.nc.is_connected:
+            return None
+        try:
+            store = await self.bus.js.object_store(S.OBJECT_STORE)
+            raw = (await store.get(object_name(session_id, attempt))).data
+            traj = decode(raw, Trajectory)
+        except (ObjectNotFoundError, NotFoundError, ContractError):
+            return None
+        except Exception:  # noqa: BLE001 - a read that fails shows as "not built"
+            log.warning("trajectory %s/%s unreadable", session_id, attempt, exc_info=True)
+            return None
+        if final:
+            self.trajectories.put(key, traj)
+        return traj
+
+    async def cancel(self, task_id: str, reason: str) -> str:
+        """The CLI's own cancel command, on the dashboard's connection."""
+        from services.cli.submit import BusTasks
+
+        if self.bus is None or not self.bus.nc.is_connected:
+            raise ConnectionError("NATS is unreachable: cannot send the cancel")
+        return await BusTasks(self.bus, self.cfg.redis_url).cancel(task_id, reason)
+
+    # -- files ------------------------------------------------------------------------
+    def stack_record(self) -> Any:
+        if not self.cfg.state_dir:
+            return None
+        try:
+            return read_state(Path(self.cfg.state_dir))
+        except RuntimeError:
+            return None
+
+    def trainer_log(self) -> list[bytes] | None:
+        if not self.cfg.trainer_log:
+            return None
+        try:
+            return Path(self.cfg.trainer_log).read_bytes().splitlines()
+        except OSError:
+            return []
+
+    @functools.cached_property
+    def decoder(self):
+        """One token id -> its text, with the stack's tokenizer; None without one."""
+        if not self.cfg.model_dir:
+            return None
+        from services.common.tokenization.tokenizer import ChatTokenizer, TokenizerLoadError
+
+        try:
+            tok = ChatTokenizer.load(self.cfg.model_dir)
+        except (TokenizerLoadError, OSError):
+            log.warning("no tokenizer in %s: token ids shown undecoded", self.cfg.model_dir)
+            return None
+        return functools.lru_cache(maxsize=65536)(tok.token_text)

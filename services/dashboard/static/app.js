@@ -1,0 +1,399 @@
+// Polar dashboard: vanilla JS, no build step, no CDN. Every value from the stack is put
+// in the page as text (textContent / attributes), never parsed as HTML.
+"use strict";
+
+const body = document.body;
+const PAGE = body.dataset.page;
+const main = document.getElementById("main");
+const STATE_ORDER = ["REGISTERED", "INITIALIZING", "READY", "RUNNING", "POSTRUN", "BUILDING",
+  "EVALUATING", "COMPLETED", "TIMEOUT", "ERROR", "CANCELLED"];
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "style") node.setAttribute("style", v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+const fmt = (x, d = 3) => (x === null || x === undefined ? "–" : typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(d)) : String(x));
+const secs = (x) => (x === null || x === undefined ? "–" : x < 1 ? `${(x * 1000).toFixed(0)} ms` : `${x.toFixed(2)} s`);
+const stateTag = (s) => el("span", { class: `state st-${s}` }, s);
+const link = (href, text) => el("a", { href }, text);
+const enc = encodeURIComponent;
+
+function banner(problems) {
+  const b = document.getElementById("banner");
+  if (problems && problems.length) {
+    b.replaceChildren(el("strong", {}, "Stack problem: "), problems.join(" · "));
+    b.hidden = false;
+  } else {
+    b.hidden = true;
+  }
+}
+
+async function api(path, opts) {
+  let r;
+  try {
+    r = await fetch(path, opts);
+  } catch (e) {
+    banner([`the dashboard itself is unreachable (${e})`]);
+    throw e;
+  }
+  const data = await r.json().catch(() => ({}));
+  if (!r.ok) {
+    const err = new Error(data.detail || `HTTP ${r.status}`);
+    err.status = r.status;
+    throw err;
+  }
+  banner(data.problems);
+  return data;
+}
+
+function table(headers, rows, attrs) {
+  return el("table", attrs || {},
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows));
+}
+
+function section(title, ...children) {
+  return el("section", {}, el("h2", {}, title), ...children);
+}
+
+function stateBar(counts, total) {
+  const bar = el("div", { class: "statebar", title: STATE_ORDER.filter((s) => counts[s]).map((s) => `${s}: ${counts[s]}`).join(", ") });
+  for (const s of STATE_ORDER) {
+    const n = counts[s] || 0;
+    if (!n) continue;
+    bar.append(el("span", { class: `seg st-${s}`, style: `width:${(100 * n) / Math.max(total, 1)}%` }));
+  }
+  return bar;
+}
+
+// -- the sessions table: server-side filters and pages -------------------------------
+const FILTERS = ["task", "state", "reward_min", "reward_max", "reason", "harness"];
+
+function sessionsTable(fixed) {
+  const wrap = el("div", { class: "sessions" });
+  const q = Object.assign({ offset: 0, limit: 25 }, fixed || {});
+  const form = el("form", { class: "filters", id: "filters" });
+  for (const f of FILTERS) {
+    if (fixed && f in fixed) continue;
+    form.append(el("label", {}, f.replace("_", " "), el("input", { name: f, id: `f-${f}`, size: f.startsWith("reward") ? 4 : 12 })));
+  }
+  form.append(el("button", { type: "submit" }, "filter"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    for (const f of FILTERS) {
+      const input = form.elements[f];
+      if (input) q[f] = input.value;
+    }
+    q.offset = 0;
+    load();
+  });
+  const out = el("div");
+  const pager = el("div", { class: "pager" });
+  wrap.append(form, out, pager);
+
+  async function load() {
+    const params = new URLSearchParams(Object.entries(q).filter(([, v]) => v !== "" && v !== undefined));
+    let data;
+    try {
+      data = await api(`/api/sessions?${params}`);
+    } catch (e) {
+      out.replaceChildren(el("p", { class: "error" }, String(e.message)));
+      return;
+    }
+    const page = data.page;
+    out.replaceChildren(table(["session", "state", "harness", "node", "reward", "reason"],
+      page.rows.map((r) => el("tr", { "data-session": r.session_id },
+        el("td", {}, link(`/sessions/${enc(r.session_id)}`, r.session_id)),
+        el("td", {}, stateTag(r.state)),
+        el("td", {}, r.harness || "–"),
+        el("td", {}, r.node || "–"),
+        el("td", { class: "num" }, fmt(r.reward)),
+        el("td", { class: "reason" }, r.eval_reason || r.reason || ""))),
+      { id: "sessions-table" }));
+    const last = Math.min(page.offset + page.limit, page.total);
+    pager.replaceChildren(
+      el("button", { disabled: page.offset === 0, onclick: () => { q.offset = Math.max(0, q.offset - q.limit); load(); } }, "‹ prev"),
+      el("span", { id: "sessions-range" }, ` ${page.total ? page.offset + 1 : 0}–${last} of ${page.total} `),
+      el("button", { disabled: last >= page.total, onclick: () => { q.offset += q.limit; load(); } }, "next ›"));
+  }
+  wrap.refresh = load;
+  load();
+  return wrap;
+}
+
+// -- pages ----------------------------------------------------------------------------
+const pages = {};
+
+pages.overview = async function () {
+  const d = await api("/api/overview");
+  const cards = el("div", { class: "cards" },
+    el("div", { class: "card" }, el("b", { id: "n-sessions" }, d.sessions), " sessions"),
+    el("div", { class: "card" }, el("b", { id: "rate" }, fmt(d.sessions_per_second, 2)), " sessions/s (1 min)"),
+    el("div", { class: "card" }, el("b", {}, fmt(d.reward_mean)), ` mean reward (${d.rewarded})`),
+    el("div", { class: "card" }, el("b", {}, d.backpressure === null ? "?" : d.backpressure ? "ON" : "off"), " engine backpressure"));
+  const tasks = table(["task", "harness", "progress", "done", "reward", ""],
+    d.tasks.rows.map((t) => el("tr", { "data-task": t.task_id },
+      el("td", {}, link(`/tasks/${enc(t.task_id)}`, t.task_id)),
+      el("td", {}, t.harness || "–"),
+      el("td", {}, stateBar(t.counts, t.sessions)),
+      el("td", { class: "num" }, `${t.done}/${t.sessions}`),
+      el("td", { class: "num" }, fmt(t.reward_mean)),
+      el("td", {}, t.live ? "live" : ""))),
+    { id: "tasks-table" });
+  const nodes = d.nodes === null ? el("p", { class: "error" }, "unknown: Redis unreachable")
+    : table(["node", "stage", "use / bound", ""], d.nodes.flatMap((n) => Object.entries(n.stages).map(([stage, v]) =>
+      el("tr", {}, el("td", {}, n.node), el("td", {}, stage), el("td", { class: "num" }, `${v.used} / ${v.bound ?? "–"}`),
+        el("td", {}, el("meter", { min: 0, max: v.bound || 1, value: v.used }))))), { id: "nodes-table" });
+  const engines = d.engines.length ? table(["engine", "kind", "queue", "up"], d.engines.map((e) =>
+    el("tr", {}, el("td", {}, e.name), el("td", {}, e.kind || "–"), el("td", { class: "num" }, fmt(e.queue)), el("td", {}, e.up === null ? "–" : e.up ? "yes" : "NO"))))
+    : el("p", { class: "muted" }, "no engines listed in the topology's backends");
+  const streams = d.streams === null ? el("p", { class: "error" }, "unknown: NATS unreachable")
+    : table(["stream", "messages", "consumer", "pending", "ack pending", "redelivered"], d.streams.flatMap((s) =>
+      (s.consumers.length ? s.consumers : [null]).map((c) => el("tr", {},
+        el("td", {}, s.name), el("td", { class: "num" }, fmt(s.messages)),
+        el("td", {}, c ? c.name : "–"), el("td", { class: "num" }, c ? c.pending : "–"),
+        el("td", { class: "num" }, c ? c.ack_pending : "–"), el("td", { class: "num" }, c ? c.redelivered : "–")))), { id: "streams-table" });
+  const errors = d.errors.length ? table(["reason", "sessions"], d.errors.map((e) => el("tr", {}, el("td", { class: "reason" }, e.reason), el("td", { class: "num" }, e.count))), { id: "errors-table" })
+    : el("p", { class: "muted", id: "errors-table" }, "no errors");
+  const states = el("div", { id: "states" }, stateBar(d.states, d.sessions), el("div", { class: "legend" },
+    STATE_ORDER.filter((s) => d.states[s]).map((s) => el("span", {}, stateTag(s), ` ${d.states[s]} `))));
+  if (!pages.overview.sessions) pages.overview.sessions = sessionsTable();
+  else pages.overview.sessions.refresh();
+  main.replaceChildren(el("h1", {}, "Overview"), cards, states,
+    section(`Tasks (${d.tasks.total})`, tasks),
+    el("div", { class: "cols" }, section("Nodes", nodes), section("Engines", engines)),
+    section("Stream backlogs", streams), section("Errors by reason", errors),
+    section("Sessions", pages.overview.sessions));
+};
+
+pages.task = async function () {
+  const id = body.dataset.task;
+  const d = await api(`/api/tasks/${enc(id)}`);
+  const t0 = d.timeline_start, span = Math.max(d.now - t0, 0.001);
+  const timeline = el("div", { class: "timeline", id: "timeline" }, d.timelines.map((tl) =>
+    el("div", { class: "tl-row", "data-session": tl.session_id },
+      el("span", { class: "tl-label" }, link(`/sessions/${enc(tl.session_id)}`, tl.session_id.slice(-4)), " ", stateTag(tl.state)),
+      el("span", { class: "tl-bar" }, tl.spans.map((s) => el("span", {
+        class: `phase ph-${s.phase}`,
+        style: `left:${(100 * (s.start - t0)) / span}%;width:${Math.max((100 * (s.end - s.start)) / span, 0.3)}%`,
+        title: `${s.state}: ${secs(s.seconds)}`,
+      }))))));
+  const legend = el("div", { class: "legend" }, ["queued", "init", "ready", "running", "postrun", "building", "evaluating"].map((p) => el("span", {}, el("span", { class: `swatch ph-${p}` }), ` ${p} `)));
+  const group = table(["#", "session", "state", "outcome", "reward", "length", "sampled", "turns", "chains", "reason"],
+    d.group.map((m) => el("tr", {}, el("td", {}, m.index), el("td", {}, link(`/sessions/${enc(m.session_id)}`, m.session_id)),
+      el("td", {}, stateTag(m.state)), el("td", {}, m.outcome || "–"), el("td", { class: "num reward" }, fmt(m.reward)),
+      el("td", { class: "num" }, fmt(m.length)), el("td", { class: "num" }, fmt(m.sampled_tokens)), el("td", { class: "num" }, fmt(m.turns)),
+      el("td", { class: "num" }, fmt(m.chains)), el("td", { class: "reason" }, m.reason || ""))), { id: "group-table" });
+  const cancel = el("button", { id: "cancel", class: "danger", disabled: !d.live, onclick: async () => {
+    if (!window.confirm(`Cancel every live session of ${id}?`)) return;
+    try {
+      const r = await api(`/api/tasks/${enc(id)}/cancel`, { method: "POST", headers: { "X-Polar-Action": "cancel" } });
+      document.getElementById("cancel-result").textContent = r.message;
+    } catch (e) {
+      document.getElementById("cancel-result").textContent = `cancel failed: ${e.message}`;
+    }
+  } }, "Cancel task");
+  if (!pages.task.sessions) pages.task.sessions = sessionsTable({ task: id });
+  else pages.task.sessions.refresh();
+  main.replaceChildren(
+    el("h1", {}, "Task ", el("code", { id: "task-id" }, id), " ", d.live ? el("span", { class: "badge" }, "live") : ""),
+    el("p", {}, `${d.done}/${d.sessions} done · builder ${d.builder || "–"} · evaluator ${d.evaluator || "–"} · mean reward ${fmt(d.reward_mean)} `, cancel, " ", el("span", { id: "cancel-result" })),
+    d.instruction ? el("pre", { class: "instruction" }, d.instruction.text) : "",
+    stateBar(d.counts, d.sessions),
+    section("Timeline", legend, timeline),
+    section("GRPO group", d.no_variance ? el("p", { class: "warn", id: "no-variance" }, "every reward in this group is equal: no advantage to learn from") : "", group),
+    section("Sessions", pages.task.sessions));
+};
+
+function textBlock(title, clipped, attrs) {
+  if (!clipped || !clipped.text) return el("div", attrs || {}, el("h3", {}, title), el("p", { class: "muted" }, "(empty)"));
+  return el("div", attrs || {}, el("h3", {}, title), el("pre", {}, clipped.text),
+    clipped.cut ? el("p", { class: "muted" }, `… ${clipped.cut} more characters not shown`) : "");
+}
+
+pages.session = async function () {
+  const id = body.dataset.session;
+  const d = await api(`/api/sessions/${enc(id)}`);
+  const s = d.session, v = d.verdict;
+  const calls = table(["seq", "protocol", "side call", "tokens in", "tokens out", "engine ms", "proxy ms", "weights", "extends", "drift / break", "finish"],
+    d.calls.flatMap((c) => {
+      const row = el("tr", { class: "call", "data-seq": c.seq },
+        el("td", {}, c.seq), el("td", {}, c.protocol), el("td", {}, c.side_call || "–"),
+        el("td", { class: "num" }, fmt(c.tokens_in)), el("td", { class: "num" }, c.tokens_out),
+        el("td", { class: "num" }, fmt(c.engine_ms, 1)), el("td", { class: "num" }, fmt(c.proxy_ms, 1)),
+        el("td", {}, c.weight_version || "–"), el("td", {}, c.extends_previous === null ? "–" : c.extends_previous ? "yes" : "no"),
+        el("td", { class: "reason" }, c.drift_reason || ""), el("td", {}, c.error ? `error: ${c.error}` : c.finish_reason));
+      const detail = el("tr", { class: "call-detail", hidden: true }, el("td", { colspan: 11 },
+        el("div", { class: "sidebyside" }, textBlock("harness's request", c.request), textBlock("what the engine received (normalized)", c.engine_request)),
+        textBlock("reply", c.reply),
+        c.tool_calls.length ? el("div", {}, el("h3", {}, "tool calls"), c.tool_calls.map((t) => el("pre", {}, `${t.name}(${t.arguments})`))) : "",
+        c.tool_results.length ? el("div", {}, el("h3", {}, "tool results in this request"), c.tool_results.map((t) => el("pre", {}, t.content.text))) : ""));
+      row.addEventListener("click", () => { detail.hidden = !detail.hidden; });
+      return [row, detail];
+    }), { id: "calls-table" });
+  const a = d.artifacts;
+  const artifacts = a ? el("div", { id: "artifacts" },
+    el("p", {}, `harness ${a.harness || "–"} ${a.harness_version || ""} · protocol ${a.protocol || "–"} · exit code ${fmt(a.exit_code)}`),
+    textBlock("workdir diff", a.diff, { id: "diff" }),
+    el("div", { class: "sidebyside" }, textBlock("stdout (tail)", a.stdout_tail, { id: "stdout" }), textBlock("stderr (tail)", a.stderr_tail, { id: "stderr" })),
+    Object.entries(a.logs).map(([name, text]) => textBlock(`log: ${name}`, text)),
+    Object.entries(a.files).map(([name, text]) => textBlock(`file: ${name}`, text)))
+    : el("p", { class: "muted", id: "artifacts" }, "no artifacts seen (they are on the bus only while the session finishes; the dashboard was not running then, or the session has not finished)");
+  main.replaceChildren(
+    el("h1", {}, "Session ", el("code", { id: "session-id" }, s.session_id), " ", stateTag(s.state)),
+    el("p", {}, "task ", link(`/tasks/${enc(s.task_id)}`, s.task_id), ` · attempt ${s.attempt} · node ${s.node || "–"} · harness ${s.harness || "–"} · `,
+      link(`/sessions/${enc(s.session_id)}/trajectory`, "trajectory viewer →")),
+    section("Verdict", el("p", { id: "verdict" }, `reward ${fmt(v.reward)} · ${v.eval_status || "not evaluated"} · `, el("span", { class: "reason" }, v.eval_reason || ""),
+      v.reason ? el("span", {}, ` · run: ${v.reason}`) : "")),
+    section("Phases", el("p", {}, d.spans.map((p) => el("span", { class: `chip ph-${p.phase}` }, `${p.state} ${secs(p.seconds)}`)))),
+    section(`Model calls (${d.calls.length}) — click a row for the request, reply and tools`, d.problems.length ? el("p", { class: "warn" }, d.problems.join("; ")) : "", calls),
+    section("Artifacts", artifacts),
+    d.trajectory ? section("Build", el("pre", {}, JSON.stringify({ builder: d.trajectory.builder, intact: d.trajectory.intact, stats: d.trajectory.stats, metadata: d.trajectory.metadata }, null, 2))) : "");
+};
+
+function heat(lp) {
+  // probability of the sampled token: red (unlikely) to green (certain)
+  if (lp === null || lp === undefined) return "";
+  const p = Math.exp(lp);
+  return `background:hsl(${Math.round(120 * p)},70%,85%)`;
+}
+
+pages.trajectory = async function () {
+  const id = body.dataset.session;
+  const view = new URLSearchParams(location.search).get("view") || "stored";
+  const d = await api(`/api/sessions/${enc(id)}/trajectory?view=${enc(view)}`);
+  const switcher = el("div", { class: "switch", id: "views" }, d.views.map((v) =>
+    el("a", { href: `?view=${v}`, class: v === d.view ? "on" : "", "data-view": v }, v)));
+  const legend = el("p", { class: "legend" }, el("span", { class: "tok m1" }, "sampled (loss)"), " ", el("span", { class: "tok m0" }, "masked (no loss)"),
+    " logprob: ", el("span", { class: "tok m1", style: heat(Math.log(0.05)) }, "p=0.05"), el("span", { class: "tok m1", style: heat(Math.log(0.5)) }, "p=0.5"),
+    el("span", { class: "tok m1", style: heat(0) }, "p=1"), " ", el("span", { class: "vmark" }, "v"), " weight version starts");
+  const traces = d.traces.map((t) => {
+    let version = null;
+    const toks = el("div", { class: "tokens" }, t.tokens.map(([text, mask, lp, ver, tid]) => {
+      const out = [];
+      if (ver !== null && ver !== version) { out.push(el("span", { class: "vmark", title: `weights ${ver}` }, `v${ver}`)); version = ver; }
+      out.push(el("span", { class: `tok m${mask}`, style: mask ? heat(lp) : "", title: `id ${tid} · ${mask ? "sampled" : "masked"} · logprob ${lp === null ? "–" : lp.toFixed(4)} · weights ${ver ?? "–"}` }, text));
+      return out;
+    }));
+    return el("article", { class: "trace", "data-trace": t.trace_id, "data-chain": t.chain_id },
+      el("h3", {}, `chain ${t.chain_id} `, t.side_call ? el("span", { class: "badge" }, `side call: ${t.side_call}`) : "",
+        t.trainable ? "" : el("span", { class: "badge warn" }, "not trainable")),
+      el("p", { class: "chain-meta" },
+        "break reason: ", el("b", { class: "break-reason" }, t.break_reason || "–"),
+        " · lineage: ", el("span", { class: "lineage" }, t.lineage_id || "–"),
+        ` · reward ${fmt(t.reward)} · prompt ${t.prompt_tokens} tokens · response ${t.response_tokens} (${t.sampled_tokens} sampled) · calls ${t.completion_seqs.join(", ")}`),
+      el("details", {}, el("summary", {}, "prompt"), el("pre", {}, t.prompt.text)),
+      toks, t.tokens_cut ? el("p", { class: "muted" }, `… ${t.tokens_cut} more tokens not shown`) : "");
+  });
+  main.replaceChildren(el("h1", {}, "Trajectory ", el("code", {}, id)),
+    el("p", {}, link(`/sessions/${enc(id)}`, "← session"), d.decoded ? "" : " · no tokenizer configured: token ids shown"),
+    switcher, legend, d.note ? el("p", { class: "warn", id: "note" }, d.note) : "",
+    d.traces.length ? traces : el("p", { class: "muted", id: "no-traces" }, "no traces"));
+};
+
+function chart(name, points) {
+  const W = 360, H = 160, P = 28;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("class", "chart");
+  const fig = el("figure", { "data-curve": name }, el("figcaption", {}, `${name} (${points.length} points)`), svg);
+  if (!points.length) return fig;
+  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
+  const sx = (x) => P + ((x - x0) / Math.max(x1 - x0, 1e-9)) * (W - 2 * P);
+  const sy = (y) => H - P - ((y - y0) / Math.max(y1 - y0, 1e-9)) * (H - 2 * P);
+  const path = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  path.setAttribute("points", points.map((p) => `${sx(p[0])},${sy(p[1])}`).join(" "));
+  path.setAttribute("class", "line");
+  svg.append(path);
+  for (const [txt, x, y] of [[fmt(y1), 2, P], [fmt(y0), 2, H - P], [`step ${x1}`, W - P - 30, H - 6]]) {
+    const t = document.createElementNS("http://www.w3.org/2000/svg", "text");
+    t.setAttribute("x", x); t.setAttribute("y", y); t.textContent = txt;
+    svg.append(t);
+  }
+  return fig;
+}
+
+pages.training = async function () {
+  const d = await api("/api/training");
+  if (!d.configured) {
+    main.replaceChildren(el("h1", {}, "Training"), el("p", { class: "muted", id: "no-trainer" }, "no trainer in this stack (its JSONL log is not configured)"));
+    return;
+  }
+  main.replaceChildren(el("h1", {}, "Training"), el("p", {}, `${d.steps} steps`),
+    el("div", { class: "charts", id: "charts" }, Object.entries(d.curves).map(([k, v]) => chart(k, v))));
+};
+
+pages.topology = async function () {
+  const d = await api("/api/topology");
+  main.replaceChildren(el("h1", {}, "Topology"),
+    el("p", {}, `polar ${d.polar_version || "?"} · NATS ${d.nats_url} · Redis ${d.redis_url}`),
+    section("Services", d.services.length ? table(["service", "url", "pid", "health"], d.services.map((s) => el("tr", { "data-service": s.name },
+      el("td", {}, s.name), el("td", {}, s.url), el("td", {}, fmt(s.pid)), el("td", { class: s.ok ? "ok" : "error" }, s.ok ? "healthy" : `unhealthy (${s.status ?? "no answer"})`))), { id: "services-table" })
+      : el("p", { class: "muted" }, "no stack record (the dashboard was not given the stack's state dir)")),
+    section("Nodes", table(["node", "stages"], d.nodes.map((n) => el("tr", {}, el("td", {}, n.node),
+      el("td", {}, Object.entries(n.stages).map(([k, v]) => `${k} ${v.used}/${v.bound ?? "–"}`).join(" · ")))))),
+    section("Backends", table(["name", "kind", "url", "queue", "up"], d.backends.map((b) => el("tr", {}, el("td", {}, b.name), el("td", {}, b.kind || "–"), el("td", {}, b.url || "–"), el("td", {}, fmt(b.queue)), el("td", {}, b.up === null ? "–" : b.up ? "yes" : "NO"))))),
+    section("Harnesses seen", el("p", {}, d.harnesses.join(", ") || "none yet")));
+};
+
+pages.notfound = async function () {
+  document.title = "not found · Polar dashboard";
+  main.replaceChildren(el("h1", { id: "not-found" }, "Not found"), el("p", {}, `There is no ${body.dataset.what || "such page"} in this stack. `, link("/", "Back to the overview")));
+};
+
+// -- live updates ---------------------------------------------------------------------
+const LIVE_PAGES = { overview: 1000, task: 1000, session: 3000 }; // least ms between re-renders
+let rendering = false, again = false, lastRender = 0;
+
+async function render() {
+  if (rendering) { again = true; return; }
+  rendering = true;
+  try {
+    await pages[PAGE]();
+    lastRender = Date.now();
+    body.dataset.rendered = String(lastRender);
+  } catch (e) {
+    if (e.status === 404) {
+      main.replaceChildren(el("h1", { id: "not-found" }, "Not found"), el("p", {}, e.message));
+    } else {
+      main.replaceChildren(el("p", { class: "error" }, `could not load this page: ${e.message}`));
+    }
+  } finally {
+    rendering = false;
+    if (again) { again = false; setTimeout(render, LIVE_PAGES[PAGE] || 1000); }
+  }
+}
+
+function follow() {
+  const live = document.getElementById("live");
+  const source = new EventSource("/api/live");
+  let version = null;
+  source.addEventListener("change", (ev) => {
+    const d = JSON.parse(ev.data);
+    banner(d.problems);
+    live.textContent = `live · ${new Date(d.ts * 1000).toLocaleTimeString()}`;
+    live.className = "on";
+    body.dataset.liveVersion = String(d.version);
+    if (version !== null && d.version !== version && PAGE in LIVE_PAGES) {
+      const wait = LIVE_PAGES[PAGE] - (Date.now() - lastRender);
+      setTimeout(render, Math.max(wait, 0));
+    }
+    version = d.version;
+  });
+  source.onerror = () => { live.textContent = "live updates lost: reconnecting…"; live.className = "off"; };
+}
+
+render();
+if (PAGE !== "notfound") follow();

@@ -1,0 +1,330 @@
+"""The dashboard in a real headless browser (Debian's chromium + chromium-driver, driven
+by selenium) against a live stack running real tasks: every page renders, live updates
+arrive while sessions move, the trajectory viewer shows the loss mask and a break
+reason, a cancel from the UI ends a task, a harness's markup stays text, unknown ids
+are 404 pages, and NATS or Redis going down gives a banner, not a crash.
+
+Screenshots of each page go to ``$POLAR_DASHBOARD_SHOTS`` when set (docs/img/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from infra import devstack, localservers
+from infra.topology import parse_topology
+from schemas import subjects as S
+from services.cli.demo import demo_task, demo_topology
+from services.common.bus import Bus
+from services.common.registry import Registry
+from tests.helpers.procs import ServiceProcess
+
+pytestmark = [pytest.mark.timeout(420)]
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER):
+    pytest.skip(
+        "needs chromium and chromium-driver (`just setup` as root: apt-get install -y "
+        "chromium chromium-driver)",
+        allow_module_level=True,
+    )
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="needs selenium (pip install selenium)"
+)
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+SHOTS = os.environ.get("POLAR_DASHBOARD_SHOTS")
+EVIL = '<script>window.__polar_xss=1</script><img src=x onerror="window.__polar_xss=2"><b id="evil">markup</b>'
+
+# An agent of two conversations (a different system prompt each: prefix_merging makes two
+# chains, the second with break reason sub_agent) whose output is all markup.
+TWO_CHAIN_AGENT = f"""
+import json, os, urllib.request
+EVIL = {EVIL!r}
+def chat(system, user):
+    body = json.dumps({{"model": "polar-tiny", "max_tokens": 16,
+        "messages": [{{"role": "system", "content": system}}, {{"role": "user", "content": user}}]}})
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+        data=body.encode(), headers={{"content-type": "application/json",
+        "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+chat("You are the main agent. " + EVIL, "Say hi. " + EVIL)
+chat("You are a sub-agent.", "Summarize.")
+open("evil.html", "w").write(EVIL)
+print(EVIL)
+"""
+
+
+def markup_task(task_id: str) -> dict:
+    return {
+        "task_id": task_id,
+        "instruction": f"Print some markup {EVIL}",
+        "num_samples": 1,
+        "timeout_seconds": 300,
+        "runtime": {
+            "backend": "local",
+            "prepare": [{"action": "upload_file", "content": TWO_CHAIN_AGENT, "dest": "agent.py"}],
+        },
+        "agent": {
+            "harness": "shell",
+            "command": f"{sys.executable} agent.py",
+            "model": "polar-tiny",
+        },
+        "builder": {"name": "prefix_merging"},
+    }
+
+
+def slow_task(task_id: str) -> dict:
+    return {
+        "task_id": task_id,
+        "instruction": "wait",
+        "num_samples": 2,
+        "timeout_seconds": 600,
+        "runtime": {"backend": "local"},
+        "agent": {"harness": "shell", "command": "sleep 300"},
+    }
+
+
+@pytest.fixture(scope="module")
+def stack():
+    state_dir = Path(tempfile.mkdtemp(prefix="polar-dash-"))
+    topo = parse_topology(demo_topology(state_dir), "dashboard topology")
+    devstack.up(topo)
+    yield topo, f"http://127.0.0.1:{topo.services['dashboard'].port}"
+    devstack.down(state_dir)
+
+
+def new_browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        "--disable-dev-shm-usage",
+    ):
+        opts.add_argument(arg)
+    service = webdriver.ChromeService(executable_path=DRIVER)
+    return webdriver.Chrome(options=opts, service=service)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = new_browser()
+    yield driver
+    driver.quit()
+
+
+def wait(driver, what, timeout=60.0):
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: what(d))
+
+
+def shot(driver, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"dashboard-{name}.png"))
+
+
+def rendered(driver) -> int:
+    return int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-rendered") or 0)
+
+
+async def publish(topo, *tasks: dict) -> None:
+    bus = await Bus.open(topo.nats_url, "dash-test", declare=False)
+    try:
+        for t in tasks:
+            await bus.js.publish(
+                S.TASKS_SUBMIT, orjson.dumps(t), headers={"Nats-Msg-Id": t["task_id"]}
+            )
+    finally:
+        await bus.close()
+
+
+def texts(driver, css: str) -> list[str]:
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def test_pages_render_live_against_a_running_task(stack, browser):
+    topo, url = stack
+    d = browser
+    d.get(url + "/")
+    wait(d, lambda d: d.find_elements(By.ID, "n-sessions"))
+    assert d.find_element(By.ID, "n-sessions").text == "0"
+    # submitted after the page loaded: it appears and its sessions move without a reload
+    asyncio.run(publish(topo, demo_task("dash-calc"), markup_task("dash-markup")))
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-task="dash-calc"]'))
+    first = rendered(d)
+    wait(d, lambda d: rendered(d) > first)  # re-rendered on a pushed change
+    d.get(url + "/tasks/dash-calc")
+    wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline .tl-row")) == 4)
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#timeline .phase.ph-running"), 120)
+    shot(d, "task-live")
+    # every session reaches a reward on this same page, pushed live
+    wait(d, lambda d: texts(d, "#group-table td.reward") == ["1.000"] * 4, 300)
+    spans = d.find_elements(By.CSS_SELECTOR, "#timeline .phase")
+    assert any("RUNNING:" in (s.get_attribute("title") or "") for s in spans)  # hover timings
+    assert d.find_element(By.ID, "no-variance")  # all four 1.0: no advantage
+    shot(d, "task")
+    d.get(url + "/")
+    wait(d, lambda d: "COMPLETED" in d.find_element(By.ID, "states").text)
+    assert d.find_elements(By.CSS_SELECTOR, "#nodes-table tr")
+    assert "POLAR_COMPLETIONS" in d.find_element(By.ID, "streams-table").text
+    shot(d, "overview")
+    # the sessions table filters server-side
+    d.find_element(By.ID, "f-task").send_keys("dash-calc")
+    d.find_element(By.ID, "f-state").send_keys("completed")
+    d.find_element(By.CSS_SELECTOR, "#filters button").click()
+    wait(d, lambda d: "of 4" in d.find_element(By.ID, "sessions-range").text)
+
+    d.get(url + "/sessions/dash-calc-0000")
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#calls-table tr.call"))
+    calls = d.find_elements(By.CSS_SELECTOR, "#calls-table tr.call")
+    assert len(calls) >= 4  # the scripted agent's turns
+    assert "openai_chat" in calls[0].text
+    calls[0].click()
+    assert (
+        "harness's request" in d.find_element(By.CSS_SELECTOR, "tr.call-detail:not([hidden])").text
+    )
+    wait(d, lambda d: "calc.py" in d.find_element(By.ID, "diff").text)  # the agent's fix
+    assert "reward 1.000" in d.find_element(By.ID, "verdict").text
+    shot(d, "session")
+
+    d.get(url + "/sessions/dash-calc-0000/trajectory")
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, ".trace .tok"))
+    assert d.find_elements(By.CSS_SELECTOR, ".tok.m0") and d.find_elements(
+        By.CSS_SELECTOR, ".tok.m1"
+    )
+    title = d.find_element(By.CSS_SELECTOR, ".tok.m1").get_attribute("title")
+    assert "sampled" in title and "logprob -" in title
+    shot(d, "trajectory")
+
+    d.get(url + "/training")
+    wait(d, lambda d: d.find_elements(By.ID, "no-trainer"))
+    d.get(url + "/topology")
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#services-table tr[data-service]"))
+    healthy = texts(d, "#services-table td.ok")
+    assert len(healthy) == 8 and set(healthy) == {"healthy"}
+    shot(d, "topology")
+
+
+def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
+    topo, url = stack
+    d = browser
+    reg = Registry.from_url(topo.redis_url)
+
+    async def ended() -> str | None:
+        s = await reg.get_session("dash-markup-0000")
+        return s.state.value if s else None
+
+    deadline = time.monotonic() + 240
+    while (
+        asyncio.run(ended()) not in ("COMPLETED", "ERROR", "TIMEOUT")
+        and time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    d.get(url + "/sessions/dash-markup-0000/trajectory?view=prefix_merging")
+    wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".trace")) == 2)
+    reasons = texts(d, ".trace .break-reason")
+    assert reasons == ["first", "sub_agent"]
+    lineage = texts(d, ".trace .lineage")
+    assert lineage[1] == "dash-markup-0000:0"
+    assert d.find_elements(By.CSS_SELECTOR, ".tok.m0") and d.find_elements(
+        By.CSS_SELECTOR, ".tok.m1"
+    )
+    shot(d, "trajectory-break")
+    d.find_element(By.CSS_SELECTOR, '#views a[data-view="per_request"]').click()
+    wait(
+        d,
+        lambda d: (
+            len(d.find_elements(By.CSS_SELECTOR, ".trace")) == 2 and "per_request" in d.current_url
+        ),
+    )
+
+    d.get(url + "/sessions/dash-markup-0000")
+    wait(d, lambda d: EVIL in d.find_element(By.ID, "stdout").text)
+    assert EVIL in d.find_element(By.ID, "diff").text
+    d.find_elements(By.CSS_SELECTOR, "#calls-table tr.call")[0].click()
+    assert EVIL in d.find_element(By.CSS_SELECTOR, "tr.call-detail:not([hidden])").text
+    d.get(url + "/tasks/dash-markup")
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "pre.instruction"))
+    assert EVIL in d.find_element(By.CSS_SELECTOR, "pre.instruction").text
+    # the markup is text: no element of its making, and its script never ran
+    assert d.execute_script("return window.__polar_xss") is None
+    assert not d.find_elements(By.ID, "evil")
+    assert not d.find_elements(By.CSS_SELECTOR, 'img[src="x"]')
+    asyncio.run(reg.close())
+
+
+def test_cancel_from_the_ui_ends_the_task(stack, browser):
+    topo, url = stack
+    d = browser
+    asyncio.run(publish(topo, slow_task("dash-slow")))
+    d.get(url + "/tasks/dash-slow")
+    wait(d, lambda d: "RUNNING" in d.find_element(By.ID, "timeline").text, 120)
+    d.find_element(By.ID, "cancel").click()
+    d.switch_to.alert.accept()
+    wait(
+        d, lambda d: "cancel of dash-slow published" in d.find_element(By.ID, "cancel-result").text
+    )
+    wait(d, lambda d: texts(d, "#timeline .state") == ["CANCELLED", "CANCELLED"], 60)
+    assert d.find_element(By.ID, "cancel").get_attribute("disabled") is not None
+
+
+def test_unknown_ids_are_404_pages_and_cancel_needs_its_header(stack, browser):
+    _, url = stack
+    for path in ("/tasks/no-such-task", "/sessions/no-such-session", "/sessions/nope/trajectory"):
+        assert httpx.get(url + path).status_code == 404
+        browser.get(url + path)
+        wait(browser, lambda d: d.find_elements(By.ID, "not-found"))
+    assert httpx.get(url + "/api/sessions/nope").status_code == 404
+    assert httpx.get(url + "/api/sessions?state=SLEEPING").status_code == 400
+    forged = httpx.post(url + "/api/tasks/dash-calc/cancel")  # what a cross-site form sends
+    assert forged.status_code == 403
+    page = httpx.get(url + "/")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+
+
+def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
+    nport, rport = localservers.free_port(), localservers.free_port()
+    nats = localservers.start_nats(nport, tmp_path / "nats")
+    valkey = localservers.start_valkey(rport, tmp_path / "valkey")
+    cfg = {
+        "nats_url": f"nats://127.0.0.1:{nport}",
+        "redis_url": f"redis://127.0.0.1:{rport}/0",
+        "refresh_seconds": 0.2,
+        "stack_poll_seconds": 0.5,
+    }
+    dash = ServiceProcess("services.dashboard.main:create_app", cfg, tmp_path).start(timeout=60)
+    driver = new_browser()
+    try:
+        driver.get(dash.url + "/")
+        wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
+        assert not driver.find_element(By.ID, "banner").is_displayed()
+        localservers.stop_process(valkey.pid)
+        wait(driver, lambda d: "cannot reach Redis" in d.find_element(By.ID, "banner").text, 30)
+        localservers.stop_process(nats.pid)
+        wait(driver, lambda d: "NATS" in d.find_element(By.ID, "banner").text, 30)
+        shot(driver, "banner")
+        driver.get(dash.url + "/")  # a fresh load still renders, with the banner
+        wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
+        wait(driver, lambda d: d.find_element(By.ID, "banner").is_displayed(), 10)
+        assert httpx.get(dash.url + "/healthz").status_code == 503
+        assert dash.proc.poll() is None
+    finally:
+        driver.quit()
+        dash.stop()
+        localservers.stop_process(nats.pid)
+        localservers.stop_process(valkey.pid)

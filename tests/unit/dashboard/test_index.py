@@ -1,0 +1,114 @@
+"""The dashboard's session index: filters, pages, live events, rates."""
+
+import re
+
+import pytest
+
+from schemas import Outcome, Session, SessionState, SessionStateChanged
+from services.dashboard.index import BadQuery, Filters, SessionIndex, parse_query
+
+S = SessionState
+
+
+def session(task: str, i: int, state=S.COMPLETED, reward=None, version=8, **kw) -> Session:
+    return Session(
+        session_id=f"{task}-{i:04d}",
+        task_id=task,
+        index=i,
+        token="ps_x",
+        state=state,
+        version=version,
+        reward=reward,
+        **kw,
+    )
+
+
+def event(sid: str, to: S, version: int, ts: float, **kw) -> SessionStateChanged:
+    return SessionStateChanged(
+        session_id=sid,
+        task_id=sid.rsplit("-", 1)[0],
+        from_state=None,
+        to_state=to,
+        version=version,
+        ts=ts,
+        **kw,
+    )
+
+
+def index_of(n_tasks=3, per=4) -> SessionIndex:
+    idx = SessionIndex()
+    for t in range(n_tasks):
+        task = f"t{t}"
+        idx.add_task(task, "shell" if t % 2 == 0 else "codex", float(t))
+        for i in range(per):
+            idx.put(session(task, i, reward=float(i % 2), reason=f"r{i}" if i == 3 else None))
+    return idx
+
+
+def test_filters_combine_and_pages_count_every_match():
+    idx = index_of()
+    page = idx.query(Filters(harness="shell", reward_min=1.0), offset=0, limit=3)
+    assert page.total == 4  # t0 and t2, indices 1 and 3
+    assert [r.session_id for r in page.rows] == ["t0-0001", "t0-0003", "t2-0001"]
+    assert (
+        idx.query(Filters(harness="shell", reward_min=1.0), offset=3, limit=3).rows[0].session_id
+        == "t2-0003"
+    )
+    assert idx.query(Filters(task="t1", reason="R3")).total == 1  # any case
+    assert idx.query(Filters(task="nope")).total == 0
+
+
+def test_events_move_rows_and_fill_the_timeline_even_when_replayed_late():
+    idx = SessionIndex()
+    idx.add_task("t", "shell", 0.0)
+    idx.put(session("t", 0, state=S.RUNNING, version=3))
+    v = idx.version
+    assert idx.apply(event("t-0000", S.POSTRUN, 4, 10.0, node="n1"))
+    assert idx.rows["t-0000"].state == "POSTRUN" and idx.rows["t-0000"].node == "n1"
+    assert not idx.apply(event("t-0000", S.RUNNING, 3, 5.0))  # older: state kept...
+    assert idx.rows["t-0000"].state == "POSTRUN"
+    assert idx.rows["t-0000"].entered == {"POSTRUN": 10.0, "RUNNING": 5.0}  # ...time kept
+    assert idx.version > v
+    # an older registry read never undoes what a newer event said
+    idx.put(session("t", 0, state=S.RUNNING, version=3))
+    assert idx.rows["t-0000"].state == "POSTRUN"
+
+
+def test_event_for_an_unknown_session_adds_it_and_terminal_ones_count_as_rate():
+    idx = SessionIndex(window_seconds=10)
+    assert idx.apply(event("u-0001", S.ERROR, 5, 100.0, reason="harness crashed\ntrace"))
+    assert idx.tasks == {"u": ["u-0001"]}
+    assert idx.sessions_per_second(105.0) == pytest.approx(0.1)
+    assert idx.sessions_per_second(200.0) == 0.0
+    assert idx.errors_by_reason() == [("ERROR: harness crashed", 1)]
+
+
+def test_sort_by_reward_puts_unscored_last():
+    idx = SessionIndex()
+    idx.add_task("t", None, 0)
+    for i, r in enumerate([0.5, None, 1.0]):
+        idx.put(session("t", i, reward=r, outcome=Outcome.COMPLETED))
+    assert [r.reward for r in idx.query(Filters(), sort="reward").rows] == [1.0, 0.5, None]
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ({"state": "running,NOPE"}, "unknown state(s) ['NOPE']"),
+        ({"reward_min": "high"}, "reward_min must be a number"),
+        ({"limit": "5000"}, "limit must be between 1 and 200"),
+        ({"offset": "-1"}, "offset must be between"),
+        ({"sort": "chaos"}, "sort must be one of"),
+    ],
+)
+def test_bad_queries_say_what_is_wrong(query, message):
+    with pytest.raises(BadQuery, match=re.escape(message)):
+        parse_query(query)
+
+
+def test_query_parsing():
+    f, offset, limit, sort = parse_query(
+        {"state": "running, error", "reward_max": "0", "limit": "10"}
+    )
+    assert f.states == {"RUNNING", "ERROR"} and f.reward_max == 0.0
+    assert (offset, limit, sort) == (0, 10, "task")

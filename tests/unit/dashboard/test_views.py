@@ -1,0 +1,155 @@
+"""What each dashboard page shows, from schema structs alone (no server)."""
+
+import random
+
+import msgspec
+import orjson
+
+from schemas import Artifacts, Outcome, Timings, Trace, VersionSpan
+from services.dashboard import views
+from services.dashboard.index import SessionIndex, SessionRow
+from tests.unit.builder.synth import Capture, agent_loop, opening, text
+
+
+def records_with_a_break():
+    """Three calls of one loop, then a prompt that rewrites the system message: two
+    chains in prefix_merging, the second with a break reason."""
+    rng = random.Random(7)
+    cap = Capture("t-0000")
+    agent_loop(cap, rng, 3)
+    cap.call(opening(text(rng, 30), text(rng, 20)), text(rng, 6) + [2], finish="stop")
+    return cap.records
+
+
+def test_both_builders_rebuild_the_same_session_and_the_merge_shows_its_break():
+    records = records_with_a_break()
+    per_request = views.rebuild(records, "per_request", Outcome.COMPLETED)
+    merged = views.rebuild(records, "prefix_merging", Outcome.COMPLETED)
+    assert len(per_request) == 4 and len(merged) == 2
+    view = views.trajectory_view("t-0000", "prefix_merging", merged, None, None)
+    first, second = view["traces"]
+    assert first["break_reason"] == "first" and second["break_reason"] == "sub_agent"
+    assert second["lineage_id"] == first["trace_id"]
+    masks = {tok[1] for tok in first["tokens"]}
+    assert masks == {0, 1}  # sampled tokens and the tool results between them
+    assert first["sampled_tokens"] == sum(tok[1] for tok in first["tokens"])
+    # masked tokens carry no logprob, sampled ones do
+    assert all((tok[2] is None) == (tok[1] == 0) for tok in first["tokens"])
+
+
+def test_trace_tokens_are_decoded_with_versions_and_cut_when_huge(monkeypatch):
+    trace = Trace(
+        trace_id="s:0",
+        prompt_ids=[1, 2],
+        response_ids=[10, 11, 12],
+        loss_mask=[1, 0, 1],
+        response_logprobs=[-0.1, None, -2.0],
+        version_spans=[
+            VersionSpan(version="3", start=0, end=1),
+            VersionSpan(version="4", start=2, end=3),
+        ],
+    )
+    v = views.trace_view(trace, lambda i: f"<{i}>")
+    assert v["prompt"]["text"] == "<1><2>"
+    assert v["tokens"] == [
+        ["<10>", 1, -0.1, "3", 10],
+        ["<11>", 0, None, None, 11],
+        ["<12>", 1, -2.0, "4", 12],
+    ]
+    monkeypatch.setattr(views, "MAX_TOKENS", 2)
+    cut = views.trace_view(trace, None)
+    assert len(cut["tokens"]) == 2 and cut["tokens_cut"] == 1 and cut["tokens"][0][0] == "10"
+
+
+def test_session_view_lists_calls_with_timings_tools_and_markup_as_plain_text():
+    records = records_with_a_break()
+    evil = "<script>alert(1)</script><b>bold</b>"
+    reply = {
+        "role": "assistant",
+        "content": evil,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "sh", "arguments": '{"cmd": "ls"}'},
+            }
+        ],
+    }
+    normalized = {"messages": [{"role": "tool", "tool_call_id": "c0", "content": evil}]}
+    records[1] = msgspec.structs.replace(
+        records[1],
+        reply=msgspec.Raw(orjson.dumps(reply)),
+        normalized=msgspec.Raw(orjson.dumps(normalized)),
+        raw_request=msgspec.Raw(orjson.dumps({"messages": [{"role": "user", "content": evil}]})),
+        timings=Timings(received=1.0, upstream_start=1.010, upstream_end=1.210, captured=1.215),
+        drift_reason="history_rewritten",
+        side_call="title",
+    )
+    row = SessionRow(
+        session_id="t-0000",
+        task_id="t",
+        state="COMPLETED",
+        reward=1.0,
+        eval_reason=evil,
+        entered={"RUNNING": 0.0, "POSTRUN": 2.0, "COMPLETED": 3.0},
+    )
+    art = Artifacts(diff="--- a\n+++ b\n" + evil, logs={"agent.log": evil}, harness="shell")
+    v = views.session_view(row, list(reversed(records)), [], art, None, now=5.0)
+    assert [c["seq"] for c in v["calls"]] == [0, 1, 2, 3]  # in order whatever came first
+    c = v["calls"][1]
+    assert c["engine_ms"] == 200.0 and c["proxy_ms"] == 15.0
+    assert c["side_call"] == "title" and c["drift_reason"] == "history_rewritten"
+    assert c["tool_calls"] == [{"id": "c1", "name": "sh", "arguments": '{"cmd": "ls"}'}]
+    assert c["tool_results"][0]["content"]["text"] == evil
+    assert evil in c["reply"]["text"] and evil in c["request"]["text"]  # data, unescaped:
+    # the page puts it in with textContent (the browser test checks it stays text)
+    assert c["tokens_in"] == len(views.reconstruct_prompts(records)[1])
+    assert v["artifacts"]["logs"]["agent.log"]["text"] == evil
+    assert v["verdict"]["eval_reason"] == evil
+    assert [s["state"] for s in v["spans"]] == ["RUNNING", "POSTRUN"]
+
+
+def test_task_view_timelines_and_a_group_with_no_variance():
+    idx = SessionIndex()
+    idx.add_task("t", "shell", 0.0)
+    rows = [
+        SessionRow(
+            session_id=f"t-000{i}",
+            task_id="t",
+            index=i,
+            state="COMPLETED",
+            reward=1.0,
+            entered={"REGISTERED": 0.0, "INITIALIZING": 1.0, "RUNNING": 2.0 + i, "COMPLETED": 9.0},
+        )
+        for i in range(3)
+    ]
+    v = views.task_view("t", None, rows, {}, 0.0, now=10.0)
+    assert v["no_variance"] and v["done"] == 3 and not v["live"]
+    spans = v["timelines"][1]["spans"]
+    assert [(s["phase"], s["start"], s["end"]) for s in spans] == [
+        ("queued", 0.0, 1.0),
+        ("init", 1.0, 3.0),
+        ("running", 3.0, 9.0),
+    ]
+    rows[0].reward = 0.0
+    assert not views.task_view("t", None, rows, {}, 0.0, now=10.0)["no_variance"]
+
+
+def test_training_curves_last_record_per_step_wins():
+    lines = [
+        b'{"type": "step", "step": 1, "reward_mean": 0.1, "loss": 2.0, "mismatch_max": 1e-6, "staleness": {"0": 3, "1": 1}}',
+        b'{"type": "eval", "step": 1, "accuracy": 0.2}',
+        b'{"type": "step", "step": 1, "reward_mean": 0.3, "loss": 1.5, "mismatch_max": null, "staleness": {}}',
+        b'{"type": "step", "step": 2, "reward_mean": 0.5, "loss": 1.0, "staleness": {"2": 2}}',
+        b'{"type": "st',  # being written
+    ]
+    v = views.training_view(views.parse_jsonl(lines))
+    assert v["steps"] == 2
+    assert v["curves"]["reward"] == [[1, 0.3], [2, 0.5]]
+    assert v["curves"]["heldout_accuracy"] == [[1, 0.2]]
+    assert v["curves"]["staleness"] == [[2, 2.0]]
+    assert v["curves"]["mismatch"] == []
+
+
+def test_long_text_is_cut_and_says_by_how_much():
+    assert views.clip("x" * 10, 4) == {"text": "xxxx", "cut": 6}
