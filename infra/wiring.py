@@ -113,9 +113,7 @@ def wire(
     return [_dashboard_sources(p, out, state_dir) if p.service == DASHBOARD else p for p in out]
 
 
-def _dashboard_sources(
-    plan: ServicePlan, plans: list[ServicePlan], state_dir: Path
-) -> ServicePlan:
+def _dashboard_sources(plan: ServicePlan, plans: list[ServicePlan], state_dir: Path) -> ServicePlan:
     """What the dashboard reads besides NATS and Redis: the stack's record (the topology
     page), the proxy's tokenizer (token ids decoded) and the trainer's JSONL log."""
     found: dict[str, Any] = {"state_dir": str(state_dir)}

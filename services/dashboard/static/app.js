@@ -13,7 +13,7 @@ function el(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") node.className = v;
-    else if (k === "style") node.setAttribute("style", v);
+    else if (k === "style") node.style.cssText = v; // CSSOM: allowed by the page's CSP
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
@@ -42,7 +42,8 @@ function banner(problems) {
 async function api(path, opts) {
   let r;
   try {
-    r = await fetch(path, opts);
+    // a stalled answer must not hold the page's renders forever
+    r = await fetch(path, Object.assign({ signal: AbortSignal.timeout(20000) }, opts || {}));
   } catch (e) {
     banner([`the dashboard itself is unreachable (${e})`]);
     throw e;
@@ -180,6 +181,7 @@ pages.overview = async function () {
 pages.task = async function () {
   const id = body.dataset.task;
   const d = await api(`/api/tasks/${enc(id)}`);
+  settled = !d.live;
   const t0 = d.timeline_start, span = Math.max(d.now - t0, 0.001);
   const timeline = el("div", { class: "timeline", id: "timeline" }, d.timelines.map((tl) =>
     el("div", { class: "tl-row", "data-session": tl.session_id },
@@ -226,6 +228,7 @@ pages.session = async function () {
   const id = body.dataset.session;
   const d = await api(`/api/sessions/${enc(id)}`);
   const s = d.session, v = d.verdict;
+  settled = ENDED.includes(s.state) && d.artifacts !== null; // nothing more will change
   const calls = table(["seq", "protocol", "side call", "tokens in", "tokens out", "engine ms", "proxy ms", "weights", "extends", "drift / break", "finish"],
     d.calls.flatMap((c) => {
       const row = el("tr", { class: "call", "data-seq": c.seq },
@@ -299,7 +302,7 @@ pages.trajectory = async function () {
   main.replaceChildren(el("h1", {}, "Trajectory ", el("code", {}, id)),
     el("p", {}, link(`/sessions/${enc(id)}`, "← session"), d.decoded ? "" : " · no tokenizer configured: token ids shown"),
     switcher, legend, d.note ? el("p", { class: "warn", id: "note" }, d.note) : "",
-    d.traces.length ? traces : el("p", { class: "muted", id: "no-traces" }, "no traces"));
+    ...(d.traces.length ? traces : [el("p", { class: "muted", id: "no-traces" }, "no traces")]));
 };
 
 function chart(name, points) {
@@ -355,7 +358,9 @@ pages.notfound = async function () {
 
 // -- live updates ---------------------------------------------------------------------
 const LIVE_PAGES = { overview: 1000, task: 1000, session: 3000 }; // least ms between re-renders
+const ENDED = ["COMPLETED", "TIMEOUT", "ERROR", "CANCELLED"];
 let rendering = false, again = false, lastRender = 0;
+let settled = false; // the page shows something final: live changes elsewhere leave it be
 
 async function render() {
   if (rendering) { again = true; return; }
@@ -376,17 +381,31 @@ async function render() {
   }
 }
 
+let version = null, lastMessage = 0, reconnects = 0;
+
 function follow() {
   const live = document.getElementById("live");
   const source = new EventSource("/api/live");
-  let version = null;
+  lastMessage = Date.now();
+  // the server speaks at least every 15 s: a stream closed or silent for longer is
+  // reopened (an EventSource gives up for good after some failures)
+  const watchdog = setInterval(() => {
+    if (source.readyState === EventSource.CLOSED || Date.now() - lastMessage > 35000) {
+      clearInterval(watchdog);
+      source.close();
+      reconnects += 1;
+      body.dataset.reconnects = String(reconnects);
+      follow();
+    }
+  }, 5000);
   source.addEventListener("change", (ev) => {
+    lastMessage = Date.now();
     const d = JSON.parse(ev.data);
     banner(d.problems);
     live.textContent = `live · ${new Date(d.ts * 1000).toLocaleTimeString()}`;
     live.className = "on";
     body.dataset.liveVersion = String(d.version);
-    if (version !== null && d.version !== version && PAGE in LIVE_PAGES) {
+    if (version !== null && d.version !== version && PAGE in LIVE_PAGES && !settled) {
       const wait = LIVE_PAGES[PAGE] - (Date.now() - lastRender);
       setTimeout(render, Math.max(wait, 0));
     }

@@ -30,9 +30,15 @@ def fake_bin(dir_: Path, *names: str) -> str:
 
 
 def test_missing_packages_are_the_debian_names_of_absent_executables():
-    assert setup.missing_packages(on_path()) == ["bubblewrap", "podman", "runc"]
-    assert setup.missing_packages(on_path("podman")) == ["bubblewrap", "runc"]
-    assert setup.missing_packages(on_path("bwrap", "podman", "runc")) == []
+    every = ["bubblewrap", "podman", "runc", "chromium", "chromium-driver"]
+    assert setup.missing_packages(on_path()) == every
+    assert setup.missing_packages(on_path("podman", "chromium", "chromedriver")) == [
+        "bubblewrap",
+        "runc",
+    ]
+    assert (
+        setup.missing_packages(on_path("bwrap", "podman", "runc", "chromium", "chromedriver")) == []
+    )
 
 
 def test_apt_only_as_root_on_a_machine_with_apt():
@@ -56,7 +62,8 @@ def test_the_hint_names_the_packages_and_the_command_that_gets_them():
 
 
 def test_a_non_root_user_is_told_the_command_and_nothing_runs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PATH", fake_bin(tmp_path / "bin", "apt-get", "dpkg", "podman"))
+    bins = ("apt-get", "dpkg", "podman", "chromium", "chromedriver")
+    monkeypatch.setenv("PATH", fake_bin(tmp_path / "bin", *bins))
     got = setup.step_system_packages(uid=1000)
     assert got.state == "skipped"
     assert "bubblewrap runc missing (not root)" in got.detail
@@ -65,7 +72,8 @@ def test_a_non_root_user_is_told_the_command_and_nothing_runs(tmp_path, monkeypa
 
 
 def test_packages_already_there_are_a_quick_done(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", fake_bin(tmp_path / "bin", "bwrap", "podman", "runc"))
+    bins = ("bwrap", "podman", "runc", "chromium", "chromedriver")
+    monkeypatch.setenv("PATH", fake_bin(tmp_path / "bin", *bins))
     assert setup.step_system_packages(uid=0).state == "done"
 
 

@@ -148,3 +148,21 @@ services:
     p = by_name(plans)
     assert p["trainer"].config["proxy_url"] == f"http://127.0.0.1:{p['proxy'].port}"
     assert "work_dir" not in p["trainer"].config  # its config has no such field
+
+
+def test_the_dashboard_is_told_where_the_record_tokenizer_and_trainer_log_are():
+    _, plans = planned(
+        """
+services:
+  proxy: {config: {model_dir: /models/m}}
+  trainer: {config: {checkpoint_dir: /ckpt}}
+backends: [{name: gpu, kind: sglang, url: 'http://10.0.0.5:30000'}]
+"""
+    )
+    cfg = by_name(plans)["dashboard"].config
+    assert cfg["state_dir"] == str(STATE)
+    assert cfg["model_dir"] == "/models/m"
+    assert cfg["trainer_log"] == "/ckpt/log.jsonl"
+    assert cfg["backends"][0]["url"] == "http://10.0.0.5:30000"  # engines' queues shown
+    _, plans = planned("services: {model: {enabled: false}, proxy: {enabled: false}}")
+    assert "model_dir" not in by_name(plans)["dashboard"].config  # ids shown undecoded
