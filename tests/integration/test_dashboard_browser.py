@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -57,16 +56,21 @@ EVIL = '<script>window.__polar_xss=1</script><img src=x onerror="window.__polar_
 TWO_CHAIN_AGENT = f"""
 import json, os, urllib.request
 EVIL = {EVIL!r}
-def chat(system, user):
-    body = json.dumps({{"model": "polar-tiny", "max_tokens": 16,
-        "messages": [{{"role": "system", "content": system}}, {{"role": "user", "content": user}}]}})
+def chat(messages):
+    body = json.dumps({{"model": "polar-tiny", "max_tokens": 16, "messages": messages}})
     req = urllib.request.Request(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
         data=body.encode(), headers={{"content-type": "application/json",
         "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}})
     with urllib.request.urlopen(req, timeout=120) as r:
-        return json.load(r)
-chat("You are the main agent. " + EVIL, "Say hi. " + EVIL)
-chat("You are a sub-agent.", "Summarize.")
+        return json.load(r)["choices"][0]["message"]
+# one conversation of two turns (the second prompt extends the first: its new user turn
+# is masked), then a sub-agent with its own system prompt (a new chain)
+main = [{{"role": "system", "content": "You are the main agent. " + EVIL}},
+        {{"role": "user", "content": "Say hi. " + EVIL}}]
+reply = chat(main)
+chat(main + [{{"role": "assistant", "content": reply.get("content") or ""}},
+             {{"role": "user", "content": "Again. " + EVIL}}])
+chat([{{"role": "system", "content": "You are a sub-agent."}}, {{"role": "user", "content": "Summarize."}}])
 open("evil.html", "w").write(EVIL)
 print(EVIL)
 """
@@ -144,7 +148,10 @@ def wait(driver, what, timeout=60.0):
         state = {
             k: b.get_attribute(f"data-{k}") for k in ("rendered", "live-version", "reconnects")
         }
-        driver.save_screenshot(str(Path(tempfile.gettempdir()) / "dashboard-timeout.png"))
+        name = "".join(c if c.isalnum() else "-" for c in driver.current_url.split("/", 3)[-1])
+        driver.save_screenshot(str(Path(tempfile.gettempdir()) / f"dashboard-timeout-{name}.png"))
+        for entry in driver.get_log("browser"):
+            print("browser:", entry)
         raise AssertionError(f"timed out on {driver.current_url}: {state}") from None
 
 
@@ -225,10 +232,10 @@ def test_pages_render_live_against_a_running_task(stack, browser):
 
     d.get(url + "/sessions/dash-calc-0000/trajectory")
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, ".trace .tok"))
-    assert d.find_elements(By.CSS_SELECTOR, ".tok.m0") and d.find_elements(
-        By.CSS_SELECTOR, ".tok.m1"
+    assert d.find_elements(By.CSS_SELECTOR, ".trace .tok.m0") and d.find_elements(
+        By.CSS_SELECTOR, ".trace .tok.m1"
     )
-    title = d.find_element(By.CSS_SELECTOR, ".tok.m1").get_attribute("title")
+    title = d.find_element(By.CSS_SELECTOR, ".trace .tok.m1").get_attribute("title")
     assert "sampled" in title and "logprob -" in title
     shot(d, "trajectory")
 
@@ -244,33 +251,35 @@ def test_pages_render_live_against_a_running_task(stack, browser):
 def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
     topo, url = stack
     d = browser
-    reg = Registry.from_url(topo.redis_url)
+    asyncio.run(publish(topo, markup_task("dash-markup")))  # once: the task id dedupes
 
-    async def ended() -> str | None:
-        s = await reg.get_session("dash-markup-0000")
-        return s.state.value if s else None
+    async def until_ended() -> None:
+        reg = Registry.from_url(topo.redis_url)
+        try:
+            for _ in range(240):
+                s = await reg.get_session("dash-markup-0000")
+                if s is not None and s.state.value in ("COMPLETED", "ERROR", "TIMEOUT"):
+                    return
+                await asyncio.sleep(1)
+        finally:
+            await reg.close()
 
-    deadline = time.monotonic() + 240
-    while (
-        asyncio.run(ended()) not in ("COMPLETED", "ERROR", "TIMEOUT")
-        and time.monotonic() < deadline
-    ):
-        time.sleep(1)
+    asyncio.run(until_ended())
     d.get(url + "/sessions/dash-markup-0000/trajectory?view=prefix_merging")
     wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".trace")) == 2)
     reasons = texts(d, ".trace .break-reason")
     assert reasons == ["first", "sub_agent"]
     lineage = texts(d, ".trace .lineage")
     assert lineage[1] == "dash-markup-0000/0"
-    assert d.find_elements(By.CSS_SELECTOR, ".tok.m0") and d.find_elements(
-        By.CSS_SELECTOR, ".tok.m1"
+    assert d.find_elements(By.CSS_SELECTOR, ".trace .tok.m0") and d.find_elements(
+        By.CSS_SELECTOR, ".trace .tok.m1"
     )
     shot(d, "trajectory-break")
     d.find_element(By.CSS_SELECTOR, '#views a[data-view="per_request"]').click()
-    wait(
+    wait(  # the same session, one trace per model call
         d,
         lambda d: (
-            len(d.find_elements(By.CSS_SELECTOR, ".trace")) == 2 and "per_request" in d.current_url
+            len(d.find_elements(By.CSS_SELECTOR, ".trace")) == 3 and "per_request" in d.current_url
         ),
     )
 
@@ -278,7 +287,11 @@ def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
     wait(d, lambda d: EVIL in d.find_element(By.ID, "stdout").text)
     assert EVIL in d.find_element(By.ID, "diff").text
     d.find_elements(By.CSS_SELECTOR, "#calls-table tr.call")[0].click()
-    assert EVIL in d.find_element(By.CSS_SELECTOR, "tr.call-detail:not([hidden])").text
+    # inside JSON its quotes are escaped: its script tag is there, as text
+    assert (
+        "<script>window.__polar_xss=1</script>"
+        in d.find_element(By.CSS_SELECTOR, "tr.call-detail:not([hidden])").text
+    )
     d.get(url + "/tasks/dash-markup")
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "pre.instruction"))
     assert EVIL in d.find_element(By.CSS_SELECTOR, "pre.instruction").text
@@ -286,7 +299,6 @@ def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
     assert d.execute_script("return window.__polar_xss") is None
     assert not d.find_elements(By.ID, "evil")
     assert not d.find_elements(By.CSS_SELECTOR, 'img[src="x"]')
-    asyncio.run(reg.close())
 
 
 def test_cancel_from_the_ui_ends_the_task(stack, browser):

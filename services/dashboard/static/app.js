@@ -17,7 +17,7 @@ function el(tag, attrs, ...children) {
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -178,6 +178,8 @@ pages.overview = async function () {
     section("Sessions", pages.overview.sessions));
 };
 
+let cancelMessage = ""; // what the last cancel answered: kept across live re-renders
+
 pages.task = async function () {
   const id = body.dataset.task;
   const d = await api(`/api/tasks/${enc(id)}`);
@@ -201,16 +203,17 @@ pages.task = async function () {
     if (!window.confirm(`Cancel every live session of ${id}?`)) return;
     try {
       const r = await api(`/api/tasks/${enc(id)}/cancel`, { method: "POST", headers: { "X-Polar-Action": "cancel" } });
-      document.getElementById("cancel-result").textContent = r.message;
+      cancelMessage = r.message;
     } catch (e) {
-      document.getElementById("cancel-result").textContent = `cancel failed: ${e.message}`;
+      cancelMessage = `cancel failed: ${e.message}`;
     }
+    document.getElementById("cancel-result").textContent = cancelMessage;
   } }, "Cancel task");
   if (!pages.task.sessions) pages.task.sessions = sessionsTable({ task: id });
   else pages.task.sessions.refresh();
   main.replaceChildren(
     el("h1", {}, "Task ", el("code", { id: "task-id" }, id), " ", d.live ? el("span", { class: "badge" }, "live") : ""),
-    el("p", {}, `${d.done}/${d.sessions} done · builder ${d.builder || "–"} · evaluator ${d.evaluator || "–"} · mean reward ${fmt(d.reward_mean)} `, cancel, " ", el("span", { id: "cancel-result" })),
+    el("p", {}, `${d.done}/${d.sessions} done · builder ${d.builder || "–"} · evaluator ${d.evaluator || "–"} · mean reward ${fmt(d.reward_mean)} `, cancel, " ", el("span", { id: "cancel-result" }, cancelMessage)),
     d.instruction ? el("pre", { class: "instruction" }, d.instruction.text) : "",
     stateBar(d.counts, d.sessions),
     section("Timeline", legend, timeline),
