@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -155,6 +156,16 @@ def wait(driver, what, timeout=60.0):
         raise AssertionError(f"timed out on {driver.current_url}: {state}") from None
 
 
+def goto(driver, url: str) -> None:
+    """Open ``url``; again when chromium saw the host's network change mid-load (podman
+    adding interfaces for other tests: ERR_NETWORK_CHANGED, nothing of the dashboard)."""
+    for _ in range(3):
+        driver.get(url)
+        if "ERR_NETWORK_CHANGED" not in driver.page_source:
+            return
+        time.sleep(1)
+
+
 def shot(driver, name: str) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
@@ -183,7 +194,7 @@ def texts(driver, css: str) -> list[str]:
 def test_pages_render_live_against_a_running_task(stack, browser):
     topo, url = stack
     d = browser
-    d.get(url + "/")
+    goto(d, url + "/")
     wait(d, lambda d: d.find_elements(By.ID, "n-sessions"))
     assert d.find_element(By.ID, "n-sessions").text == "0"
     # submitted after the page loaded: it appears and its sessions move without a reload
@@ -191,7 +202,7 @@ def test_pages_render_live_against_a_running_task(stack, browser):
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-task="dash-calc"]'))
     first = rendered(d)
     wait(d, lambda d: rendered(d) > first)  # re-rendered on a pushed change
-    d.get(url + "/tasks/dash-calc")
+    goto(d, url + "/tasks/dash-calc")
     wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline .tl-row")) == 4)
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#timeline .phase.ph-running"), 120)
     shot(d, "task-live")
@@ -206,7 +217,7 @@ def test_pages_render_live_against_a_running_task(stack, browser):
     )
     wait(d, lambda d: d.find_element(By.ID, "no-variance"))  # all four 1.0: no advantage
     shot(d, "task")
-    d.get(url + "/")
+    goto(d, url + "/")
     wait(d, lambda d: "COMPLETED" in d.find_element(By.ID, "states").text)
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#nodes-table tr"))
     wait(d, lambda d: "POLAR_COMPLETIONS" in d.find_element(By.ID, "streams-table").text)
@@ -217,7 +228,7 @@ def test_pages_render_live_against_a_running_task(stack, browser):
     d.find_element(By.CSS_SELECTOR, "#filters button").click()
     wait(d, lambda d: "of 4" in d.find_element(By.ID, "sessions-range").text)
 
-    d.get(url + "/sessions/dash-calc-0000")
+    goto(d, url + "/sessions/dash-calc-0000")
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#calls-table tr.call"))
     calls = d.find_elements(By.CSS_SELECTOR, "#calls-table tr.call")
     assert len(calls) >= 4  # the scripted agent's turns
@@ -230,7 +241,7 @@ def test_pages_render_live_against_a_running_task(stack, browser):
     assert "reward 1 " in d.find_element(By.ID, "verdict").text
     shot(d, "session")
 
-    d.get(url + "/sessions/dash-calc-0000/trajectory")
+    goto(d, url + "/sessions/dash-calc-0000/trajectory")
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, ".trace .tok"))
     assert d.find_elements(By.CSS_SELECTOR, ".trace .tok.m0") and d.find_elements(
         By.CSS_SELECTOR, ".trace .tok.m1"
@@ -239,9 +250,9 @@ def test_pages_render_live_against_a_running_task(stack, browser):
     assert "sampled" in title and "logprob -" in title
     shot(d, "trajectory")
 
-    d.get(url + "/training")
+    goto(d, url + "/training")
     wait(d, lambda d: d.find_elements(By.ID, "no-trainer"))
-    d.get(url + "/topology")
+    goto(d, url + "/topology")
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#services-table tr[data-service]"))
     healthy = texts(d, "#services-table td.ok")
     assert len(healthy) == 8 and set(healthy) == {"healthy"}
@@ -265,7 +276,7 @@ def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
             await reg.close()
 
     asyncio.run(until_ended())
-    d.get(url + "/sessions/dash-markup-0000/trajectory?view=prefix_merging")
+    goto(d, url + "/sessions/dash-markup-0000/trajectory?view=prefix_merging")
     wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".trace")) == 2)
     reasons = texts(d, ".trace .break-reason")
     assert reasons == ["first", "sub_agent"]
@@ -283,7 +294,7 @@ def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
         ),
     )
 
-    d.get(url + "/sessions/dash-markup-0000")
+    goto(d, url + "/sessions/dash-markup-0000")
     wait(d, lambda d: EVIL in d.find_element(By.ID, "stdout").text)
     assert EVIL in d.find_element(By.ID, "diff").text
     d.find_elements(By.CSS_SELECTOR, "#calls-table tr.call")[0].click()
@@ -292,7 +303,7 @@ def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
         "<script>window.__polar_xss=1</script>"
         in d.find_element(By.CSS_SELECTOR, "tr.call-detail:not([hidden])").text
     )
-    d.get(url + "/tasks/dash-markup")
+    goto(d, url + "/tasks/dash-markup")
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "pre.instruction"))
     assert EVIL in d.find_element(By.CSS_SELECTOR, "pre.instruction").text
     # the markup is text: no element of its making, and its script never ran
@@ -305,7 +316,7 @@ def test_cancel_from_the_ui_ends_the_task(stack, browser):
     topo, url = stack
     d = browser
     asyncio.run(publish(topo, slow_task("dash-slow")))
-    d.get(url + "/tasks/dash-slow")
+    goto(d, url + "/tasks/dash-slow")
     wait(d, lambda d: "RUNNING" in d.find_element(By.ID, "timeline").text, 120)
     d.find_element(By.ID, "cancel").click()
     d.switch_to.alert.accept()
@@ -320,7 +331,7 @@ def test_unknown_ids_are_404_pages_and_cancel_needs_its_header(stack, browser):
     _, url = stack
     for path in ("/tasks/no-such-task", "/sessions/no-such-session", "/sessions/nope/trajectory"):
         assert httpx.get(url + path).status_code == 404
-        browser.get(url + path)
+        goto(browser, url + path)
         wait(browser, lambda d: d.find_elements(By.ID, "not-found"))
     assert httpx.get(url + "/api/sessions/nope").status_code == 404
     assert httpx.get(url + "/api/sessions?state=SLEEPING").status_code == 400
@@ -343,7 +354,7 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
     dash = ServiceProcess("services.dashboard.main:create_app", cfg, tmp_path).start(timeout=60)
     driver = new_browser()
     try:
-        driver.get(dash.url + "/")
+        goto(driver, dash.url + "/")
         wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
         assert not driver.find_element(By.ID, "banner").is_displayed()
         localservers.stop_process(valkey.pid)
@@ -351,7 +362,7 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
         localservers.stop_process(nats.pid)
         wait(driver, lambda d: "NATS" in d.find_element(By.ID, "banner").text, 30)
         shot(driver, "banner")
-        driver.get(dash.url + "/")  # a fresh load still renders, with the banner
+        goto(driver, dash.url + "/")  # a fresh load still renders, with the banner
         wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
         wait(driver, lambda d: d.find_element(By.ID, "banner").is_displayed(), 10)
         assert httpx.get(dash.url + "/healthz").status_code == 503
