@@ -1,7 +1,8 @@
 """Encoding and decoding of the contract.
 
-On the bus (``decode``): JSON, unknown fields tolerated. On public HTTP input
-(``decode_strict``): unknown fields are rejected, naming the path. Every failure is a
+Events between services (``decode``): JSON, unknown fields tolerated. A task a person
+submits, on the bus or over HTTP (``decode_strict``): unknown fields are rejected,
+naming every path. Every failure is a
 ``ContractError`` whose message names the field (``$.agent.harness``) and the problem.
 """
 
@@ -103,5 +104,6 @@ def decode_strict(data: bytes | str, tp: type[T]) -> T:
     value = decode(data, tp)
     extra = unknown_fields(tp, msgspec.json.decode(data))
     if extra:
-        raise ContractError(f"Unknown field `{extra[0]}`", extra[0])
+        named = ", ".join(f"`{p}`" for p in extra)
+        raise ContractError(f"Unknown field{'s' if len(extra) > 1 else ''} {named}", extra[0])
     return value

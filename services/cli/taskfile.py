@@ -80,8 +80,8 @@ def task_from_payload(payload: bytes) -> TaskFile:
 
 
 def check_task(payload: bytes) -> ContractError | None:
-    """The strict check the HTTP API applies (unknown fields are errors); the bus is
-    lenient, so the CLI applies it before publishing a person's file."""
+    """The strict check the scheduler applies (unknown fields are errors), run before
+    publishing so a person sees the error at once."""
     try:
         decode_strict(payload, TaskRequest)
     except ContractError as exc:

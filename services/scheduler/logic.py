@@ -37,10 +37,11 @@ class Rejection:
     task_id: str | None = None
 
 
-def parse_submission(
-    raw: bytes, *, max_bytes: int, strict: bool = False
-) -> TaskRequest | Rejection:
-    """A submitted task, or why it is refused. ``strict`` rejects unknown fields (HTTP)."""
+def parse_submission(raw: bytes, *, max_bytes: int, strict: bool = True) -> TaskRequest | Rejection:
+    """A submitted task, or why it is refused. A person's task is checked strictly on
+    every path (bus and HTTP): an unknown key (``builder.strategy``, ``evaluator.nmae``)
+    is a rejection naming it, never a silently ignored setting. ``strict=False`` is the
+    tolerant decode of events between services, not for submissions."""
     if len(raw) > max_bytes:
         return Rejection(f"task message is {len(raw)} bytes; the limit is {max_bytes}")
     try:

@@ -101,11 +101,18 @@ def test_field_is_named():
     assert out.field == "$.agent.harness"
 
 
-def test_unknown_fields_tolerated_on_bus_rejected_on_http():
-    raw = with_(future_field={"x": 1})
-    assert isinstance(logic.parse_submission(raw, max_bytes=10_000), TaskRequest)
-    strict = logic.parse_submission(raw, max_bytes=10_000, strict=True)
-    assert isinstance(strict, logic.Rejection) and strict.field == "$.future_field"
+def test_unknown_task_keys_are_rejected_on_every_path_naming_each():
+    # issue 17.6: a misspelt builder/evaluator key ran the defaults (every session scored 1)
+    obj = {**GOOD, "builder": {"strategy": "per_request"}, "evaluator": {"nmae": "command"}}
+    out = logic.parse_submission(orjson.dumps(obj), max_bytes=10_000)  # the bus path
+    assert isinstance(out, logic.Rejection)
+    assert out.field == "$.builder.strategy"
+    assert "`$.builder.strategy`" in out.reason and "`$.evaluator.nmae`" in out.reason
+    out = logic.parse_submission(with_(future_field=1), max_bytes=10_000)
+    assert isinstance(out, logic.Rejection) and out.field == "$.future_field"
+    # free-form maps stay free-form
+    ok = deep("evaluator.config", {"anything": 1})
+    assert isinstance(logic.parse_submission(ok, max_bytes=10_000), TaskRequest)
 
 
 def test_custom_plugin_by_module_path_is_accepted():
