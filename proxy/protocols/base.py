@@ -128,8 +128,19 @@ def opt_number(d: Mapping[str, Any], key: str, where: str = "") -> float | None:
     raise bad(f"{where}{key} must be a number", where + key)
 
 
+# The engines' JSON carries 64-bit integers: a bigger one (``1e308``) cannot even be
+# encoded for them, so it is the caller's error here, not a crash later.
+INT64 = (-(2**63), 2**63 - 1)
+# No engine has a context this long: a bigger token count is a client bug.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
 def opt_int(
-    d: Mapping[str, Any], key: str, where: str = "", minimum: int | None = None
+    d: Mapping[str, Any],
+    key: str,
+    where: str = "",
+    minimum: int | None = None,
+    maximum: int | None = None,
 ) -> int | None:
     v = d.get(key)
     if v is None:
@@ -138,9 +149,18 @@ def opt_int(
         v = int(v)
     if not isinstance(v, int) or isinstance(v, bool):
         raise bad(f"{where}{key} must be an integer", where + key)
-    if minimum is not None and v < minimum:
-        raise bad(f"{where}{key} must be at least {minimum}", where + key)
+    lo = INT64[0] if minimum is None else minimum
+    hi = INT64[1] if maximum is None else maximum
+    if v < lo:
+        raise bad(f"{where}{key} must be at least {lo}", where + key)
+    if v > hi:
+        raise bad(f"{where}{key} must be at most {hi}", where + key)
     return v
+
+
+def opt_count(d: Mapping[str, Any], key: str, where: str = "") -> int | None:
+    """A token count (max tokens, a thinking budget): 1 to ``MAX_TOKEN_COUNT``."""
+    return opt_int(d, key, where, 1, MAX_TOKEN_COUNT)
 
 
 def opt_bool(d: Mapping[str, Any], key: str, where: str = "") -> bool | None:

@@ -32,6 +32,7 @@ from proxy.protocols.base import (
     as_dict,
     bad,
     json_object,
+    opt_count,
     opt_int,
     opt_list,
     opt_number,
@@ -116,9 +117,9 @@ def parse_sampling(c: dict[str, Any]) -> Sampling:
         temperature=opt_number(c, "temperature", at),
         top_p=opt_number(c, "topP", at) if "topP" in c else opt_number(c, "top_p", at),
         top_k=opt_int(c, "topK", at) if "topK" in c else opt_int(c, "top_k", at),
-        max_tokens=opt_int(c, "maxOutputTokens", at, 1)
+        max_tokens=opt_count(c, "maxOutputTokens", at)
         if "maxOutputTokens" in c
-        else opt_int(c, "max_output_tokens", at, 1),
+        else opt_count(c, "max_output_tokens", at),
         stop=stop_list(get(c, "stopSequences"), at + "stopSequences"),
         seed=opt_int(c, "seed", at),
     )

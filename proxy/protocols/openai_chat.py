@@ -40,6 +40,7 @@ from proxy.protocols.base import (
     bad,
     json_text,
     opt_bool,
+    opt_count,
     opt_dict,
     opt_int,
     opt_list,
@@ -82,12 +83,12 @@ def parse_request(
 
 
 def parse_sampling(body: dict[str, Any]) -> Sampling:
-    max_tokens = opt_int(body, "max_completion_tokens", minimum=1)
+    max_tokens = opt_count(body, "max_completion_tokens")
     return Sampling(
         temperature=opt_number(body, "temperature"),
         top_p=opt_number(body, "top_p"),
         top_k=opt_int(body, "top_k"),
-        max_tokens=max_tokens if max_tokens is not None else opt_int(body, "max_tokens", minimum=1),
+        max_tokens=max_tokens if max_tokens is not None else opt_count(body, "max_tokens"),
         stop=stop_list(body.get("stop"), "stop"),
         seed=opt_int(body, "seed"),
     )

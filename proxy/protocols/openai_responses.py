@@ -36,8 +36,8 @@ from proxy.protocols.base import (
     bad,
     json_object,
     opt_bool,
+    opt_count,
     opt_dict,
-    opt_int,
     opt_list,
     opt_number,
     opt_str,
@@ -72,7 +72,7 @@ def parse_request(
         sampling=Sampling(
             temperature=opt_number(body, "temperature"),
             top_p=opt_number(body, "top_p"),
-            max_tokens=opt_int(body, "max_output_tokens", minimum=1),
+            max_tokens=opt_count(body, "max_output_tokens"),
         ),
         reasoning=Reasoning(effort=opt_str(reasoning, "effort", "reasoning."))
         if reasoning

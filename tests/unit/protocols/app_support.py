@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+import orjson
+
 from proxy.app import SessionInfo, unprepared
 from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
 
@@ -51,6 +54,9 @@ class Scripted:
         headers: Mapping[str, str],
     ) -> AssistantTurn:
         self.calls.append((session, conv, protocol, raw, headers))
+        # What every backend does first: encode the request for the engine (orjson, as
+        # proxy.backends.http). A value it cannot encode must have been a 4xx already.
+        orjson.dumps(msgspec.to_builtins(conv))
         try:
             if self.delay:
                 await asyncio.sleep(self.delay)

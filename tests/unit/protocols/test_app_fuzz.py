@@ -3,7 +3,9 @@ its protocol — never a 5xx, never a crash, never the parser's catch-all."""
 
 from __future__ import annotations
 
+import json
 import urllib.parse
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -97,7 +99,18 @@ def mutated_seed(draw: st.DrawFn, protocol: str) -> Any:
     return body
 
 
+TALLY: Counter = Counter()  # status class of every fuzzed request, printed at the end
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_counts():
+    yield
+    total = sum(TALLY.values())
+    print(f"\nfuzzed requests {total}: 2xx {TALLY[2]}, 4xx {TALLY[4]}, 5xx {TALLY[5]}")
+
+
 def check(protocol: str, r: Any) -> None:
+    TALLY[r.status_code // 100] += 1
     assert r.status_code < 500, (r.status_code, r.text[:500])
     if r.headers.get("content-type", "").startswith("text/event-stream"):
         assert parse([r.content])
@@ -127,6 +140,39 @@ def test_arbitrary_json(client, endpoint, body) -> None:
 @FUZZ
 def test_malformed_bytes(client, endpoint, raw) -> None:
     protocol, path = endpoint
+    r = client.post(path, content=raw, headers={"x-api-key": TOKEN})
+    check(protocol, r)
+    assert r.status_code == 400
+
+
+# The token-count field of each generation endpoint (the body's key path).
+COUNT_FIELDS = {
+    "openai_chat": ("max_tokens",),
+    "openai_responses": ("max_output_tokens",),
+    "anthropic_messages": ("max_tokens",),
+    "gemini": ("generationConfig", "maxOutputTokens"),
+}
+GENERATE = [(p, path) for p, path in ENDPOINTS if "count" not in path.lower()]
+
+
+@given(
+    endpoint=st.sampled_from(GENERATE),
+    value=st.sampled_from([1e308, 2.0**64, 2**63, 2**64, 10**30, 2**31, -(2**64)])
+    | st.floats(2.0**53, 1e308)
+    | st.integers(2**31, 10**40),
+)
+@settings(FUZZ, max_examples=60)
+def test_token_counts_past_any_engine_are_400(client, endpoint, value) -> None:
+    # issue 17.7: max_tokens 1e308 was a 500 ("Integer exceeds 64-bit range" encoding
+    # the engine request) on chat and messages
+    protocol, path = endpoint
+    body = orjson.loads(orjson.dumps(SEEDS[protocol][0]))
+    *parents, leaf = COUNT_FIELDS[protocol]
+    cur = body
+    for key in parents:
+        cur = cur.setdefault(key, {})
+    cur[leaf] = value
+    raw = json.dumps(body).encode()  # orjson cannot even write the bigger ints
     r = client.post(path, content=raw, headers={"x-api-key": TOKEN})
     check(protocol, r)
     assert r.status_code == 400
