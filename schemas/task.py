@@ -136,7 +136,9 @@ class TaskRequest(_Spec):
     priority: Annotated[int, Meta(ge=-1000, le=1000)] = 0
     timeout_seconds: Seconds = 3600.0
     agent_timeout_seconds: Seconds | None = None
-    max_retries: Annotated[int, Meta(ge=0, le=10)] = 0
+    max_retries: Annotated[int, Meta(ge=0, le=10)] = 0  # for any failure of an attempt
+    # more, for faults of the system only (a holder lost, the bus or registry unreachable)
+    infra_retries: Annotated[int, Meta(ge=0, le=10)] = 2
     early_stop: Annotated[int, Meta(ge=1)] | None = None  # stop after N usable sessions
     runtime: RuntimeSpec = field(default_factory=LocalRuntime)
     agent: AgentSpec = AgentSpec(harness="noop")  # no agent: the noop harness

@@ -150,6 +150,9 @@ async def ensure_consumer(js: JetStreamContext, stream: str, cfg: ConsumerConfig
 class Bus:
     nc: NATS
     js: JetStreamContext
+    # ``publish_retrying``: tries, and the first pause (doubling): ~8 s in all
+    publish_tries: int = 6
+    publish_backoff: float = 0.25
 
     @classmethod
     async def open(cls, url: str, name: str, *, declare: bool = True) -> Bus:
@@ -182,6 +185,23 @@ class Bus:
             hdrs[CLAIM_HEADER] = name
             payload = b""
         return await self.js.publish(subject, payload, headers=hdrs or None)
+
+    async def publish_retrying(self, subject: str, payload: bytes, *, msg_id: str):
+        """``publish``, tried again (``publish_tries``, backoff doubling) while the server
+        is unreachable or restarting. The dedupe id makes a retry of a publish that was
+        stored after all harmless. For hand-offs that nothing else would redo (a
+        session's READY work, its retry's INIT work, its finish event)."""
+        tries, delay = self.publish_tries, self.publish_backoff
+        for attempt in range(1, tries + 1):
+            try:
+                return await self.publish(subject, payload, msg_id=msg_id)
+            except (nats.errors.Error, TimeoutError, ConnectionError) as exc:
+                if attempt == tries:
+                    raise
+                log.warning("publish to %s failed (%s); try %d of %d", subject, exc, attempt, tries)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
 
     async def payload(self, msg) -> bytes:
         """The message's payload, fetched from the object store when it was claim-checked."""

@@ -12,6 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+import nats.errors
+import redis.exceptions
+
 from schemas import Artifacts, Outcome, SessionFinished, SessionState, encode
 from schemas import subjects as S
 from services.common.bus import Bus
@@ -20,6 +23,29 @@ from services.common.registry import Registry
 
 ST = SessionState
 BEFORE_RUN = (ST.REGISTERED, ST.INITIALIZING, ST.READY)
+
+# Faults of the system, not of the task: the bus or the registry unreachable, a timeout
+# talking to them. (A holder lost, its lease expired, is one too: see ``may_retry``.)
+TRANSIENT = (
+    nats.errors.Error,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, TRANSIENT)
+
+
+def may_retry(session, spec, *, transient: bool) -> bool:
+    """Whether a failed attempt is tried again: up to the task's ``max_retries`` for any
+    failure, and ``infra_retries`` more when the fault was the system's (a holder lost,
+    the bus or registry down), so an operator's bad day does not cost a trainer samples.
+    Bounded either way: ``attempt`` counts every retry of the session."""
+    budget = spec.max_retries + (spec.infra_retries if transient else 0)
+    return session.attempt < budget
 
 
 async def finish_session(
@@ -52,7 +78,7 @@ async def finish_session(
         artifacts=artifacts,
         eval_runtime_id=eval_runtime_id,
     )
-    await bus.publish(
+    await bus.publish_retrying(
         S.SESSIONS_FINISHED, encode(event), msg_id=f"finished:{session.session_id}:{attempt}"
     )
     return True

@@ -40,6 +40,14 @@ if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1]
 return 0
 """
 
+# Remove a lease only if its owner is still the one named (a new holder may have it).
+_RELEASE_OWN = """
+if redis.call('HGET', KEYS[2], 'lease_owner') == ARGV[1] then
+  return redis.call('ZREM', KEYS[1], string.sub(KEYS[2], string.len('polar:session:') + 1))
+end
+return 0
+"""
+
 REDACTED_FIELDS = ("reason", "eval_reason")
 
 
@@ -81,6 +89,7 @@ class Registry:
         self._transition = redis.register_script(_script("transition.lua"))
         self._create = redis.register_script(_script("create_task.lua"))
         self._take_expired = redis.register_script(_TAKE_EXPIRED)
+        self._release_own = redis.register_script(_RELEASE_OWN)
 
     @classmethod
     def from_url(cls, url: str, publish: Publisher | None = None) -> Registry:
@@ -185,12 +194,49 @@ class Registry:
                 p.hset(S.key_session(sid), "lease_owner", owner)
             await p.execute()
 
-    async def release(self, session_id: str) -> None:
-        await self.redis.zrem(S.KEY_LEASES, session_id)
+    async def release(self, session_id: str, owner: str | None = None) -> None:
+        """Drop the session's lease; with ``owner``, only while that owner holds it."""
+        if owner is None:
+            await self.redis.zrem(S.KEY_LEASES, session_id)
+        else:
+            await self._release_own(keys=[S.KEY_LEASES, S.key_session(session_id)], args=[owner])
 
     async def expired_leases(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
         return [m.decode() for m in await self.redis.zrangebyscore(S.KEY_LEASES, "-inf", now)]
+
+    async def expire_unleased(self, states: Iterable[SessionState], older_than: float) -> list[str]:
+        """Give every session in one of ``states`` that has no lease at all, and has not
+        changed for ``older_than`` seconds, an already-expired lease, so a reaper ends or
+        retries it like any session whose holder died. Returns those sessions.
+
+        Sessions are found by node (the per-node state sets, nodes from their heartbeats).
+        A holder takes its lease with the state change (``transition(lease=...)``), so a
+        live session without one is an orphan: a holder died between steps that are not
+        one (or a bug)."""
+        nodes = sorted({k.decode().split("/", 1)[0] for k in await self.redis.hkeys(S.KEY_NODES)})
+        async with self.redis.pipeline(transaction=False) as p:
+            for node in nodes:
+                for st in states:
+                    p.smembers(S.key_node_state(node, st.value))
+            members = await p.execute()
+        ids = sorted({m.decode() for group in members for m in group})
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as p:
+            for sid in ids:
+                p.zscore(S.KEY_LEASES, sid)
+                p.hget(S.key_session(sid), "updated_at")
+            rows = await p.execute()
+        cutoff = time.time() - older_than
+        orphans = [
+            sid
+            for sid, score, updated in zip(ids, rows[::2], rows[1::2], strict=True)
+            if score is None and updated is not None and float(updated) < cutoff
+        ]
+        if orphans:  # NX: a holder that took its lease meanwhile keeps it
+            await self.redis.zadd(S.KEY_LEASES, {sid: 0 for sid in orphans}, nx=True)
+        return orphans
 
     async def take_expired(self, session_id: str, now: float | None = None) -> bool:
         """Claim an expired lease for cleanup: exactly one reaper gets True."""
@@ -235,14 +281,18 @@ class Registry:
         from_: Iterable[SessionState] | None = None,
         expect_version: int | None = None,
         reason: str | None = None,
+        lease: tuple[str, float] | None = None,
         **fields: object,
     ) -> Transition:
         """Move ``session_id`` to ``to`` if its state is one of ``from_`` (default: any
-        state the state machine allows) and, if given, its version is ``expect_version``."""
+        state the state machine allows) and, if given, its version is ``expect_version``.
+        ``lease`` (owner, ttl seconds): take the session's lease in the same atomic step."""
         allowed = ALLOWED_FROM[to] if from_ is None else frozenset(from_) & ALLOWED_FROM[to]
         now = time.time()
         if reason is not None:
             fields["reason"] = reason
+        if lease is not None:
+            fields["lease_owner"] = lease[0]
         for key in REDACTED_FIELDS:  # what people read: no session token, no API key
             if isinstance(fields.get(key), str):
                 fields[key] = redact(fields[key])
@@ -251,11 +301,12 @@ class Registry:
             "," + ",".join(sorted(allowed)) + ",",
             "" if expect_version is None else str(expect_version),
             now,
+            "" if lease is None else repr(now + lease[1]),
         ]
         for k, v in fields.items():
             args += [k, "" if v is None else str(v)]
         code, prev, version, seq = await self._transition(
-            keys=[S.key_session(session_id), S.KEY_STATE_COUNTS], args=args
+            keys=[S.key_session(session_id), S.KEY_STATE_COUNTS, S.KEY_LEASES], args=args
         )
         prev_state = SessionState(prev.decode()) if prev else None
         result = Transition(code == 1, session_id, prev_state, int(version), exists=code != -1)

@@ -1,7 +1,9 @@
 -- Compare-and-set a session's state: the ONLY way a session changes state.
--- KEYS[1] session hash, KEYS[2] global state counts
+-- KEYS[1] session hash, KEYS[2] global state counts, KEYS[3] the leases sorted set
 -- ARGV[1] to-state, ARGV[2] allowed from-states as ",A,B,", ARGV[3] expected version or "",
--- ARGV[4] now, ARGV[5..] field/value pairs to set ("" deletes the field)
+-- ARGV[4] now, ARGV[5] lease expiry or "" (taken with the change, in the same step, so
+-- a holder that dies right after it still leaves a lease to expire),
+-- ARGV[6..] field/value pairs to set ("" deletes the field)
 -- Returns {1, from, version, seq} on success, {0, current, version, 0} when the CAS
 -- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
 -- transitions, so an event log can be replayed in exactly the order Redis applied it.
@@ -16,7 +18,8 @@ local sid = string.sub(KEYS[1], string.len('polar:session:') + 1)
 if cur[4] then redis.call('SREM', 'polar:node:' .. cur[4] .. ':' .. cur[1], sid) end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[4])
-for i = 5, #ARGV, 2 do
+if ARGV[5] ~= '' then redis.call('ZADD', KEYS[3], ARGV[5], sid) end
+for i = 6, #ARGV, 2 do
   if ARGV[i + 1] == '' then
     redis.call('HDEL', KEYS[1], ARGV[i])
   else

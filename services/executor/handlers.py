@@ -93,7 +93,10 @@ class Executor:
             return  # gone, or the hand-over of an earlier attempt (the runtime is not its)
         runtime = node_runtime(self.config, task.spec.runtime, work.session_id, work.runtime_id)
         started = await self.registry.transition(
-            work.session_id, ST.RUNNING, from_=[ST.READY], expect_version=None
+            work.session_id,
+            ST.RUNNING,
+            from_=[ST.READY],
+            lease=(self.owner, self.config.lease_seconds),  # one step: never unheld
         )
         if not started.ok:
             if started.from_state in ABANDONED:  # cancelled or ended in the READY buffer
@@ -105,7 +108,6 @@ class Executor:
         t0 = time.monotonic()
         ended = False
         try:
-            await self.registry.hold([work.session_id], self.owner, self.config.lease_seconds)
             await self._cancelled_meanwhile(run)
             outcome = await self._run_session(run, task.spec, session, work)
             ended = True

@@ -55,7 +55,13 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
         host.every(cfg.lease_seconds / 3, executor.renew_leases, "leases")
         await executor.heartbeat()
         host.every(cfg.heartbeat_seconds, executor.heartbeat, "heartbeat")
-        reaper = Reaper(host.registry, host.bus, runtime_for, keep=executor.running.__contains__)
+        reaper = Reaper(
+            host.registry,
+            host.bus,
+            runtime_for,
+            keep=executor.running.__contains__,
+            orphan_after=cfg.lease_seconds,
+        )
         host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
         try:
             yield

@@ -2,13 +2,15 @@
 
 A holder (pool during INIT and READY, executor during RUNNING) renews a lease in Redis;
 when it stops renewing, any pool or executor that notices takes the expired lease
-(exactly one wins), cleans the runtime if it can reach it, and retries the session if
-the task allows — otherwise a RUNNING session is finished as ERROR so what it captured
+(exactly one wins), cleans the runtime if it can reach it, and retries the session
+(a lost holder is the system's fault: ``max_retries`` + ``infra_retries`` attempts in
+all) — otherwise a RUNNING session is finished as ERROR so what it captured
 is still built, and an earlier one is finished as ERROR with nothing captured, so it
 still yields its empty trajectory (``services.common.finish``). A session that ended
 (cancelled, or ended by a deadline) while its holder still had it only has its runtime
-stopped. The
-runtimes cleaned are the session's own and, when the task prewarms its evaluator, the
+stopped. A
+held-state session with no lease at all (its holder died between two steps) is given an
+expired one and reaped the same way (``Registry.expire_unleased``). The runtimes cleaned are the session's own and, when the task prewarms its evaluator, the
 fresh eval runtime a dead executor may have left.
 
 A reaper on another host cannot reach a dead node's runtimes: when the node's pool or
@@ -30,7 +32,7 @@ from schemas import Artifacts, InitWork, Outcome, SessionState, encode
 from schemas import subjects as S
 from schemas.task import LocalRuntime
 from services.common.bus import Bus
-from services.common.finish import fail_before_run, finish_session
+from services.common.finish import fail_before_run, finish_session, may_retry
 from services.common.node import SessionPaths
 from services.common.registry import Registry
 from services.executor.prewarm import ROLE as EVAL_ROLE
@@ -54,19 +56,33 @@ async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> b
             priority=session.priority,
             attempt=nxt,
         )
-        await bus.publish(S.SESSIONS_INIT, encode(work), msg_id=f"init:{session.session_id}:{nxt}")
+        await bus.publish_retrying(
+            S.SESSIONS_INIT, encode(work), msg_id=f"init:{session.session_id}:{nxt}"
+        )
     return t.ok
 
 
 class Reaper:
     def __init__(
-        self, registry: Registry, bus: Bus, runtime_for: Callable, *, keep: Callable[[str], bool]
+        self,
+        registry: Registry,
+        bus: Bus,
+        runtime_for: Callable,
+        *,
+        keep: Callable[[str], bool],
+        orphan_after: float = 60.0,
     ) -> None:
         self.registry, self.bus = registry, bus
         self.runtime_for = runtime_for  # (spec, session_id, runtime_id) -> Runtime
         self.keep = keep  # sessions this process itself holds (never reaped here)
+        # A held-state session with no lease at all, unchanged this long, is an orphan
+        # (the holders' lease period: a live holder has taken its lease long before).
+        self.orphan_after = orphan_after
 
     async def reap(self) -> int:
+        orphans = await self.registry.expire_unleased(HELD, self.orphan_after)
+        if orphans:
+            log.warning("sessions held by nobody (no lease): %s", ", ".join(orphans))
         reaped = 0
         for sid in await self.registry.expired_leases():
             if self.keep(sid) or not await self.registry.take_expired(sid):
@@ -91,7 +107,7 @@ class Reaper:
         await self._stop_runtime(task, sid)
         reason = f"{session.state.lower()} holder lost (lease expired; node {session.node})"
         log.warning("reaping %s: %s", sid, reason)
-        if session.attempt < task.spec.max_retries:
+        if may_retry(session, task.spec, transient=True):  # the system's fault, not the task's
             await retry_session(self.registry, self.bus, session, reason)
         elif session.state == ST.RUNNING:  # build what was captured
             await finish_session(

@@ -28,7 +28,7 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer, work_consumer
-from services.common.finish import fail_before_run
+from services.common.finish import fail_before_run, is_transient, may_retry
 from services.common.node import (
     STAGE_RESULTS,
     STAGE_SECONDS,
@@ -74,6 +74,9 @@ class RuntimePool:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._ready_freed = asyncio.Event()  # a READY session was taken or ended
+        # READY sessions whose hand-off this process published: the only READY ones it
+        # renews (one it failed to hand off, or a dead predecessor's, must expire).
+        self.handed_off: set[str] = set()
 
     # -- main loop --------------------------------------------------------------------
     async def run(self, *, drain: bool = False) -> None:
@@ -175,6 +178,7 @@ class RuntimePool:
             item.session_id,
             ST.INITIALIZING,
             from_=[ST.REGISTERED],
+            lease=(self.owner, self.config.lease_seconds),  # one step: a crash leaves a lease
             node=self.node,
             attempt=item.attempt,
         )
@@ -182,7 +186,6 @@ class RuntimePool:
             await msg.ack()
             return False
         STAGE_WAIT.labels(self.node, "init").observe(max(0.0, time.time() - item.ts))
-        await self.registry.hold([item.session_id], self.owner, self.config.lease_seconds)
         job = asyncio.create_task(self._init(item, msg))
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
@@ -193,11 +196,13 @@ class RuntimePool:
         sid = item.session_id
         keepalive = asyncio.create_task(_keep_alive(msg))
         runtime, result, started = None, "failed", time.monotonic()
+        spec = None
         try:
             task = await self.registry.get_task(item.task_id)
             session = await self.registry.get_session(sid)
             paths = SessionPaths.of(self.config.work_dir, sid)
-            runtime = node_runtime(self.config, task.spec.runtime, sid)
+            spec = task.spec
+            runtime = node_runtime(self.config, spec.runtime, sid)
             self.initializing[sid] = runtime
             await self._prepare(runtime, task.spec, session, paths)
             if not await self._become_ready(sid, runtime):  # cancelled while preparing
@@ -214,9 +219,12 @@ class RuntimePool:
                 attempt=item.attempt,
             )
             await runtime.detach()  # the executor adopts it; this process lets go
-            await self.bus.publish(
+            # A fresh handle on the detached sandbox, to stop it if the hand-off fails.
+            runtime = node_runtime(self.config, spec.runtime, sid, runtime.runtime_id)
+            await self.bus.publish_retrying(
                 S.sessions_ready(self.node), encode(work), msg_id=f"ready:{sid}:{item.attempt}"
             )
+            self.handed_off.add(sid)
             result = "ready"
         except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
             await self._init_failed(item, runtime, exc)
@@ -271,18 +279,25 @@ class RuntimePool:
             log.info("no diff baseline for %s: %s", runtime.session_id, baseline.stderr[-300:])
 
     async def _init_failed(self, item: InitWork, runtime: Runtime | None, exc: Exception) -> None:
-        log.warning("INIT of %s failed: %s", item.session_id, exc)
+        """Retry or end a session whose INIT failed: still INITIALIZING, or already READY
+        when its hand-off could not be published (a READY session nobody was told of
+        would otherwise be held, and its slot taken, for good). The lease is dropped
+        only after the session has moved: a crash in between leaves it to the reaper."""
+        transient = is_transient(exc)
+        kind = "transient" if transient else "task"
+        log.warning("INIT of %s failed (%s): %s", item.session_id, kind, exc)
         if runtime is not None:
             with contextlib.suppress(Exception):
                 await runtime.cancel()
-        await self.registry.release(item.session_id)
         reason = f"init failed: {exc}"[:2000]
         task = await self.registry.get_task(item.task_id)
         session = await self.registry.get_session(item.session_id)
-        if task and session and item.attempt < task.spec.max_retries:
-            await retry_session(self.registry, self.bus, session, reason)
-        elif session is not None:  # through POSTRUN: its empty ERROR trajectory is delivered
-            await fail_before_run(self.registry, self.bus, session, reason, [ST.INITIALIZING])
+        if session is not None and session.state in (ST.INITIALIZING, ST.READY):
+            if task and may_retry(session, task.spec, transient=transient):
+                await retry_session(self.registry, self.bus, session, reason)
+            else:  # through POSTRUN: its empty ERROR trajectory is delivered
+                await fail_before_run(self.registry, self.bus, session, reason, [session.state])
+        await self.registry.release(item.session_id, owner=self.owner)  # not a new holder's
 
     # -- cancellation, leases, heartbeats ---------------------------------------------
     async def subscribe(self) -> list:
@@ -329,9 +344,13 @@ class RuntimePool:
         await self.registry.release(ev.session_id)
 
     async def renew_leases(self) -> None:
-        """The pool holds its node's INITIALIZING and READY sessions."""
-        ready = await self.registry.node_sessions(self.node, ST.READY)
-        held = [*self.initializing, *ready]
+        """The pool holds the sessions it prepares, and the READY ones it handed off until
+        an executor takes them. A READY session of this node it did not hand off (a dead
+        predecessor's, or one whose hand-off was lost) is not renewed: its lease expires
+        and a reaper retries or ends it, so no READY session is held forever."""
+        ready = set(await self.registry.node_sessions(self.node, ST.READY))
+        self.handed_off &= ready  # taken by an executor, or ended: no longer ours
+        held = [*self.initializing, *self.handed_off]
         await self.registry.hold(held, self.owner, self.config.lease_seconds)
 
     async def heartbeat(self) -> None:

@@ -36,7 +36,13 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
         host.every(cfg.lease_seconds / 3, pool.renew_leases, "leases")
         await pool.heartbeat()
         host.every(cfg.heartbeat_seconds, pool.heartbeat, "heartbeat")
-        reaper = Reaper(host.registry, host.bus, runtime_for, keep=pool.initializing.__contains__)
+        reaper = Reaper(
+            host.registry,
+            host.bus,
+            runtime_for,
+            keep=pool.initializing.__contains__,
+            orphan_after=cfg.lease_seconds,
+        )
         host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
         watch = pool.engine_watch()
         if watch is not None:

@@ -122,10 +122,9 @@ async def test_kill_9_pool_mid_init(fresh_servers, tmp_path):
         await h.wait_state(run_id, ST.RUNNING, 20)
         harness = await wait_until(lambda: min(session_procs(run_id), default=0), 10, "harness")
         slow = slow_once(marks)
-        [err_id] = await h.submit(task("pk-err", 1, max_retries=0, runtime=slow))
-        [retry_id] = await h.submit(
-            task("pk-retry", 1, max_retries=1, runtime=slow, agent={"command": "true"})
-        )
+        [err_id] = await h.submit(task("pk-err", 1, infra_retries=0, runtime=slow))
+        # the task's defaults: a lost holder is the system's fault, retried (issue 17.4)
+        [retry_id] = await h.submit(task("pk-retry", 1, runtime=slow, agent={"command": "true"}))
         init_pids = []
         for sid in (err_id, retry_id):
             await h.wait_state(sid, ST.INITIALIZING, 20)
@@ -176,9 +175,9 @@ async def test_kill_9_whole_node_then_restart_sweeps(fresh_servers, tmp_path):
     try:
         pool = await h.start(POOL, cfg, logs)
         executor = await h.start(EXECUTOR, cfg, logs)
-        [run_id] = await h.submit(task("wn-run", 1, agent={"command": "sleep 60"}))
+        [run_id] = await h.submit(task("wn-run", 1, infra_retries=0, agent={"command": "sleep 60"}))
         await h.wait_state(run_id, ST.RUNNING, 20)
-        [init_id] = await h.submit(task("wn-init", 1, runtime=slow_once(marks)))
+        [init_id] = await h.submit(task("wn-init", 1, infra_retries=0, runtime=slow_once(marks)))
         await h.wait_state(init_id, ST.INITIALIZING, 20)
         await wait_until(lambda: sleeping(init_id), 10, "INIT preparing")
         await wait_until(lambda: sleeping(run_id), 10, "harness running")
@@ -225,9 +224,9 @@ async def test_kill_9_whole_node_restarted_before_anyone_notices(fresh_servers, 
     h = await Harness(nats_url, redis_url).open()
     try:
         services = [await h.start(POOL, cfg, logs), await h.start(EXECUTOR, cfg, logs)]
-        [run_id] = await h.submit(task("wr-run", 1, agent={"command": "sleep 60"}))
+        [run_id] = await h.submit(task("wr-run", 1, infra_retries=0, agent={"command": "sleep 60"}))
         await h.wait_state(run_id, ST.RUNNING, 20)
-        [init_id] = await h.submit(task("wr-init", 1, runtime=slow_once(marks)))
+        [init_id] = await h.submit(task("wr-init", 1, infra_retries=0, runtime=slow_once(marks)))
         await wait_until(lambda: sleeping(init_id), 20, "INIT preparing")
         await wait_until(lambda: sleeping(run_id), 10, "harness running")
         pids = session_procs(init_id) + session_procs(run_id)

@@ -107,7 +107,7 @@ async def test_kill_9_executor_mid_run(fresh_servers, tmp_path):
         executor = await start("services.executor.main:create_app", cfg, logs)
         procs.append(executor)
         prewarm = {"runtime": "fresh", "prewarm": True}  # an eval runtime the reaper must find
-        no_retry = task("k9-err", 2, max_retries=0, agent={"command": HARNESS}, evaluator=prewarm)
+        no_retry = task("k9-err", 2, infra_retries=0, agent={"command": HARNESS}, evaluator=prewarm)
         retry = task("k9-retry", 2, max_retries=1, agent={"command": HARNESS})
         err_ids = [s.session_id for s in await sched.accept(logic.with_task_id(no_retry))]
         retry_ids = [s.session_id for s in await sched.accept(logic.with_task_id(retry))]

@@ -1,0 +1,156 @@
+"""Faults between two steps of the runtime pool (issue 17, points 2 and 3), against real
+NATS and Valkey, the pool in process.
+
+- The hand-off publish fails after READY (a nats-server restart): the session is
+  retried, and ends as ERROR once its retries are spent, instead of staying READY with
+  its lease renewed for ever.
+- The pool dies between the INITIALIZING transition and taking the lease: the two are
+  one registry step now, and a reaper gives any held-state session without a lease an
+  expired one and ends or retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import nats.errors
+import pytest
+
+from schemas import InitWork, Outcome, SessionState
+from schemas import subjects as S
+from services.common.bus import Bus
+from services.common.registry import Registry
+from services.executor.harnesses import default_registry
+from services.executor.reaper import Reaper
+from services.pool.config import PoolConfig
+from services.pool.handlers import RuntimePool
+from tests.helpers.node import task, wait_until
+
+pytestmark = pytest.mark.asyncio
+ST = SessionState
+NODE = "faultnode"
+
+
+@dataclass(frozen=True)
+class HandOffLost(Bus):
+    """The real bus, except that every READY hand-off publish times out (as it did
+    while nats-server restarted)."""
+
+    async def publish(self, subject, payload, *, msg_id=None, headers=None):
+        if subject == S.sessions_ready(NODE):
+            raise nats.errors.TimeoutError
+        return await super().publish(subject, payload, msg_id=msg_id, headers=headers)
+
+
+class Ack:
+    """What the pool does with an init message it was handed (nothing to redeliver)."""
+
+    async def ack(self) -> None:
+        pass
+
+    async def in_progress(self) -> None:
+        pass
+
+
+async def open_pool(nats_url, redis_url, tmp_path, bus_type=Bus, lease: float = 2.0):
+    bus = await Bus.open(nats_url, "test-pool-faults")
+    bus = bus_type(bus.nc, bus.js, publish_tries=2, publish_backoff=0.05)
+    reg = Registry.from_url(redis_url, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+    cfg = PoolConfig(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        work_dir=str(tmp_path / "work"),
+        node=NODE,
+        lease_seconds=lease,
+    )
+    return RuntimePool(bus, reg, cfg, default_registry())
+
+
+async def close_pool(pool: RuntimePool) -> None:
+    if pool._jobs:
+        await asyncio.gather(*pool._jobs, return_exceptions=True)
+    await pool.registry.close()
+    await pool.bus.close()
+
+
+async def registered(pool: RuntimePool, task_id: str, **spec) -> InitWork:
+    _, (session,) = await pool.registry.create_task(task(task_id, 1, **spec))
+    return InitWork(
+        ts=time.time(), session_id=session.session_id, task_id=task_id, priority=0, attempt=0
+    )
+
+
+async def test_a_lost_hand_off_is_retried_then_ended_never_held_ready(fresh_servers, tmp_path):
+    pool = await open_pool(*fresh_servers, tmp_path, HandOffLost)
+    try:
+        item = await registered(pool, "handoff", infra_retries=1)
+        sid = item.session_id
+        assert await pool._admit(item, Ack())
+
+        async def retried():
+            s = await pool.registry.get_session(sid)
+            return s if s.attempt == 1 and s.state == ST.REGISTERED else None
+
+        # before the fix: READY for ever ("INIT of ... failed", then renewed by the pool)
+        await wait_until(retried, 10, "the session retried after its hand-off failed")
+        again = InitWork(ts=time.time(), session_id=sid, task_id="handoff", priority=0, attempt=1)
+        assert await pool._admit(again, Ack())
+
+        async def ended():
+            s = await pool.registry.get_session(sid)
+            return s if s.state == ST.POSTRUN else None
+
+        s = await wait_until(ended, 10, "the session ended once its retries were spent")
+        assert s.outcome == Outcome.ERROR and s.attempt == 1 and "init failed" in s.reason
+        await pool.renew_leases()  # a READY session it never handed off is not renewed
+        assert await pool.registry.redis.zscore(S.KEY_LEASES, sid) is None
+        assert pool.handed_off == set()
+    finally:
+        await close_pool(pool)
+
+
+async def test_admission_takes_state_and_lease_in_one_step(fresh_servers, tmp_path):
+    pool = await open_pool(*fresh_servers, tmp_path)
+    try:
+        item = await registered(pool, "atomic")
+
+        async def dies(*args, **kwargs):  # the pool process dies right after admitting
+            raise SystemExit("kill -9")
+
+        pool.registry.hold = dies
+        with contextlib.suppress(SystemExit):
+            await pool._admit(item, Ack())
+        s = await pool.registry.get_session(item.session_id)
+        assert s.state == ST.INITIALIZING
+        # before the fix: None (the lease was a second step, hold(), never taken)
+        assert await pool.registry.redis.zscore(S.KEY_LEASES, item.session_id) is not None
+    finally:
+        for runtime in list(pool.initializing.values()):
+            await runtime.cancel()
+        await close_pool(pool)
+
+
+async def test_reaper_ends_or_retries_held_sessions_that_have_no_lease(fresh_servers, tmp_path):
+    pool = await open_pool(*fresh_servers, tmp_path)
+    reg = pool.registry
+    try:
+        await pool.heartbeat()  # the node is known to the registry
+        retry = await registered(pool, "orphan-retry")
+        final = await registered(pool, "orphan-end", infra_retries=0)
+        for item in (retry, final):  # what a crash between two steps left: no lease
+            t = await reg.transition(item.session_id, ST.INITIALIZING, node=NODE)
+            assert t.ok
+        reaper = Reaper(reg, pool.bus, lambda *a: None, keep=lambda sid: False, orphan_after=0.3)
+        assert await reaper.reap() == 0  # too fresh to call orphans yet
+        await asyncio.sleep(0.4)
+        assert await reaper.reap() == 2
+        r, f = await reg.get_sessions([retry.session_id, final.session_id])
+        assert (r.state, r.attempt) == (ST.REGISTERED, 1)  # a lost holder: the system's fault
+        assert (f.state, f.outcome) == (ST.POSTRUN, Outcome.ERROR)
+        assert "holder lost" in f.reason
+        assert await reaper.reap() == 0
+    finally:
+        await close_pool(pool)
