@@ -52,7 +52,6 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     backends: list[TopologyBackend] = []  # from topology.yaml; overrides `backend` when set
     mode: str = "token"  # token (TITO: proxy templates, sends ids) | chat (engine templates)
     model_dir: str | None = None  # tokenizer + chat template for token mode
-    grace_seconds: float = 30.0  # a token stays valid this long after RUNNING ends
     default_max_tokens: int = 1024
     max_body_bytes: int = 64 * 1024 * 1024
     keepalive_seconds: float = 10.0

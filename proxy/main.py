@@ -226,7 +226,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
             fallback=host.bus.publish,
             fallback_above=CLAIM_THRESHOLD,
         )
-        late.resolver = SessionResolver(store, grace_seconds=cfg.grace_seconds)
+        late.resolver = SessionResolver(store)
         late.handler = CompletionHandler(
             publisher=publisher,
             store=store,

@@ -1,5 +1,7 @@
-"""Session tokens -> sessions. A token is valid while its session is RUNNING, and for a
-grace window after it left RUNNING (a harness's last call may race its own exit).
+"""Session tokens -> sessions. A token is valid while its session is RUNNING, and only
+then: the session's capture closes when it leaves RUNNING (its token key is deleted in
+that same transition, ``transition.lua``), so a later call is refused with a 401 in the
+caller's protocol rather than served and captured after the builder read the session.
 
 No cache: the lookup is one round trip that also brings the session's TITO states
 (``SessionStore.open``), which every model call needs anyway and which runs while the
@@ -8,7 +10,6 @@ request body is read and parsed; a session that left RUNNING loses its token at 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any
 
@@ -16,25 +17,13 @@ from proxy.app import SessionInfo
 from proxy.capture import Opened, SessionStore
 from schemas import SessionState
 
-_BEFORE_RUNNING = frozenset(
-    {SessionState.REGISTERED, SessionState.INITIALIZING, SessionState.READY}
-)
-
-
-def token_valid(state: SessionState, updated_at: float, now: float, grace: float) -> bool:
-    if state == SessionState.RUNNING:
-        return True
-    if state in _BEFORE_RUNNING:
-        return False
-    return now - updated_at <= grace
-
 
 class SessionResolver:
     """Token -> SessionInfo whose ``data`` carries the attempt, the task and the raw TITO
     states (``proxy.capture.decode_states``) for the completion handler."""
 
-    def __init__(self, store: SessionStore, *, grace_seconds: float):
-        self.store, self.grace = store, grace_seconds
+    def __init__(self, store: SessionStore):
+        self.store = store
 
     def __call__(
         self, token: str, for_call: bool = False
@@ -49,7 +38,7 @@ class SessionResolver:
         if opened is None:
             return None
         session = opened.session
-        if not token_valid(session.state, session.updated_at, time.time(), self.grace):
+        if session.state != SessionState.RUNNING:
             return None  # not RUNNING: no number was taken
         data = {
             "attempt": session.attempt,

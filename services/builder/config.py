@@ -10,4 +10,7 @@ class BuilderConfig(ServiceSettings, frozen=True, kw_only=True):
     max_deliver: int = 10  # then dead-lettered with the reason
     read_batch: int = 256  # completion records fetched per request
     read_timeout_seconds: float = 5.0
+    # a build waits this long for the records of calls still in flight when the
+    # session left RUNNING (then a missing one is reported as a lost call)
+    settle_seconds: float = 10.0
     retry_delay_seconds: float = 2.0  # session not yet POSTRUN

@@ -113,16 +113,30 @@ class Builder:
 
     async def make(self, event: SessionFinished) -> Trajectory:
         spec = await self.builder_spec(event.task_id)
-        records, problems = await read_completions(
-            self.bus,
-            event.session_id,
-            batch=self.config.read_batch,
-            timeout=self.config.read_timeout_seconds,
-        )
+        records, problems = await self.settled_records(event.session_id)
         # CPU-bound: off the event loop, so in-progress acks keep flowing meanwhile.
         return await asyncio.to_thread(
             logic.build_trajectory, event, spec, records, self.builders, problems
         )
+
+    async def settled_records(self, session_id: str) -> tuple[list, list[str]]:
+        """The session's records once every call the proxy numbered has one (committed,
+        void or aborted). No call starts after the session left RUNNING (its token died
+        with that change), but one in flight then still commits its record: it is waited
+        for, up to ``settle_seconds`` (a harness that exits or is killed hangs up, and
+        the proxy records the abort at once); a number still missing after that is
+        reported as a lost call."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.settle_seconds
+        while True:
+            records, problems = await read_completions(
+                self.bus, session_id, batch=cfg.read_batch, timeout=cfg.read_timeout_seconds
+            )
+            raw = await self.registry.redis.get(S.key_call_seq(session_id))
+            numbered = int(raw or 0)
+            if logic.all_numbered_present(records, numbered) or time.monotonic() > deadline:
+                return records, problems
+            await asyncio.sleep(0.1)
 
     async def builder_spec(self, task_id: str) -> BuilderSpec:
         task = await self.registry.get_task(task_id)

@@ -178,3 +178,8 @@ def build_trajectory(
 
 def _protocol_of(records: list[CompletionRecord]) -> str | None:
     return str(records[0].protocol) if records else None
+
+
+def all_numbered_present(records, numbered: int) -> bool:
+    """Does every call number below ``numbered`` (the proxy's counter) have a record?"""
+    return {r.seq for r in records} >= set(range(numbered))

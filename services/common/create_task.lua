@@ -22,7 +22,10 @@ for i = 0, n - 1 do
     'token', ARGV[b + 1], 'index', ARGV[b + 2], 'priority', ARGV[b + 3],
     'deadline', ARGV[b + 4], 'state', 'REGISTERED', 'version', 0, 'attempt', 0,
     'created_at', ARGV[4], 'updated_at', ARGV[4])
-  redis.call('SET', 'polar:token:' .. ARGV[b + 1], sid)
+  -- the token dies when the session leaves RUNNING (transition.lua), at the latest an
+  -- hour past its deadline: no token key outlives its use
+  redis.call('SET', 'polar:token:' .. ARGV[b + 1], sid, 'EXAT',
+    math.ceil(tonumber(ARGV[b + 4])) + 3600)
   redis.call('RPUSH', KEYS[2], sid)
 end
 redis.call('HINCRBY', KEYS[3], 'REGISTERED', n)

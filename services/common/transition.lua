@@ -38,5 +38,12 @@ local final = {COMPLETED = true, TIMEOUT = true, ERROR = true, CANCELLED = true}
 if node and not final[ARGV[1]] then
   redis.call('SADD', 'polar:node:' .. node .. ':' .. ARGV[1], sid)
 end
+-- The session's capture closes when it leaves RUNNING for good (POSTRUN, or ended): its
+-- token dies with the change, so no later call is served (or captured after the read).
+if ARGV[1] ~= 'REGISTERED' and ARGV[1] ~= 'INITIALIZING' and ARGV[1] ~= 'READY'
+    and ARGV[1] ~= 'RUNNING' then
+  local token = redis.call('HGET', KEYS[1], 'token')
+  if token then redis.call('DEL', 'polar:token:' .. token) end
+end
 local seq = redis.call('INCR', 'polar:transition_seq')
 return {1, cur[1], v, seq}

@@ -327,3 +327,36 @@ async def any_in(reg, sids, state) -> bool:
 
 async def all_in(reg, sids, state) -> bool:
     return all(s.state == state for s in await reg.get_sessions(sids))
+
+
+async def test_a_call_in_flight_when_the_session_ended_is_waited_for(bus, registry, builder):
+    # issue 17.5: records committed after the builder read a session never reached its
+    # trajectory (6 of 65). The proxy numbered 3 calls; the last one's record arrives
+    # while the build is under way, and is in the trajectory.
+    (sid,) = await new_task(registry, "bld-late")
+    cap = Capture(sid)
+    agent_loop(cap, random.Random(11), 3)
+    await registry.redis.set(S.key_call_seq(sid), 3)  # as the proxy's numbering left it
+    await publish_records(bus, cap.records[:2], sid)
+    event = decode(finished(sid, "bld-late"), SessionFinished)
+    assert (await builder.take(event)).action == logic.Action.BEGIN
+    making = asyncio.create_task(builder.make(event))
+    await asyncio.sleep(0.5)
+    assert not making.done()  # waiting for call 2
+    await publish_records(bus, cap.records[2:], sid)
+    tr = await asyncio.wait_for(making, 10)
+    assert tr.stats.completions == 3 and tr.intact
+
+
+async def test_a_number_that_never_gets_a_record_is_waited_for_boundedly(bus, registry):
+    builder = Builder(bus, registry, BuilderConfig(settle_seconds=0.5))
+    (sid,) = await new_task(registry, "bld-lost")
+    cap = Capture(sid)
+    agent_loop(cap, random.Random(12), 2)
+    await registry.redis.set(S.key_call_seq(sid), 3)  # call 2 died with its proxy
+    await publish_records(bus, cap.records, sid)
+    event = decode(finished(sid, "bld-lost"), SessionFinished)
+    assert (await builder.take(event)).action == logic.Action.BEGIN
+    t0 = time.monotonic()
+    tr = await builder.make(event)
+    assert 0.5 <= time.monotonic() - t0 < 5 and tr.stats.completions == 2

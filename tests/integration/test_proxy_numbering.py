@@ -89,7 +89,7 @@ async def handler_on(nats_url: str, redis_url: str, bus: Bus, tokenizer=None):
         mode=mode, tokenizer=tokenizer, default_max_tokens=16,
     )  # fmt: skip
     try:
-        yield handler, engine, SessionResolver(store, grace_seconds=30)
+        yield handler, engine, SessionResolver(store)
     finally:
         await publisher.aclose()
         await redis.aclose()
