@@ -91,7 +91,7 @@ def create_app(
     *,
     count_tokens: TokenCounter | None = None,
     unused_call: UnusedCall | None = None,
-    max_body_bytes: int = 64 * 1024 * 1024,
+    max_body_bytes: int = 16 * 1024 * 1024,
     keepalive_seconds: float = 10.0,
     route_handlers: Sequence[Any] = (),
     protocols: Sequence[ProtocolSpec] = PROTOCOLS,

@@ -53,7 +53,7 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     mode: str = "token"  # token (TITO: proxy templates, sends ids) | chat (engine templates)
     model_dir: str | None = None  # tokenizer + chat template for token mode
     default_max_tokens: int = 1024
-    max_body_bytes: int = 64 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
     keepalive_seconds: float = 10.0
     # Poll instead of sleeping for up to this long while a Redis, JetStream or engine
     # reply is due (services/common/spin.py); 0: off.

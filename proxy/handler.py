@@ -52,6 +52,11 @@ HEAD_AHEAD_MIN_TOKENS = 2048
 # (~0.1 ms): worth it for short requests only, and a longer one is then not rendered
 # before its token is known to be valid.
 RENDER_AHEAD_MAX_BYTES = 64 * 1024
+# A longer request is planned (templated and tokenized, seconds for megabytes) in a
+# worker thread, a few at a time, so the event loop keeps serving every other session's
+# calls meanwhile; a shorter one is cheaper than the hand-off to a thread.
+PLAN_OFF_LOOP_BYTES = RENDER_AHEAD_MAX_BYTES
+PLANS_OFF_LOOP_AT_ONCE = 2
 
 _KIND = {
     BackendKind.CONTEXT_LENGTH: ErrorKind.CONTEXT_LENGTH,
@@ -82,6 +87,7 @@ class CompletionHandler:
         self.heads: SizedLRU[tuple[str, int, int], str] = SizedLRU(
             HEAD_CACHE_CHARS, lambda _key, text: len(text)
         )
+        self._heavy_plans = asyncio.Semaphore(PLANS_OFF_LOOP_AT_ONCE)
 
     def prepare(
         self, conv: Conversation, protocol: str, raw: bytes, headers: Mapping[str, str]
@@ -323,7 +329,11 @@ class CompletionHandler:
         sid, messages, tools = ctx.session_id, request.messages, request.tools
         sampling = self._sampling(conv)
         if self.mode == UpstreamMode.TOKEN:
-            plan = self._plan(request, states, sid, ctx.attempt)
+            if len(request.raw) > PLAN_OFF_LOOP_BYTES:
+                async with self._heavy_plans:
+                    plan = await asyncio.to_thread(self._plan, request, states, sid, ctx.attempt)
+            else:
+                plan = self._plan(request, states, sid, ctx.attempt)
             gen = await self.backend.generate(
                 TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
             )

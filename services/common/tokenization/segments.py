@@ -117,7 +117,20 @@ class SegmentEncoder:
         return True
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return encode_plain(self.tokenizer, text)
+
+
+# ``Tokenizer.encode`` holds the GIL for the whole text (seconds for megabytes: every
+# other thread, the proxy's event loop included, stops); ``encode_batch`` releases it and
+# gives the same ids. Short texts keep ``encode``, which has less overhead.
+RELEASE_GIL_CHARS = 16 * 1024
+
+
+def encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
+    """``text``'s ids, no special tokens added; long texts without holding the GIL."""
+    if len(text) < RELEASE_GIL_CHARS:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+    return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def _cached_bytes(piece: str, ids: array) -> int:

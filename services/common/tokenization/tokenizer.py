@@ -14,7 +14,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from services.common.tokenization.segments import SegmentEncoder
+from services.common.tokenization.segments import SegmentEncoder, encode_plain
 from services.common.tokenization.template import (
     TemplateRenderError,
     default_template,
@@ -133,7 +133,7 @@ class ChatTokenizer:
         """Token ids of ``text``; special-token text (e.g. ``<|im_start|>``) maps to its id."""
         if self.segments is not None:
             return self.segments.encode(text)
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return encode_plain(self.tokenizer, text)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

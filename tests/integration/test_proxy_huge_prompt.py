@@ -1,0 +1,88 @@
+"""One huge prompt does not stall other sessions (issue 17, point 8).
+
+The token-mode completion handler (real tokenizer, real Redis and JetStream) with an
+engine that answers at once: a small call's latency is measured alone, then while
+another session's multi-megabyte prompt is being templated and tokenized. That planning
+runs in a worker thread (``PLAN_OFF_LOOP_BYTES``), so the small call does not wait for
+it: before, it waited the whole time (a 10 MB request: 12.7 s for a 4-token call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+
+from proxy.backends.base import Generation, TokenRequest
+from proxy.conversation import Conversation, Message, TextPart
+from services.common.tokenization import ChatTokenizer
+from tests.helpers.stack import new_session
+from tests.integration.test_proxy_numbering import as_is, handler_on
+from tests.unit.engine.tiny import tiny_model_dir
+
+pytestmark = pytest.mark.asyncio
+HUGE_CHARS = 150_000
+
+
+class InstantEngine:
+    """Token mode: answers every request at once (the engine is not what is measured)."""
+
+    async def generate(self, req: TokenRequest) -> Generation:
+        return Generation(
+            prompt_ids=req.input_ids, output_ids=[7, 8], output_logprobs=[-0.5, -0.25],
+            finish_reason="stop", text="ok",
+        )  # fmt: skip
+
+
+def conversation(user_text: str) -> tuple[Conversation, bytes]:
+    # an assistant turn: a call that continues a conversation (planned when it is made)
+    messages = [
+        Message(role="user", content=[TextPart("start")]),
+        Message(role="assistant", content=[TextPart("ok")]),
+        Message(role="user", content=[TextPart(user_text)]),
+    ]
+    raw = orjson.dumps(
+        {"messages": [{"role": m.role, "content": m.content[0].text} for m in messages]}
+    )
+    return Conversation(model="m", messages=messages), raw
+
+
+async def timed_call(handler, resolver, token: str, text: str) -> float:
+    conv, raw = conversation(text)
+    t0 = time.perf_counter()
+    session = await resolver(token, True)
+    await handler.prepare(conv, "openai_chat", raw, {})(session, as_is)
+    return time.perf_counter() - t0
+
+
+async def test_a_small_call_is_not_stalled_by_a_concurrent_huge_prompt(
+    nats_url, redis_url, bus, redis_client
+):
+    tokenizer = ChatTokenizer.load(tiny_model_dir())
+    async with handler_on(nats_url, redis_url, bus, tokenizer) as (handler, _, resolver):
+        handler.backend = InstantEngine()
+        small, big = (
+            await new_session(redis_client, "huge-small"),
+            await new_session(redis_client, "huge-big"),
+        )
+        await timed_call(handler, resolver, small.token, "warm up")
+        alone = sorted([await timed_call(handler, resolver, small.token, "hi") for _ in range(5)])
+        huge = asyncio.create_task(timed_call(handler, resolver, big.token, "x " * HUGE_CHARS))
+        await asyncio.sleep(0.05)  # the huge call is being planned now
+        during = []
+        while not huge.done():
+            during.append(await timed_call(handler, resolver, small.token, "hi"))
+            await asyncio.sleep(0.02)
+        huge_s = await huge
+        worst = max(during)
+        print(
+            f"\nsmall call alone: median {alone[2] * 1000:.1f} ms; during a "
+            f"{HUGE_CHARS * 2 / 1e3:.0f} KB prompt planned in {huge_s:.2f} s: "
+            f"{len(during)} small calls, worst {worst * 1000:.1f} ms"
+        )
+        assert huge_s > 1.0, huge_s  # long enough to have stalled everything before
+        assert len(during) >= 5
+        # before the fix: one small call waited for the whole huge plan (worst ~ huge_s)
+        assert worst < max(0.25, 20 * alone[2]) and worst < huge_s / 4, (worst, huge_s)
