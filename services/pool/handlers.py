@@ -174,10 +174,15 @@ class RuntimePool:
         )
 
     async def _admit(self, item: InitWork, msg: Msg) -> bool:
+        now = await self.registry.get_session(item.session_id)
+        if now is None or now.attempt != item.attempt:  # an earlier attempt's, redelivered
+            await msg.ack()
+            return False
         t = await self.registry.transition(
             item.session_id,
             ST.INITIALIZING,
             from_=[ST.REGISTERED],
+            expect_version=now.version,  # still the attempt just read
             lease=(self.owner, self.config.lease_seconds),  # one step: a crash leaves a lease
             node=self.node,
             attempt=item.attempt,

@@ -154,3 +154,20 @@ async def test_reaper_ends_or_retries_held_sessions_that_have_no_lease(fresh_ser
         assert await reaper.reap() == 0
     finally:
         await close_pool(pool)
+
+
+async def test_an_earlier_attempts_init_work_redelivered_is_not_admitted(fresh_servers, tmp_path):
+    # A pool killed mid-INIT leaves its attempt-0 message unacked; the reaper retries the
+    # session as attempt 1. The attempt-0 message, redelivered, must not start attempt 0
+    # again (its hand-off id `ready:<sid>:0` is then deduplicated: nobody would run it).
+    pool = await open_pool(*fresh_servers, tmp_path)
+    try:
+        item = await registered(pool, "stale")
+        sid = item.session_id
+        assert (await pool.registry.transition(sid, ST.INITIALIZING, node=NODE)).ok
+        assert (await pool.registry.transition(sid, ST.REGISTERED, attempt=1)).ok
+        assert not await pool._admit(item, Ack())  # attempt 0's work
+        s = await pool.registry.get_session(sid)
+        assert (s.state, s.attempt) == (ST.REGISTERED, 1)
+    finally:
+        await close_pool(pool)
