@@ -77,13 +77,17 @@ class RuntimePool:
         # READY sessions whose hand-off this process published: the only READY ones it
         # renews (one it failed to hand off, or a dead predecessor's, must expire).
         self.handed_off: set[str] = set()
+        # Init work a dead pool had fetched comes back after ack_wait: it follows the
+        # lease (a live pool keeps its messages in progress every third of it), so a pool
+        # killed with a full queue delays those sessions by a lease, not by a minute.
+        self.ack_wait = max(config.lease_seconds, 1.0)
 
     # -- main loop --------------------------------------------------------------------
     async def run(self, *, drain: bool = False) -> None:
         cfg = work_consumer(
             S.CONSUMER_POOL_INIT,
             S.SESSIONS_INIT,
-            ack_wait=60,
+            ack_wait=self.ack_wait,
             max_deliver=-1,
             max_ack_pending=100_000,
         )
@@ -131,7 +135,7 @@ class RuntimePool:
 
     async def _keep_queue_alive(self) -> None:
         while True:
-            await asyncio.sleep(15)
+            await asyncio.sleep(self.ack_wait / 3)
             for _, msg in self.queue.items():
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
@@ -199,7 +203,7 @@ class RuntimePool:
     # -- one INIT -----------------------------------------------------------------------
     async def _init(self, item: InitWork, msg: Msg) -> None:
         sid = item.session_id
-        keepalive = asyncio.create_task(_keep_alive(msg))
+        keepalive = asyncio.create_task(_keep_alive(msg, self.ack_wait / 3))
         runtime, result, started = None, "failed", time.monotonic()
         spec = None
         try:
@@ -374,7 +378,7 @@ class RuntimePool:
         await send_heartbeat(self.bus, self.registry, beat)
 
 
-async def _keep_alive(msg: Msg, period: float = 15.0) -> None:
+async def _keep_alive(msg: Msg, period: float) -> None:
     while True:
         await asyncio.sleep(period)
         with contextlib.suppress(Exception):

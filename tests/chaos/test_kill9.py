@@ -8,7 +8,7 @@ submitted on the bus; each session prepares (a short exec step) and runs a shell
 is in the stage that fault hurts most, and the killed process is started again at once
 (Valkey on its same directory, with ``appendonly yes`` and ``appendfsync always``).
 
-Then every session must be final within ``BOUND_S`` of its task's submission, every
+Then every session must be final within ``BOUND_S`` of the last fault, every
 session must have exactly one trajectory in ``polar.trajectories.<task>`` (0 lost, 0
 duplicated) and every task its whole group. The table is printed.
 
@@ -45,7 +45,11 @@ ST = SessionState
 LEASE = 2.0
 ROUNDS = 3
 SESSIONS = 2  # per task (one task per fault and round)
-BOUND_S = 60.0  # every session final within this of its task's submission
+# Every session final within this of the last fault (its process restarted). Sessions
+# submitted early live through every later round's faults (retried each time a holder
+# dies), so from submission their time is the whole run's; once the faults stop, what
+# is left settles within seconds.
+BOUND_S = 60.0
 TARGETS = {
     "scheduler": "services.scheduler.main:create_app",
     "pool": "services.pool.main:create_app",
@@ -168,7 +172,7 @@ async def states(redis, task_id: str) -> list[str]:
     return [(await redis.hget(S.key_session(i), "state") or b"?").decode() for i in ids]
 
 
-async def wait_for_state(redis, task_id: str, state: ST | None, timeout: float = 20.0) -> str:
+async def wait_for_state(redis, task_id: str, state: ST | None, timeout: float = 45.0) -> str:
     """Until one of the task's sessions is in ``state``: what the task looked like."""
     deadline = time.monotonic() + timeout
     while True:
@@ -220,7 +224,7 @@ async def delivered(bus: Bus) -> Counter:
     return out
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)  # 240-280 s seen on 2 cores at load 24 (7 services restarting)
 async def test_kill_9_every_service_and_server_mid_run(tmp_path):
     if shutil.which("sh") is None:
         pytest.skip("needs a POSIX shell for the harness")
@@ -243,15 +247,17 @@ async def test_kill_9_every_service_and_server_mid_run(tmp_path):
 
         # every session final, within the bound of its task's submission
         final = {s.value for s in TERMINAL_STATES}
-        final_at: dict[str, float] = {}
+        final_at: dict[str, float] = {}  # seconds from its submission
+        settled: dict[str, float] = {}  # seconds after the last fault
         pending = {t for row in rows for t in row.tasks}
-        deadline = max(stack.submitted.values()) + BOUND_S + 1
+        deadline = faults_done + BOUND_S + 1
         while pending and time.monotonic() < deadline:
             for task_id in list(pending):
                 with contextlib.suppress(Exception):
                     now = await states(redis, task_id)
                     if len(now) == SESSIONS and set(now) <= final:
                         final_at[task_id] = time.monotonic() - stack.submitted[task_id]
+                        settled[task_id] = max(0.0, time.monotonic() - faults_done)
                         pending.discard(task_id)
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # a duplicate would have been published by now
@@ -261,24 +267,25 @@ async def test_kill_9_every_service_and_server_mid_run(tmp_path):
             sids = [f"{t}-{i:04d}" for t in row.tasks for i in range(SESSIONS)]
             lost = sum(1 for s in sids if got[s] == 0)
             dup = sum(got[s] - 1 for s in sids if got[s] > 1)
-            stuck = sum(1 for t in row.tasks if final_at.get(t, BOUND_S + 1) > BOUND_S)
+            stuck = sum(1 for t in row.tasks if settled.get(t, BOUND_S + 1) > BOUND_S)
             groups = sum(
                 1 for t in row.tasks if all(got[f"{t}-{i:04d}"] == 1 for i in range(SESSIONS))
             )
             worst = max((final_at[t] for t in row.tasks if t in final_at), default=float("nan"))
-            table.append((row, len(sids), lost, dup, stuck, groups, worst))
+            after = max((settled[t] for t in row.tasks if t in settled), default=float("nan"))
+            table.append((row, len(sids), lost, dup, stuck, groups, worst, after))
         lines = [
             f"\nchaos: {len(rows)} faults x {ROUNDS} kills, {SESSIONS} sessions per task; "
             f"stack up in {started:.1f}s, faults done at {faults_done - t0:.1f}s, "
-            f"all final at {time.monotonic() - t0:.1f}s (bound {BOUND_S:.0f}s per task)",
+            f"all final at {time.monotonic() - t0:.1f}s (bound: {BOUND_S:.0f}s after the last fault)",
             f"{'fault':<12}{'kills':>6}{'sessions':>9}{'lost':>6}{'dup':>5}{'stuck':>7}"
-            f"{'groups':>8}{'worst s':>9}  caught in",
+            f"{'groups':>8}{'from submit s':>15}{'after faults s':>16}  caught in",
         ]
-        for row, n, lost, dup, stuck, groups, worst in table:
+        for row, n, lost, dup, stuck, groups, worst, after in table:
             caught = ", ".join(f"{k} x{v}" for k, v in sorted(row.caught.items()))
             lines.append(
                 f"{row.fault:<12}{row.kills:>6}{n:>9}{lost:>6}{dup:>5}{stuck:>7}"
-                f"{groups:>5}/{len(row.tasks)}{worst:>9.1f}  {caught}"
+                f"{groups:>5}/{len(row.tasks)}{worst:>15.1f}{after:>16.1f}  {caught}"
             )
         for row in rows:  # what a stuck or undelivered session looks like, for the log
             for t in row.tasks:
@@ -290,7 +297,7 @@ async def test_kill_9_every_service_and_server_mid_run(tmp_path):
                         lines.append(f"  {sid}: {got[sid]} delivered, " + ", ".join(
                             f"{k}={h.get(k.encode(), b'').decode()[:160]}" for k in keep))  # fmt: skip
         print("\n".join(lines))
-        for row, _, lost, dup, stuck, groups, _ in table:
+        for row, _, lost, dup, stuck, groups, _, _ in table:
             assert (lost, dup, stuck, groups) == (0, 0, 0, len(row.tasks)), row.fault
     finally:
         if bus is not None:
