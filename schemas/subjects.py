@@ -113,6 +113,9 @@ def key_submit_dedupe(digest: str) -> str:
 
 
 KEY_STATE_COUNTS = "polar:counts"  # global hash state -> count
+# A random id written once into a fresh registry; a service that sees it change or vanish
+# knows the registry lost its state (services/common/host.py stops the service).
+KEY_REGISTRY_EPOCH = "polar:registry:epoch"
 KEY_TASKS_ACTIVE = "polar:tasks:active"  # set of task ids not yet finished
 KEY_NODES = "polar:nodes"  # hash "<node>/<service>" -> last NodeHeartbeat json
 

@@ -98,6 +98,19 @@ class Registry:
     async def close(self) -> None:
         await self.redis.aclose()
 
+    # -- epoch: did the registry lose its state? ---------------------------------------
+    async def ensure_epoch(self) -> str:
+        """The registry's epoch marker, written now if this is a fresh registry (the
+        first writer wins: services starting together all read the same one)."""
+        await self.redis.set(S.KEY_REGISTRY_EPOCH, secrets.token_hex(8), nx=True)
+        epoch = await self.redis.get(S.KEY_REGISTRY_EPOCH)
+        return epoch.decode() if epoch else await self.ensure_epoch()
+
+    async def epoch(self) -> str | None:
+        """The epoch marker now (None: gone — the registry lost everything)."""
+        epoch = await self.redis.get(S.KEY_REGISTRY_EPOCH)
+        return epoch.decode() if epoch else None
+
     # -- tasks ----------------------------------------------------------------------
     async def create_task(
         self, task: TaskRequest, now: float | None = None

@@ -28,6 +28,8 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     host: str = "127.0.0.1"
     port: int = 0
     node: str = "node0"
+    # how often a service checks that the registry still holds its epoch marker
+    registry_check_seconds: float = 1.0
 
 
 def load(cls: type[T], env: dict[str, str] | None = None) -> T:
