@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import msgspec
 
-from infra import localservers, wiring
+from infra import credentials, localservers, wiring
+from infra.catalog import SERVICES
+from infra.credentials import Credentials
 from infra.stackstate import (
     Proc,
     StackState,
@@ -76,10 +79,32 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
         raise StackError("this topology cannot work:\n- " + "\n- ".join(problems))
     _check_ports_free(plans, topo.host)
     state = StackState(state_dir=str(state_dir), created_at=time.time())
+    creds = credentials.generate([*SERVICES, credentials.OPERATOR], own_nats=True, own_redis=True)
     try:
-        _ensure_server(state, "nats", topo.nats_url, 4222, localservers.start_nats, log)
-        _ensure_server(state, "redis", topo.redis_url, 6379, localservers.start_valkey, log)
-        spawned = [(plan, _start_service(state, plan, topo, log)) for plan in plans]
+        own_nats = _ensure_server(
+            state,
+            "nats",
+            topo.nats_url,
+            4222,
+            lambda port, where, host: localservers.start_nats(
+                port, where, host, users=creds.nats_passwords
+            ),
+            log,
+        )
+        own_redis = _ensure_server(
+            state,
+            "redis",
+            topo.redis_url,
+            6379,
+            lambda port, where, host: localservers.start_valkey(
+                port, where, host, password=creds.redis_password
+            ),
+            log,
+        )
+        creds = _only_own(creds, own_nats, own_redis)
+        credentials.save(state_dir, creds)
+        plans = wiring.with_credentials(plans, creds)
+        spawned = [(plan, _start_service(state, plan, topo, creds, log)) for plan in plans]
         deadline = time.monotonic() + topo.startup_timeout_seconds
         _wait_healthy(spawned, wiring.connect_host(topo.host), deadline, state_dir, log)
     except BaseException:
@@ -87,6 +112,30 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
         down(state_dir)
         raise
     return state
+
+
+def _only_own(creds: Credentials, own_nats: bool, own_redis: bool) -> Credentials:
+    """The credentials without passwords for servers the stack found running (the
+    operator's: their URLs carry whatever credentials they need)."""
+    return msgspec.structs.replace(
+        creds,
+        nats_passwords=creds.nats_passwords if own_nats else {},
+        redis_password=creds.redis_password if own_redis else None,
+    )
+
+
+def client_urls(state_dir: Path, nats_url: str, redis_url: str) -> tuple[str, str]:
+    """The NATS and Redis URLs the operator's tools (CLI, export, demo) sign in with."""
+    creds = credentials.load(state_dir)
+    if creds is None:
+        return nats_url, redis_url
+    return creds.nats_url(nats_url), creds.redis_url(redis_url)
+
+
+def operator_view(topo: Topology) -> Topology:
+    """``topo`` with the URLs the operator's tools sign in with (its stack running)."""
+    nats_url, redis_url = client_urls(state_dir_of(topo), topo.nats_url, topo.redis_url)
+    return msgspec.structs.replace(topo, nats_url=nats_url, redis_url=redis_url)
 
 
 def _existing(state_dir: Path, log: Log) -> StackState | None:
@@ -120,7 +169,8 @@ def _check_ports_free(plans: list[ServicePlan], host: str) -> None:
 
 def _ensure_server(
     state: StackState, name: str, url: str, default_port: int, start, log: Log
-) -> None:
+) -> bool:
+    """Use the server at ``url``, or start our own there; True when we started it."""
     host, port = localservers.host_port(url, default_port)
     if localservers.reachable(host, port):
         log(f"{name}: using the server at {url}")
@@ -128,7 +178,7 @@ def _ensure_server(
             Proc(name=name, pid=None, start_ticks=None, url=url, port=port, started=False)
         )
         write_state(state)
-        return
+        return False
     if host not in LOCAL_HOSTS:
         raise StackError(
             f"{name} at {url} is unreachable, and it is not local: cannot start one there"
@@ -142,6 +192,7 @@ def _ensure_server(
     log_name = "nats.log" if name == "nats" else "valkey.log"
     state.procs.append(_record(name, proc.pid, url, port, str(where / log_name)))
     write_state(state)
+    return True
 
 
 def _record(name: str, pid: int, url: str, port: int, log_path: str) -> Proc:
@@ -157,15 +208,15 @@ def _record(name: str, pid: int, url: str, port: int, log_path: str) -> Proc:
 
 
 def _start_service(
-    state: StackState, plan: ServicePlan, topo: Topology, log: Log
+    state: StackState, plan: ServicePlan, topo: Topology, creds: Credentials, log: Log
 ) -> subprocess.Popen:
     log_path = Path(state.state_dir) / "logs" / f"{plan.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "POLAR_CONFIG": json.dumps(plan.config),
-        "POLAR_NATS_URL": topo.nats_url,
-        "POLAR_REDIS_URL": topo.redis_url,
+        "POLAR_NATS_URL": creds.nats_url(topo.nats_url, plan.service),  # its own user
+        "POLAR_REDIS_URL": creds.redis_url(topo.redis_url),
         "PYTHONUNBUFFERED": "1",
     }
     argv = [

@@ -15,6 +15,10 @@ sent to whatever listens at a default port:
   service's ``model_dir`` for token mode. What the user set in a service's ``config``
   wins: a gateway in front of the proxy, a shared work dir.
 
+``with_credentials`` hands each service the tokens it checks or presents
+(``infra/credentials.py``): the scheduler its admin and read tokens, the proxy its admin
+token, the trainer the admin token it pushes weights with.
+
 ``cannot_work`` then refuses, before anything starts, a stack whose proxy could not
 serve (token mode with no tokenizer to template with).
 """
@@ -29,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 
 from infra.catalog import SERVICES, ServiceKind
+from infra.credentials import Credentials
 from infra.topology import ServicePlan, Topology
 from proxy.config import ProxyConfig
 
@@ -130,6 +135,21 @@ def _dashboard_sources(plan: ServicePlan, plans: list[ServicePlan], state_dir: P
             Path(trainer["checkpoint_dir"]) / "log.jsonl"
         )
     return msgspec.structs.replace(plan, config={**found, **plan.config})
+
+
+TOKENS_OF = {  # which stack tokens each service is given (its config may set its own)
+    "scheduler": ("admin_token", "read_token"),
+    PROXY: ("admin_token",),
+    "trainer": ("admin_token",),
+}
+
+
+def with_credentials(plans: list[ServicePlan], creds: Credentials) -> list[ServicePlan]:
+    out = []
+    for p in plans:
+        given = {name: getattr(creds, name) for name in TOKENS_OF.get(p.service, ())}
+        out.append(msgspec.structs.replace(p, config={**given, **p.config}) if given else p)
+    return out
 
 
 def _embedded_backends(config: dict[str, Any], service: str, model_url: str) -> dict[str, Any]:

@@ -60,8 +60,8 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     busy_poll_microseconds: int = 250
     probe_backend: bool = True  # refuse to start when the engine cannot return token ids
     probe_timeout_seconds: float = 120.0  # the engine may still be starting
-    # /admin/* (pause, weights) needs `Authorization: Bearer <admin_token>` when set: a
-    # harness can reach this port, and must not be able to pause it or swap the weights.
+    # /admin/* (pause, weights) needs `Authorization: Bearer <admin_token>`; without one
+    # it is closed: a harness can reach this port, and must not pause it or swap weights.
     admin_token: str | None = None
 
     def engine(self) -> BackendConfig:

@@ -6,8 +6,10 @@ proxy's own gate: new calls wait, in-flight ones drain), ``POST /admin/update_we
 the engine's own control on every healthy worker, passed through: ``POST
 /admin/pause_generation``, ``POST /admin/continue_generation``, ``POST /admin/flush_cache``
 (``{"ok": true}``). An engine's refusal is ``{"ok": false, "error", "kind", "worker"}``
-with 400 (it refused the request), 501 (it has no such endpoint) or 502 (it failed). With
-``admin_token`` set every admin route needs it as a Bearer token.
+with 400 (it refused the request), 501 (it has no such endpoint) or 502 (it failed). Every
+admin route needs ``admin_token`` as a Bearer token (401 otherwise); a proxy without one
+refuses them all. Sandboxes never reach them: the bridge of a ``network: none`` sandbox
+forwards only its own session's routes (``services/runtimes/bridge.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from proxy.handler import CompletionHandler
 from proxy.resp import Resp
 from proxy.sessions import SessionResolver
 from schemas import UpstreamMode
+from services.common import auth
 from services.common.bus import CLAIM_THRESHOLD
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
@@ -75,11 +78,14 @@ class WeightUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def admin_guard(token: str | None):
-    """A litestar guard: admin routes need the configured admin token (when there is one)."""
+    """A litestar guard: admin routes need the configured admin token; a proxy without
+    one keeps them closed (a harness reaches this port: it must not pause the proxy or
+    swap the weights)."""
 
     def guard(connection: ASGIConnection, _handler: BaseRouteHandler) -> None:
-        if token is not None and connection.headers.get("authorization") != f"Bearer {token}":
-            raise NotAuthorizedException("admin routes need the proxy's admin token")
+        why = auth.refusal(auth.ADMIN, connection.headers, admin_token=token, service="proxy")
+        if why is not None:
+            raise NotAuthorizedException(why)
 
     return guard
 

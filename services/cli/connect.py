@@ -9,6 +9,7 @@ import redis.exceptions
 
 from services.cli.context import Unreachable
 from services.common.bus import Bus
+from services.common.redact import redact
 from services.common.registry import Registry
 
 __all__ = ["Unreachable", "open_bus", "open_registry"]
@@ -29,7 +30,9 @@ async def open_bus(url: str, name: str = "polar-cli") -> Bus:
             error_cb=_quiet_error,
         )
     except (OSError, TimeoutError, nats.errors.Error) as exc:
-        raise Unreachable(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+        raise Unreachable(
+            f"cannot reach NATS at {redact(url)}: {exc or type(exc).__name__}"
+        ) from None
     return Bus(nc, nc.jetstream(timeout=5))
 
 
@@ -39,5 +42,5 @@ async def open_registry(url: str) -> Registry:
         await client.ping()
     except (redis.exceptions.RedisError, OSError) as exc:
         await client.aclose()
-        raise Unreachable(f"cannot reach Redis at {url}: {exc}") from None
+        raise Unreachable(f"cannot reach Redis at {redact(url)}: {exc}") from None
     return Registry(client)

@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from infra import credentials
+from infra.credentials import Credentials
 from infra.devstack import state_dir_of
 from infra.stackstate import Proc, StackState, read_state
 from infra.topology import Topology, load_topology, plan_services
@@ -56,14 +58,26 @@ class Stack:
         return self.state.get(name) if self.state else None
 
     @property
+    def credentials(self) -> Credentials | None:
+        """What ``polar up`` generated for this stack (None: not started by ``polar up``)."""
+        return credentials.load(self.state_dir) if self.state else None
+
+    @property
     def nats_url(self) -> str:
         p = self._proc("nats")
-        return p.url if p else self.topology.nats_url
+        url = p.url if p else self.topology.nats_url
+        return self.credentials.nats_url(url) if self.credentials else url
 
     @property
     def redis_url(self) -> str:
         p = self._proc("redis")
-        return p.url if p else self.topology.redis_url
+        url = p.url if p else self.topology.redis_url
+        return self.credentials.redis_url(url) if self.credentials else url
+
+    @property
+    def admin_token(self) -> str | None:
+        """The operator's token for the scheduler's and the proxy's admin routes."""
+        return self.credentials.admin_token if self.credentials else None
 
     def services(self) -> list[tuple[str, str, Proc | None]]:
         """(instance name, base URL, its record) for each service of the stack."""

@@ -95,21 +95,22 @@ def run(console: Console, keep: bool = False) -> int:
     devstack.up(topo, log=lambda m: console.print(f"  {m}", highlight=False))
     console.print(f"stack up in {time.monotonic() - t0:.1f}s; state in {state_dir}")
     try:
-        return asyncio.run(_run_task(console, topo, state_dir))
+        urls = devstack.client_urls(state_dir, topo.nats_url, topo.redis_url)
+        return asyncio.run(_run_task(console, *urls, state_dir))
     finally:
         if not keep:
             report = devstack.down(state_dir)
             console.print(f"stopped: {', '.join(report.stopped)}")
 
 
-async def _run_task(console: Console, topo, state_dir: Path) -> int:
+async def _run_task(console: Console, nats_url: str, redis_url: str, state_dir: Path) -> int:
     from services.cli import render
     from services.cli.submit import BusTasks
     from services.cli.taskfile import Submitted, TaskFile
 
     task_id = f"demo-{int(time.time())}"
     payload = orjson.dumps(demo_task(task_id))
-    tasks = await BusTasks.open(topo.nats_url, topo.redis_url)
+    tasks = await BusTasks.open(nats_url, redis_url)
     try:
         answer = await tasks.submit(TaskFile(payload, task_id, 4), follow=True)
         if not isinstance(answer, Submitted):
@@ -124,7 +125,7 @@ async def _run_task(console: Console, topo, state_dir: Path) -> int:
         console.print("[red]timed out[/red]")
         return 2
     console.print(render.results_table(result))
-    trajectories = await _collect(topo.nats_url, task_id, len(result.sessions))
+    trajectories = await _collect(nats_url, task_id, len(result.sessions))
     console.print(_trajectory_table(trajectories))
     out = state_dir / f"{task_id}.trajectories.jsonl"
     out.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in trajectories))

@@ -24,6 +24,7 @@ from infra.catalog import SERVICES
 from infra.topology import TopologyError, load_topology, plan_services
 from services.cli import exitcodes, render, taskfile
 from services.cli.context import Stack, StateDirOpt, TopologyOpt, Unreachable
+from services.common.redact import redact
 
 EMBEDDED_CLI = "services.engine.cli"  # the embedded model server's own typer app
 
@@ -91,7 +92,7 @@ def status(
 
     report = asyncio.run(gather(_stack(topology, state_dir)))
     if as_json:
-        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+        sys.stdout.write(redact(msgspec.json.encode(report).decode()) + "\n")  # URL passwords
     else:
         render.print_status(out, report)
 
@@ -134,7 +135,7 @@ async def _client(stack: Stack, via: Via, timeout: float | None = None):
     from services.cli import submit as tasks  # NATS and Redis clients load only when needed
 
     if via == "http":
-        return tasks.HttpTasks(stack.service_url("scheduler"))
+        return tasks.HttpTasks(stack.service_url("scheduler"), stack.admin_token)
     ack_timeout = min(timeout, 15.0) if timeout else 15.0
     return await tasks.BusTasks.open(stack.nats_url, stack.redis_url, ack_timeout)
 

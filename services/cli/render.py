@@ -14,6 +14,7 @@ from infra.devstack import DownReport
 from infra.stackstate import StackState
 from schemas import TaskResult
 from services.cli import taskfile
+from services.common.redact import redact
 
 if TYPE_CHECKING:
     from services.cli.status import StatusReport
@@ -133,7 +134,7 @@ def sessions_table(counts: dict[str, int] | None, title: str = "sessions by stat
 
 
 def print_status(console: Console, report: StatusReport) -> None:
-    console.print(f"NATS {report.nats_url}   Redis {report.redis_url}")
+    console.print(f"NATS {redact(report.nats_url)}   Redis {redact(report.redis_url)}")
     console.print(f"stack record: {report.stack_record or 'none (not started by polar up)'}")
     for part in (
         services_table(report),

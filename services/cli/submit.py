@@ -170,9 +170,12 @@ def _error_of(r: httpx.Response) -> tuple[str, str | None]:
 
 
 class HttpTasks:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
-        self.client = httpx.AsyncClient(base_url=url, timeout=10.0, trust_env=False)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.AsyncClient(
+            base_url=url, timeout=10.0, trust_env=False, headers=headers
+        )
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -26,6 +26,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
 
 from schemas import subjects as S
+from services.common.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ async def connect(url: str, name: str, *, connect_timeout: float = 60.0) -> NATS
             )
         except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
             if asyncio.get_running_loop().time() > deadline:
-                raise ConnectionError(f"cannot reach NATS at {url}: {exc}") from exc
+                raise ConnectionError(f"cannot reach NATS at {redact(url)}: {exc}") from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

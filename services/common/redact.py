@@ -7,7 +7,7 @@ harness's API key and URL secret, so it turns up in a CLI's error text
 keeps its ``ps_`` so a reader still sees that a session URL was there. Keys of the usual
 providers are matched by shape, and any value given as an API key, token, secret or
 password (``OPENAI_API_KEY=…``, ``"api_key": "…"``, ``Authorization: Bearer …``) by the
-name in front of it.
+name in front of it, and a URL's password (``nats://user:pass@host``) by its place.
 
 Every pattern matches only characters that JSON writes as themselves and every
 replacement is plain text, so raw output and encoded JSON can be redacted as bytes
@@ -33,7 +33,10 @@ _SHAPES = (
     r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}",  # GitHub
     r"AKIA[0-9A-Z]{16}",  # AWS access key id
 )
-_SHAPE_SOURCE = rf"(?<![A-Za-z0-9_-])(?:{'|'.join(_SHAPES)})"
+# A password in a URL (``nats://cli:secret@host``, ``redis://:secret@host``): the
+# scheme's ``://`` is kept, the user and password go.
+_URL_USERINFO = r"(?P<url>://)[^\s/@:\"'\\]*:[^\s/@\"'\\]+(?=@)"
+_SHAPE_SOURCE = rf"(?<![A-Za-z0-9_-])(?:{'|'.join(_SHAPES)})|{_URL_USERINFO}"
 # A value named as a secret: the name (and quotes, ``=``/``:``, "Bearer ") is kept.
 _NAME_SOURCE = (
     r"(?P<name>(?:(?<![A-Za-z0-9])bearer\s+)"
@@ -46,6 +49,7 @@ _NAME_SOURCE = (
 # "api-key"). A regex scan of a whole trajectory costs ~200 ms per MB, finding literals
 # well under 1 ms, so the patterns are tried only where a literal is.
 _SHAPE_MARKS = (
+    "://",
     "ps_",
     "sk-",
     "AIza",
@@ -117,7 +121,10 @@ class _Redactor:
     def __call__(self, data):
         parts, last = [], 0
         for m in self.matches(data):
-            kept = m.group("session") if "session" in m.re.groupindex else m.group("name")
+            if "session" in m.re.groupindex:
+                kept = m.group("session") or m.group("url")
+            else:
+                kept = m.group("name")
             parts += [data[last : m.start()], kept or self.empty, self.redacted]
             last = m.end()
         if not parts:
@@ -162,6 +169,25 @@ def redact_value(value: object) -> object:
     if isinstance(value, list | tuple):
         return [redact_value(v) for v in value]
     return value
+
+
+ENV_KEYS = frozenset({"env"})
+
+
+def redact_env(value: object) -> object:
+    """Plain data (a task spec as dicts and lists) with every ``env`` mapping's values
+    replaced, whatever they look like (a task's env is where its secrets go: an API key
+    for a harness, a registry password), and every other string redacted by shape."""
+    if isinstance(value, dict):
+        return {
+            k: {name: REDACTED for name in v}
+            if k in ENV_KEYS and isinstance(v, dict)
+            else redact_env(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_env(v) for v in value]
+    return redact(value) if isinstance(value, str) else value
 
 
 class RedactFilter(logging.Filter):

@@ -30,7 +30,7 @@ from pathlib import Path
 import orjson
 from rich.console import Console
 
-from infra import devstack
+from infra import credentials, devstack
 from infra.topology import Topology, parse_topology
 from services.demo import stars
 from services.demo.topology import stack_topology
@@ -62,9 +62,12 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
     heldout = state / "heldout.jsonl"
     heldout.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in stars.heldout_templates()))
     proxy_port = topo.services["proxy"].port
+    creds = credentials.load(state)  # the stack's: the trainer signs in as itself
+    nats_url = creds.nats_url(topo.nats_url, "trainer") if creds else topo.nats_url
     return {
-        "nats_url": topo.nats_url,
-        "redis_url": topo.redis_url,
+        "nats_url": nats_url,
+        "redis_url": creds.redis_url(topo.redis_url) if creds else topo.redis_url,
+        "admin_token": creds.admin_token if creds else None,
         "run_id": f"demo{recipe.seed}",
         "tasks": {
             "generator": "services.demo.stars:training_templates",
@@ -131,9 +134,11 @@ def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) ->
     try:
         limit = recipe.budget_seconds - (time.time() - started)
         cfg = trainer_config(recipe, topo, state, model, limit)
-        (state / "trainer.json").write_text(json.dumps(cfg, indent=2))
+        # it holds the trainer's credentials: readable by this user only
+        credentials.write_private(state / "trainer.json", json.dumps(cfg, indent=2).encode())
         code = _train(console, recipe, state, started)
-        _save_trajectories(topo.nats_url, state / "trajectories.jsonl", console)
+        nats_url, _ = devstack.client_urls(state, topo.nats_url, topo.redis_url)
+        _save_trajectories(nats_url, state / "trajectories.jsonl", console)
     finally:
         devstack.down(state)
         console.print("stopped every service")

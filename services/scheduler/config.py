@@ -14,3 +14,8 @@ class SchedulerConfig(ServiceSettings, frozen=True, kw_only=True):
     # A task message without task_id or Nats-Msg-Id published again with the same bytes
     # within this many seconds joins the first copy's task; 0 turns that off.
     submit_dedupe_seconds: float = 120.0
+    # HTTP API credentials (services/common/auth.py): the admin token submits and
+    # cancels (a task runs commands on the nodes), the read token (or the admin one)
+    # reads tasks and sessions. A role without a token is closed. `polar up` sets both.
+    admin_token: str | None = None
+    read_token: str | None = None

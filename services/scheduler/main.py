@@ -8,17 +8,23 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath
 
 from schemas import TERMINAL_STATES, encode
 from schemas import subjects as S
+from services.common import auth
 from services.common.bus import work_consumer
 from services.common.consumer import Consumer
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
 from services.common.logs import service_logging
+from services.common.redact import redact_env
 from services.common.settings import load
 from services.scheduler import logic
 from services.scheduler.config import SchedulerConfig
@@ -57,7 +63,37 @@ def _sched(request: Request) -> Scheduler:
     return request.app.state.scheduler
 
 
-@post("/tasks", status_code=201, summary="Submit a task (TaskRequest JSON)")
+def credential_guard(config: SchedulerConfig):
+    """Every route that names a ``role`` in its ``opt`` needs that role's bearer token
+    (the ops routes name none: health and metrics stay open)."""
+
+    def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+        role = handler.opt.get("role")
+        if role is None:
+            return
+        why = auth.refusal(
+            role,
+            connection.headers,
+            admin_token=config.admin_token,
+            read_token=config.read_token,
+            service="scheduler",
+        )
+        if why is not None:
+            raise NotAuthorizedException(why)
+
+    return guard
+
+
+def _refused(_: Request, exc: NotAuthorizedException) -> Response:
+    """A refused credential in the API's own error shape."""
+    response = _error(401, exc.detail)
+    response.headers["www-authenticate"] = "Bearer"
+    return response
+
+
+@post(
+    "/tasks", status_code=201, summary="Submit a task (TaskRequest JSON)", opt={"role": auth.ADMIN}
+)
 async def submit_task(request: Request) -> Response:
     sched = _sched(request)
     raw = await request.body()
@@ -73,7 +109,11 @@ async def submit_task(request: Request) -> Response:
     )
 
 
-@get("/tasks/{task_id:str}", summary="A task: spec, counts by state, sessions, result")
+@get(
+    "/tasks/{task_id:str}",
+    summary="A task: spec (env values redacted), counts by state, sessions, result",
+    opt={"role": auth.READ},
+)
 async def get_task(request: Request, task_id: FromPath[str]) -> Response:
     reg = _sched(request).registry
     task = await reg.get_task(task_id)
@@ -84,7 +124,7 @@ async def get_task(request: Request, task_id: FromPath[str]) -> Response:
         "task_id": task_id,
         "status": task.status,
         "submitted_at": task.submitted_at,
-        "spec": task.spec,
+        "spec": redact_env(msgspec.to_builtins(task.spec)),  # env holds the task's secrets
         "counts": await reg.task_counts(task_id),
         "sessions": [
             {
@@ -104,7 +144,12 @@ async def get_task(request: Request, task_id: FromPath[str]) -> Response:
     return Response(raw, media_type="application/json")
 
 
-@delete("/tasks/{task_id:str}", status_code=200, summary="Cancel a task's live sessions")
+@delete(
+    "/tasks/{task_id:str}",
+    status_code=200,
+    summary="Cancel a task's live sessions",
+    opt={"role": auth.ADMIN},
+)
 async def cancel_task(request: Request, task_id: FromPath[str]) -> Response:
     cancelled = await _sched(request).cancel_task(task_id, "cancelled over HTTP")
     if cancelled is None:
@@ -112,7 +157,7 @@ async def cancel_task(request: Request, task_id: FromPath[str]) -> Response:
     return Response({"task_id": task_id, "cancelled_sessions": cancelled})
 
 
-@get("/sessions/{session_id:str}", summary="One session's registry record")
+@get("/sessions/{session_id:str}", summary="One session's registry record", opt={"role": auth.READ})
 async def get_session(request: Request, session_id: FromPath[str]) -> Response:
     session = await _sched(request).registry.get_session(session_id)
     if session is None:
@@ -147,6 +192,8 @@ def create_app(config: SchedulerConfig | None = None) -> Litestar:
             *ops_routes("scheduler", host.health),
         ],
         lifespan=[lifespan],
+        guards=[credential_guard(cfg)],
+        exception_handlers={NotAuthorizedException: _refused},
         openapi_config=OpenAPIConfig(title="Polar scheduler", version="1"),
         request_max_body_size=cfg.max_task_bytes + 1024,
         logging_config=service_logging(),

@@ -84,6 +84,7 @@ def main() -> None:
     model = init_model_dir(state / "model", seed=0, dims=DIMS, tokenizer="bytes")
     topo = parse_topology(stack_topology(state, model, max_run=args.max_run))
     devstack.up(topo)
+    topo = devstack.operator_view(topo)  # the stack's NATS signs the operator in
     try:
         print(f"load: {os.getloadavg()}")
         for i, shape in enumerate(shapes):

@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from infra import devstack, localservers
+from infra import credentials, devstack, localservers
 from infra.topology import Topology, parse_topology
 from tests.unit.engine.tiny import tiny_model_dir
 
@@ -54,6 +54,22 @@ def start_stack(state_dir: Path, max_run: int = 4) -> tuple[Topology, Path, str]
     return topo, model_dir, f"http://127.0.0.1:{port}"
 
 
+def stack_credentials(topo: Topology) -> credentials.Credentials:
+    """What ``polar up`` generated for the stack (the trainer's NATS user, the admin token)."""
+    creds = credentials.load(devstack.state_dir_of(topo))
+    assert creds is not None, "start the stack first"
+    return creds
+
+
+def admin_headers(topo: Topology) -> dict[str, str]:
+    return {"authorization": f"Bearer {stack_credentials(topo).admin_token}"}
+
+
+def operator_nats(topo: Topology) -> str:
+    """The stack's NATS URL as the operator's tools sign in (the ``cli`` user)."""
+    return stack_credentials(topo).nats_url(topo.nats_url)
+
+
 def agent_template(instruction: str, max_tokens: int = 4, temperature: float = 1.0) -> dict:
     """A task template: the trivial agent, scored by score.py (a reward per distinct answer)."""
     python = sys.executable
@@ -89,9 +105,11 @@ def trainer_config(topo: Topology, model_dir: Path, proxy_url: str, out: Path, *
         tasks.write_text(
             "".join(json.dumps(agent_template(f"say {w}")) + "\n" for w in words), "utf-8"
         )
+    creds = stack_credentials(topo)
     return {
-        "nats_url": topo.nats_url,
-        "redis_url": topo.redis_url,
+        "nats_url": creds.nats_url(topo.nats_url, "trainer"),
+        "redis_url": creds.redis_url(topo.redis_url),
+        "admin_token": creds.admin_token,
         "run_id": "t",
         "tasks": {"path": str(tasks), "heldout": 2},
         "model_dir": str(model_dir),

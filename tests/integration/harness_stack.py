@@ -171,7 +171,7 @@ class Stack:
         proxy_url, text = topology(root, policy, max_run)
         topo = parse_topology(text, "harness topology")
         devstack.up(topo)
-        return cls(root, topo, proxy_url)
+        return cls(root, devstack.operator_view(topo), proxy_url)
 
     def down(self) -> None:
         devstack.down(devstack.state_dir_of(self.topo))

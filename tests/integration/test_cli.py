@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import credentials
 from infra.localservers import free_port
 from tests.integration.test_devstack import only_scheduler
 
@@ -36,6 +37,12 @@ class Polar:
     @property
     def scheduler(self) -> str:
         return f"http://127.0.0.1:{self.ports['scheduler']}"
+
+    @property
+    def admin(self) -> dict[str, str]:
+        """The admin token `polar up` generated, as the scheduler wants it."""
+        creds = credentials.load(self.topology.parent / "state")
+        return {"authorization": f"Bearer {creds.admin_token}"}
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +147,8 @@ def test_submit_yaml_over_the_bus_and_wait(polar, tmp_path):
 def settled(polar, task_id: str) -> dict:
     """The task as the scheduler's HTTP API shows it, once no longer active (50 polls)."""
     for _ in range(50):
-        body = httpx.get(f"{polar.scheduler}/tasks/{task_id}", trust_env=False).json()
+        url = f"{polar.scheduler}/tasks/{task_id}"
+        body = httpx.get(url, headers=polar.admin, trust_env=False).json()
         if body["status"] != "active":
             break
     return body
@@ -168,7 +176,8 @@ def test_cancel_over_the_bus_and_http(polar, tmp_path):
 
 def test_status_shows_services_streams_and_sessions(polar):
     task = {"task_id": "cli-status", "instruction": "hi", "num_samples": 3}
-    assert httpx.post(f"{polar.scheduler}/tasks", json=task, trust_env=False).status_code == 201
+    r = httpx.post(f"{polar.scheduler}/tasks", json=task, headers=polar.admin, trust_env=False)
+    assert r.status_code == 201
     r = polar("status", "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)

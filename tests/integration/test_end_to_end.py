@@ -26,7 +26,7 @@ def stack():
     state_dir = Path(tempfile.mkdtemp(prefix="polar-e2e-"))
     topo = parse_topology(demo_topology(state_dir), "e2e topology")
     devstack.up(topo)
-    yield topo
+    yield devstack.operator_view(topo)  # signed in to the stack's NATS as the operator
     report = devstack.down(state_dir)
     assert not report.still_listening
 

@@ -463,9 +463,10 @@ async def test_a_zero_reward_carries_the_evaluators_reason_to_session_result_and
     why = scored.eval_reason
     assert why == "2/3 tests as expected"
 
-    cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url)
+    cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url, read_token="read-ev-why")
     async with AsyncTestClient(create_app(cfg)) as client:
-        record = (await client.get(f"/sessions/{sid}")).json()
+        read = {"authorization": "Bearer read-ev-why"}
+        record = (await client.get(f"/sessions/{sid}", headers=read)).json()
     assert record["state"] == "COMPLETED" and record["reward"] == 0.0
     assert (record["eval_status"], record["eval_reason"]) == ("ok", why)
 

@@ -163,8 +163,9 @@ async def test_poison_cancel_goes_to_dead_letter(bus, scheduler):
 
 
 async def test_http_api(nats_url, redis_url, monkeypatch):
-    cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url)
+    cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url, admin_token="adm-http-api")
     async with AsyncTestClient(create_app(cfg)) as client:
+        client.headers["authorization"] = "Bearer adm-http-api"
         r = await client.post("/tasks", content=task_json("sch-http", 2))
         assert r.status_code == 201, r.text
         assert r.json()["session_ids"] == ["sch-http-0000", "sch-http-0001"]

@@ -30,7 +30,13 @@ from services.trainer.loop import FAULT_ENV, settings_of
 from services.trainer.policy import Policy, train_step
 from services.trainer.sync import SyncError, push_weights
 from tests.helpers.procs import ServiceProcess
-from tests.helpers.trainer_stack import start_stack, trainer_config
+from tests.helpers.trainer_stack import (
+    admin_headers,
+    operator_nats,
+    stack_credentials,
+    start_stack,
+    trainer_config,
+)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +112,8 @@ async def test_a_served_run_trains_pushes_versions_and_checks_every_on_policy_st
     assert [(e["step"], e["versions"], e["tasks"]) for e in evals] == [(0, ["0"], 2), (3, ["3"], 2)]
 
     async with httpx.AsyncClient(trust_env=False) as client:
-        served = (await client.get(f"{proxy_url}/admin/weight_version")).json()
+        admin = admin_headers(topo)
+        served = (await client.get(f"{proxy_url}/admin/weight_version", headers=admin)).json()
     assert served["weight_version"] == "3"
     base, trained = load_tensors(model_dir), load_tensors(out / "ckpt" / "step-000003")
     moved = [k for k in base if not (base[k] == trained[k]).all()]
@@ -129,7 +136,9 @@ async def test_rollouts_ahead_are_stale_and_a_stale_group_is_clipped_as_configur
             assert r["mismatch_max"] <= 1e-4
 
     # the first group (sampled by version 0) against the final weights (version 4)
-    async with TrajectoryClient(topo.nats_url, durable="stale-reader", task_ids=["ahead-t0"]) as c:
+    async with TrajectoryClient(
+        operator_nats(topo), durable="stale-reader", task_ids=["ahead-t0"]
+    ) as c:
         group = await asyncio.wait_for(anext(c.groups()), 60)
         await c.delete_consumer()
     samples = group_samples(group.trajectories, 4, "grpo", "auto", GroupCounts())
@@ -198,14 +207,20 @@ async def test_the_run_fails_with_a_nonzero_status_above_the_mismatch_threshold(
 
 
 async def test_a_weight_push_that_cannot_land_fails_with_the_reason(stack):
-    _, _, proxy_url, state_dir = stack
+    topo, _, proxy_url, state_dir = stack
+    token = stack_credentials(topo).admin_token
     async with httpx.AsyncClient(trust_env=False) as client:
-        with pytest.raises(SyncError, match="refused .400"):
+        with pytest.raises(SyncError, match="refused .401"):  # no admin token: refused
             await push_weights(client, proxy_url, str(state_dir / "no-such-dir"), "9")
+        with pytest.raises(SyncError, match="refused .400"):
+            await push_weights(
+                client, proxy_url, str(state_dir / "no-such-dir"), "9", admin_token=token
+            )
         closed = f"http://127.0.0.1:{localservers.free_port()}"
         with pytest.raises(SyncError, match="unreachable"):
             await push_weights(client, closed, str(state_dir), "9", attempts=2)
-        assert (await client.get(f"{proxy_url}/admin/weight_version")).json()["weight_version"]
+        version = await client.get(f"{proxy_url}/admin/weight_version", headers=admin_headers(topo))
+        assert version.json()["weight_version"]
 
 
 def run_trainer(cfg_path: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -272,7 +287,7 @@ async def test_kill_9_mid_run_resumes_with_no_group_trained_twice_and_none_lost(
     assert not set(state.trained) & set(state.in_flight)
     # what is still in flight was never acked: the same durable gets it once it completes
     leftover = set(state.in_flight)
-    async with TrajectoryClient(topo.nats_url, durable="trainer-crash", ack_wait=5) as client:
+    async with TrajectoryClient(operator_nats(topo), durable="trainer-crash", ack_wait=5) as client:
         got = set()
 
         async def drain():

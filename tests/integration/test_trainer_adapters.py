@@ -23,6 +23,7 @@ from infra import devstack, localservers
 from infra.topology import parse_topology
 from schemas import Outcome
 from services.trainer.adapters.rollouts import PolarRollouts
+from tests.helpers.trainer_stack import admin_headers, operator_nats, stack_credentials
 from tests.unit.engine.tiny import tiny_model_dir
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -108,7 +109,7 @@ def test_a_session_failing_before_its_first_call_still_fills_its_group(stack):
         **broken["runtime"],
         "prepare": [{"action": "exec", "command": "echo no sandbox today >&2; exit 3"}],
     }
-    with PolarRollouts(topo.nats_url, broken, collect_timeout=120) as rollouts:
+    with PolarRollouts(operator_nats(topo), broken, collect_timeout=120) as rollouts:
         (group,) = rollouts.run(["never asked"], num_samples=2)
         rollouts.commit_pending()
     assert group.complete and len(group.trajectories) == 2
@@ -149,7 +150,7 @@ def test_trl_grpo_trainer_learns_through_polar(stack, tmp_path):
         dataloader_num_workers=0,
     )
     seen: list[dict] = []
-    with PolarRollouts(topo.nats_url, digits_task(), collect_timeout=300) as rollouts:
+    with PolarRollouts(operator_nats(topo), digits_task(), collect_timeout=300) as rollouts:
         inner = rollout_func(rollouts)
 
         def rollout(prompts, trainer):  # what each step got back, for the checks below
@@ -159,7 +160,8 @@ def test_trl_grpo_trainer_learns_through_polar(stack, tmp_path):
             )
             return out
 
-        sync = WeightSync(rollouts, proxy_url(topo), tmp_path / "weights")
+        token = stack_credentials(topo).admin_token
+        sync = WeightSync(rollouts, proxy_url(topo), tmp_path / "weights", admin_token=token)
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[polar_reward],
@@ -180,7 +182,9 @@ def test_trl_grpo_trainer_learns_through_polar(stack, tmp_path):
     print("TRL through Polar:", json.dumps(record))
 
     assert len(rewards) == steps and [s for s, _ in sync.synced] == list(range(1, steps + 1))
-    version = httpx.get(f"{proxy_url(topo)}/admin/weight_version", timeout=10).json()
+    version = httpx.get(
+        f"{proxy_url(topo)}/admin/weight_version", headers=admin_headers(topo), timeout=10
+    ).json()
     assert version["weight_version"] == str(steps)  # the engine serves the last step
     # each step sampled with the weights of the step before (on-policy through Polar)
     for i, row in enumerate(seen):
@@ -249,7 +253,7 @@ def test_slime_rollout_turns_groups_into_samples_with_a_prefetch_window(stack):
 
     topo, _ = stack
     source = DataSource([f"digits {i}" for i in range(6)], n=2)
-    with PolarRollouts(topo.nats_url, digits_task(4), collect_timeout=300) as rollouts:
+    with PolarRollouts(operator_nats(topo), digits_task(4), collect_timeout=300) as rollouts:
         slime = SlimeRollout(rollouts, prefetch=2, sample_cls=Sample)
         first = slime.rollout(source, batch_size=2)
         assert len(slime.in_flight) == 2  # the window: the next rollout's groups already run
