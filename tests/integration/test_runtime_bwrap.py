@@ -207,3 +207,53 @@ async def test_an_adopter_brings_its_own_bridge(servers, tmp_path):
     assert proxy_hits == ["/s/tok/v1/models"]
     await executor_side.stop()
     assert not (tmp_path / "bw-7-main").exists() and executor_side.bridge_dir is None
+
+
+ADMIN_PROBE = r"""
+import sys, urllib.error, urllib.request
+root = sys.argv[1]  # the proxy's root as the sandbox sees it (127.0.0.1:<port>)
+for method, path in [
+    ("POST", "/admin/pause"),
+    ("GET", "/admin/weight_version"),
+    ("POST", "/admin/flush_cache"),
+    ("GET", "/metrics"),
+    ("POST", "/s/tok/../../admin/pause"),
+    ("POST", "/s/tok/%2e%2e/admin/pause"),
+    ("POST", "/v1/chat/completions"),
+]:
+    req = urllib.request.Request(root + path, data=b"{}" if method == "POST" else None, method=method)
+    try:
+        code = urllib.request.urlopen(req, timeout=5).status
+    except urllib.error.HTTPError as exc:
+        code = exc.code
+    print(method, path, code)
+"""
+
+
+async def test_the_bridge_refuses_everything_but_session_routes(servers, tmp_path):
+    """Issue 17: /admin/pause answered 200 through the bridge of a network-less sandbox."""
+    proxy_port, _, proxy_hits, _, _ = servers
+    spec = LocalRuntime(sandbox="bwrap", network="none")
+    rt = create_runtime(
+        spec, "bw-adm", base_dir=tmp_path, proxy_url=f"http://127.0.0.1:{proxy_port}"
+    )
+    async with rt:
+        r = await rt.exec([sys.executable, "-I", "-c", ADMIN_PROBE, rt.proxy_url], timeout=30)
+        assert r.exit_code == 0, r.stderr.decode()
+        ok = await rt.exec(
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                PROBE.split("\ntargets")[0],
+                rt.proxy_url + "/s/tok",
+                "1",
+                "x",
+                "y",
+            ],
+            timeout=30,
+        )
+    codes = [line.rsplit(" ", 1)[1] for line in r.stdout.decode().splitlines()]
+    assert codes == ["403"] * 7, r.stdout.decode()
+    assert ok.stdout.decode().strip() == "PROXY proxy-ok"  # a session route still passes
+    assert proxy_hits == ["/s/tok/v1/models"]  # nothing else reached the proxy
