@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from typing import TypeVar
 
 import msgspec
@@ -169,6 +170,31 @@ def redact_value(value: object) -> object:
     if isinstance(value, list | tuple):
         return [redact_value(v) for v in value]
     return value
+
+
+MIN_KNOWN = 8  # shorter known values would blank out ordinary words
+
+
+def scrub_known(raw: bytes, known: Iterable[str]) -> bytes:
+    """``raw`` with every occurrence of these exact values (a session's own token, the
+    task's env values) replaced, whatever their shape; then redacted by shape. A harness
+    may print a secret without anything that marks it as one (the token without its
+    ``ps_``, an env value in its own words), and a tail may start in the middle of one:
+    scrub the whole output before cutting its tail. (By shape first: a marked token
+    keeps its ``ps_``.)"""
+    raw = redact_bytes(raw)
+    for value in sorted({k for k in known if len(k) >= MIN_KNOWN}, key=len, reverse=True):
+        raw = raw.replace(value.encode(), _BYTES.redacted)
+    return raw
+
+
+def scrub_known_struct(value: T, known: Iterable[str]) -> T:
+    """A msgspec Struct with ``scrub_known`` applied to its JSON (values as JSON writes
+    them inside strings)."""
+    raw = msgspec.json.encode(value)
+    escaped = [msgspec.json.encode(k)[1:-1].decode() for k in known]
+    clean = scrub_known(raw, escaped)
+    return value if clean == raw else msgspec.json.decode(clean, type=type(value))
 
 
 ENV_KEYS = frozenset({"env"})

@@ -33,7 +33,7 @@ from services.common.node import (
     send_heartbeat,
 )
 from services.common.plugins import Registry as PluginRegistry
-from services.common.redact import redact_bytes, redact_struct
+from services.common.redact import redact, scrub_known, scrub_known_struct
 from services.common.registry import Registry
 from services.executor import artifacts as A
 from services.executor.config import ExecutorConfig
@@ -67,6 +67,14 @@ class RunResult:  # how one harness run ended
     exit_code: int | None
     stdout: bytes
     stderr: bytes
+
+
+def known_secrets(token: str, spec) -> list[str]:
+    """What this session's output must not carry, whatever it looks like: its own token
+    (with and without ``ps_``) and every env value the task gave it."""
+    envs = [spec.agent.env, spec.runtime.env]
+    envs += [a.env for a in spec.runtime.prepare if hasattr(a, "env")]
+    return [token, token.removeprefix("ps_"), *(v for env in envs for v in env.values())]
 
 
 class Executor:
@@ -184,7 +192,15 @@ class Executor:
         STAGE_SECONDS.labels(self.node, "harness").observe(time.monotonic() - t0)
         if result.outcome == Outcome.CANCELLED:
             return result, Artifacts()
-        return result, await self._collect(run.runtime, harness, ctx, result, spec, paths)
+        known = known_secrets(ctx.token, spec)
+        result = RunResult(
+            result.outcome,
+            redact(scrub_known(result.reason.encode(), known).decode()) if result.reason else None,
+            result.exit_code,
+            scrub_known(result.stdout, known),  # whole, before any tail is cut from it
+            scrub_known(result.stderr, known),
+        )
+        return result, await self._collect(run.runtime, harness, ctx, result, spec, paths, known)
 
     async def _run_harness(self, run, harness, ctx: HarnessContext, spec, session) -> RunResult:
         if run.cancelled.is_set():
@@ -233,11 +249,13 @@ class Executor:
         """Model calls of the session the proxy has numbered so far (all attempts)."""
         return int(await self.registry.redis.get(S.key_call_seq(session_id)) or 0)
 
-    async def _collect(self, runtime, harness, ctx, result: RunResult, spec, paths) -> Artifacts:
+    async def _collect(
+        self, runtime, harness, ctx, result: RunResult, spec, paths, known: list[str]
+    ) -> Artifacts:
         cfg = self.config
         paths.logs.mkdir(parents=True, exist_ok=True)
-        (paths.logs / "stdout.log").write_bytes(redact_bytes(result.stdout))
-        (paths.logs / "stderr.log").write_bytes(redact_bytes(result.stderr))
+        (paths.logs / "stdout.log").write_bytes(result.stdout)  # scrubbed already
+        (paths.logs / "stderr.log").write_bytes(result.stderr)
         diff, logs, files = "", {}, {}
         with contextlib.suppress(Exception):
             d = await runtime.exec(A.diff_command(harness), timeout=120)
@@ -265,7 +283,7 @@ class Executor:
         )
         # The session's token is in CLI logs and error text (its base URL); the diff
         # stays as the agent left it, since evaluators apply it to grade the work.
-        return msgspec.structs.replace(redact_struct(found), diff=diff)
+        return msgspec.structs.replace(scrub_known_struct(found, known), diff=diff)
 
     async def _finish(self, session, work, result: RunResult, arts: Artifacts, eval_rt) -> bool:
         return await finish_session(

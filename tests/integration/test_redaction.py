@@ -72,6 +72,36 @@ async def test_reasons_artifacts_logs_and_events_of_a_failed_run(fresh_servers, 
     no_secret(msgspec.json.encode(events).decode(), token, API_KEY)
 
 
+PLAIN_SECRET = "correct-horse-battery-staple"  # no shape marks it: known as task env
+# A harness that prints its token without the `ps_` that marks it, its base URL so that
+# the stdout tail starts in the middle of the token, and an env value in its own words.
+SLY = (
+    'echo "bare ${OPENAI_BASE_URL#*/s/ps_}"; echo "db is $DB_PASSPHRASE" >&2; '
+    'printf "%s" "$OPENAI_BASE_URL" | sed "s|/v1$||"; printf "\\n%050d" 0'
+)
+
+
+async def test_stored_output_holds_no_token_even_unmarked_or_cut(fresh_servers, tmp_path):
+    """Issue 17: harness stdout went into ``stdout_tail`` as printed."""
+    node = await Node.start(*fresh_servers, tmp_path / "work", executor={"tail_bytes": 64})
+    try:
+        spec = task("rd-sly", agent={"command": SLY, "env": {"DB_PASSPHRASE": PLAIN_SECRET}})
+        (session,) = await node.scheduler.accept(logic.with_task_id(spec))
+        await node.wait_finished(1, timeout=60)
+        finished = node.finished[session.session_id]
+    finally:
+        await node.stop()
+    token, body = session.token, session.token.removeprefix("ps_")
+    arts = finished.artifacts
+    assert arts.stdout_tail.endswith("0" * 50) and len(arts.stdout_tail) == 64
+    assert token[-12:] not in arts.stdout_tail  # the cut end of the token, unmarked
+    logs_dir = SessionPaths.of(str(tmp_path / "work"), session.session_id).logs
+    stored = (logs_dir / "stdout.log").read_text() + (logs_dir / "stderr.log").read_text()
+    for text in (stored, arts.stdout_tail + arts.stderr_tail, finished.reason or ""):
+        no_secret(text, token, body, PLAIN_SECRET)
+    assert f"bare {REDACTED}" in stored and f"db is {REDACTED}" in stored
+
+
 async def test_every_reason_the_registry_writes_is_redacted(redis_client):
     reg = Registry(redis_client)
     t = TaskRequest(task_id="rd-reg", instruction="x")
