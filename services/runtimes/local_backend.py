@@ -50,6 +50,7 @@ class LocalSandboxRuntime(Runtime):
         check_local_spec(spec)
         self.spec = spec
         self.session_dir = (base_dir / runtime_id).absolute()
+        self.base_dir = base_dir.absolute()
         self.keep_files = keep_files
         self._bridge: ProxyBridge | None = None
         self._bridge_dir: str | None = None
@@ -119,6 +120,22 @@ class LocalSandboxRuntime(Runtime):
             await asyncio.to_thread(shutil.rmtree, self.session_dir, ignore_errors=True)
 
     # -- processes ------------------------------------------------------------------
+    def hidden_dirs(self) -> tuple[str, ...]:
+        """What a sandbox must not see of this node: the work dir (every session's
+        files and logs) and, when it is a stack's, the stack's state dir (credentials,
+        server configs with passwords, service logs)."""
+        work_dir = self.base_dir.parent  # <work_dir>/sessions/<runtime_id>
+        stack = work_dir.parent
+        is_stack = (stack / "credentials.json").exists() or (stack / "stack.json").exists()
+        return (str(work_dir), *([str(stack)] if is_stack else []))
+
+    def harness_caches(self) -> tuple[str, ...]:
+        """Where this node installs harness CLIs (``executor/harnesses/install.py``): the
+        sandbox runs them from there, read-only."""
+        configured = os.environ.get("POLAR_HARNESS_CACHE")
+        default = self.base_dir.parent / "harness-cache"  # <work_dir>/sessions/<id>
+        return tuple(str(p) for p in (configured, default) if p)
+
     def base_env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         tmp = "/tmp" if self._bwrap else str(self.session_dir / "tmp")
@@ -134,6 +151,8 @@ class LocalSandboxRuntime(Runtime):
             cwd=cwd,
             isolate_network=self.spec.network == "none",
             bridge_socket=socket,
+            hide=self.hidden_dirs(),
+            expose=self.harness_caches(),
         )
         if self._bridge is not None:
             prefix += bridge_prefix(self._bridge.target[1])

@@ -27,7 +27,14 @@ from services.runtimes.docker_exec import deadline_argv, stdin_argv, sweep_argv
 from services.runtimes.local_backend import LocalSandboxRuntime
 
 
-def test_bwrap_argv_isolated_network_with_bridge(monkeypatch):
+@pytest.fixture
+def no_private_dirs(monkeypatch):
+    """The argv without this host's private places (which differ between hosts)."""
+    monkeypatch.setattr("services.runtimes.bwrap.PRIVATE_DIRS", ())
+    monkeypatch.setattr("services.runtimes.bwrap.SECRET_FILES", ())
+
+
+def test_bwrap_argv_isolated_network_with_bridge(monkeypatch, no_private_dirs):
     monkeypatch.setattr("services.runtimes.bwrap.host_paths_needed_inside", lambda: ["/usr/x"])
     argv = bwrap_argv(session_dir="/s/x", cwd="/s/x/workdir", isolate_network=True,
                       bridge_socket="/tmp/b/proxy.sock")  # fmt: skip
@@ -40,7 +47,7 @@ def test_bwrap_argv_isolated_network_with_bridge(monkeypatch):
     ]  # fmt: skip
 
 
-def test_bwrap_argv_binds_back_masked_host_paths(monkeypatch):
+def test_bwrap_argv_binds_back_masked_host_paths(monkeypatch, no_private_dirs):
     """A checkout or venv under /tmp (as CI's clones are) stays visible in the sandbox."""
     paths = ["/tmp/ci/.venv", "/run/x", "/usr/lib/python3.11"]
     monkeypatch.setattr("services.runtimes.bwrap.host_paths_needed_inside", lambda: paths)
@@ -57,6 +64,31 @@ def test_bwrap_argv_binds_back_masked_host_paths(monkeypatch):
     assert "/usr/lib/python3.11" not in argv  # visible anyway under the read-only /
     host = bwrap_argv(session_dir="/s/x", cwd="/s/x", isolate_network=False)
     assert "/run/x" not in host and "/tmp/ci/.venv" in host
+
+
+def test_bwrap_argv_masks_private_places_and_other_sessions(monkeypatch, tmp_path):
+    """Issue 17: inside bubblewrap /root, /work and /etc/shadow were readable."""
+    home, sessions, cache = tmp_path / "root", tmp_path / "sessions", tmp_path / "root" / "cache"
+    for d in (home / "inner", sessions / "mine", cache):
+        d.mkdir(parents=True)
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:x")
+    monkeypatch.setattr("services.runtimes.bwrap.PRIVATE_DIRS", (str(home), str(home / "inner")))
+    monkeypatch.setattr("services.runtimes.bwrap.SECRET_FILES", (str(shadow), "/nonexistent"))
+    monkeypatch.setattr("services.runtimes.bwrap.host_paths_needed_inside", lambda: [])
+    mine = str(sessions / "mine")
+    argv = bwrap_argv(
+        session_dir=mine, cwd=mine, isolate_network=False, hide=(str(sessions),),
+        expose=(str(cache),),
+    )  # fmt: skip
+    pairs = list(zip(argv, argv[1:], strict=False))
+    assert ("--tmpfs", str(home)) in pairs and ("--tmpfs", str(sessions)) in pairs
+    assert ("--tmpfs", str(home / "inner")) not in pairs  # inside a masked one already
+    assert argv[argv.index(str(shadow)) - 2 :][:3] == ["--ro-bind", "/dev/null", str(shadow)]
+    assert "/nonexistent" not in argv
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
+    assert binds.index(str(cache)) < binds.index(mine)  # bound back after the masks
+    assert argv.index("--tmpfs") < argv.index(str(cache))
 
 
 def test_bwrap_argv_host_network_keeps_run():
