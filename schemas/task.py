@@ -70,7 +70,10 @@ Network = Literal["none", "bridge", "host"]
 
 # -- runtimes (discriminated by `backend`) ---------------------------------------------
 class LocalRuntime(_Spec, tag="local", tag_field="backend"):
-    sandbox: Literal["none", "bwrap"] = "none"
+    # auto: bubblewrap for a harness preset (a coding-agent CLI) where it is installed,
+    # with a loud warning where not; none for the shell and noop harnesses
+    # (services/runtimes/factory.py `with_default_sandbox`)
+    sandbox: Literal["auto", "none", "bwrap"] = "auto"
     network: Network = "host"
     prepare: list[PrepareAction] = []
     env: dict[str, str] = {}

@@ -47,11 +47,22 @@ def harness_context(
     )
 
 
-def node_runtime(config, spec, session_id: str, runtime_id: str | None = None, role: str = "main"):
+def node_runtime(
+    config,
+    spec,
+    session_id: str,
+    runtime_id: str | None = None,
+    role: str = "main",
+    *,
+    harness: str | None = None,
+):
     """A runtime of this node: a new one (``runtime_id`` None) or one that exists already
-    (prepared by the pool, or left by a process that died)."""
-    from services.runtimes.factory import adopt_runtime, create_runtime
+    (prepared by the pool, or left by a process that died). ``harness``: the task's, which
+    decides what ``sandbox: auto`` means (every caller passes it: the same session gets
+    the same sandbox from the pool, the executor and the evaluator)."""
+    from services.runtimes.factory import adopt_runtime, create_runtime, with_default_sandbox
 
+    spec = with_default_sandbox(spec, harness)
     kw = dict(
         base_dir=SessionPaths.of(config.work_dir, session_id).sessions_dir,
         proxy_url=config.proxy_url,

@@ -38,7 +38,9 @@ class EvalRuntimes:
         self.config = config
 
     def adopt(self, task: TaskRequest, session_id: str, runtime_id: str) -> Any:
-        return node_runtime(self.config, task.runtime, session_id, runtime_id=runtime_id)
+        return node_runtime(
+            self.config, task.runtime, session_id, runtime_id=runtime_id, harness=task.agent.harness
+        )
 
     async def acquire(
         self, kind: str, task: TaskRequest, event: TrajectoryBuilt, on_fresh
@@ -57,7 +59,9 @@ class EvalRuntimes:
 
     async def _fresh(self, task: TaskRequest, event: TrajectoryBuilt, on_fresh) -> Any:
         await on_fresh()
-        rt = node_runtime(self.config, task.runtime, event.session_id, role="eval")
+        rt = node_runtime(
+            self.config, task.runtime, event.session_id, role="eval", harness=task.agent.harness
+        )
         try:
             await rt.start()
             logs = await run_prepare(rt, task.runtime.prepare)

@@ -99,7 +99,13 @@ class Executor:
         session = await self.registry.get_session(work.session_id)
         if task is None or session is None or session.attempt != work.attempt:
             return  # gone, or the hand-over of an earlier attempt (the runtime is not its)
-        runtime = node_runtime(self.config, task.spec.runtime, work.session_id, work.runtime_id)
+        runtime = node_runtime(
+            self.config,
+            task.spec.runtime,
+            work.session_id,
+            work.runtime_id,
+            harness=task.spec.agent.harness,
+        )
         started = await self.registry.transition(
             work.session_id,
             ST.RUNNING,
@@ -300,7 +306,9 @@ class Executor:
     def _start_prewarm(self, spec, session_id: str) -> Prewarm | None:
         if not wants_prewarm(spec):
             return None
-        rt = node_runtime(self.config, spec.runtime, session_id, role=PREWARM_ROLE)
+        rt = node_runtime(
+            self.config, spec.runtime, session_id, role=PREWARM_ROLE, harness=spec.agent.harness
+        )
         return Prewarm(rt, spec.runtime.prepare)
 
     # -- cancellation, leases, heartbeats ---------------------------------------------

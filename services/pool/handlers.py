@@ -211,7 +211,7 @@ class RuntimePool:
             session = await self.registry.get_session(sid)
             paths = SessionPaths.of(self.config.work_dir, sid)
             spec = task.spec
-            runtime = node_runtime(self.config, spec.runtime, sid)
+            runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
             self.initializing[sid] = runtime
             await self._prepare(runtime, task.spec, session, paths)
             if not await self._become_ready(sid, runtime):  # cancelled while preparing
@@ -348,7 +348,13 @@ class RuntimePool:
         if node != self.node.encode() or raw is None or task is None:
             return
         with contextlib.suppress(Exception):
-            rt = node_runtime(self.config, task.spec.runtime, ev.session_id, raw.decode())
+            rt = node_runtime(
+                self.config,
+                task.spec.runtime,
+                ev.session_id,
+                raw.decode(),
+                harness=task.spec.agent.harness,
+            )
             await rt.cancel()
         await self.registry.release(ev.session_id)
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.task import ApptainerRuntime, DockerRuntime, LocalRuntime, RuntimeSpec
+import msgspec
+
+from schemas.task import (
+    BUILTIN_HARNESSES,
+    ApptainerRuntime,
+    DockerRuntime,
+    LocalRuntime,
+    RuntimeSpec,
+)
 from services.runtimes.apptainer_backend import ApptainerSandboxRuntime
 from services.runtimes.base import Runtime
 from services.runtimes.docker_backend import DockerSandboxRuntime
@@ -16,6 +26,40 @@ from services.runtimes.errors import SandboxConfigError
 from services.runtimes.local_backend import LocalSandboxRuntime
 
 _ROLE = re.compile(r"^[a-z0-9]{1,16}$")
+log = logging.getLogger(__name__)
+# The coding-agent CLIs Polar installs and runs: `sandbox: auto` puts them in bubblewrap.
+# The shell and noop harnesses and custom classes run what the task says, where it says.
+PRESETS = BUILTIN_HARNESSES - {"shell", "noop"}
+_warned: set[str] = set()
+
+
+def default_sandbox(spec: Any, harness: str | None, bwrap_installed: bool) -> str | None:
+    """What ``sandbox: auto`` of a local runtime means here (pure): bubblewrap for a
+    harness preset or an isolated network, none otherwise; None when ``spec`` asks for
+    no default."""
+    if not isinstance(spec, LocalRuntime) or spec.sandbox != "auto":
+        return None
+    wants = spec.network == "none" or harness in PRESETS
+    return "bwrap" if wants and (bwrap_installed or spec.network == "none") else "none"
+
+
+def with_default_sandbox(spec: RuntimeSpec, harness: str | None) -> RuntimeSpec:
+    """``spec`` with ``sandbox: auto`` decided for this node; a harness preset that runs
+    without bubblewrap is warned about, loudly, once per process."""
+    installed = shutil.which("bwrap") is not None
+    chosen = default_sandbox(spec, harness, installed)
+    if chosen is None:
+        return spec
+    if chosen == "none" and harness in PRESETS and harness not in _warned:
+        _warned.add(harness)
+        log.warning(
+            "NO SANDBOX: harness %r runs with `sandbox: none` because bubblewrap is not "
+            "installed on this node; its sessions can read each other's processes and files "
+            "and the host's. Install it (apt-get install bubblewrap, or `just setup`) or "
+            "set runtime.sandbox explicitly",
+            harness,
+        )
+    return msgspec.structs.replace(spec, sandbox=chosen)
 
 
 @dataclass(frozen=True)

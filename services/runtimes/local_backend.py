@@ -32,7 +32,7 @@ PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 def check_local_spec(spec: LocalRuntimeSpec) -> None:
     if spec.network == "bridge":
         raise SandboxConfigError("local runtimes support network 'host' or 'none', not 'bridge'")
-    if spec.network == "none" and spec.sandbox != "bwrap":
+    if spec.network == "none" and spec.sandbox == "none":
         raise SandboxConfigError("network 'none' needs sandbox 'bwrap' on a local runtime")
 
 
@@ -72,8 +72,10 @@ class LocalSandboxRuntime(Runtime):
         return Path(self._bridge_dir) if self._bridge_dir else None
 
     @property
-    def _bwrap(self) -> bool:
-        return self.spec.sandbox == "bwrap"
+    def _bwrap(self) -> bool:  # an undecided `auto` (no harness known) is none
+        return self.spec.sandbox == "bwrap" or (
+            self.spec.sandbox == "auto" and self.spec.network == "none"
+        )
 
     @property
     def _uses_bridge(self) -> bool:

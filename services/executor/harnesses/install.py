@@ -6,7 +6,7 @@ Three sources, in this order:
    e.g. a read-only mount into a container. Nothing is installed; the paths are checked.
 2. A local runtime: the node's shared cache (``$POLAR_HARNESS_CACHE``, else
    ``<work_dir>/harness-cache``), filled by npm on the node once per package@version.
-   The sandbox sees it read-only (bubblewrap binds the host read-only).
+   The sandbox sees it read-only (bubblewrap binds it back read-only).
 3. Any other runtime: npm inside the sandbox, into the session's HOME (needs npm in the
    image and network; slow, every session downloads).
 
@@ -67,9 +67,7 @@ def node_cache_dir(runtime) -> Path | None:
         cache = Path(configured).absolute()
     else:  # session dirs live in <work_dir>/sessions/<runtime_id>
         cache = runtime.session_dir.parent.parent / "harness-cache"
-    if runtime.spec.sandbox == "bwrap" and cache.is_relative_to("/tmp"):
-        raise InstallError(f"harness cache {cache} is under /tmp, which bubblewrap hides")
-    return cache
+    return cache  # a sandbox sees it read-only wherever it is (services/runtimes/bwrap.py)
 
 
 async def provide(runtime, ctx: HarnessContext, req: Request) -> Provided:

@@ -180,7 +180,7 @@ async def test_paths_outside_the_session_are_refused(rt):
 
 def test_network_none_needs_bwrap(tmp_path):
     with pytest.raises(SandboxConfigError, match="bwrap"):
-        create_runtime(LocalRuntime(network="none"), "s-6", base_dir=tmp_path)
+        create_runtime(LocalRuntime(sandbox="none", network="none"), "s-6", base_dir=tmp_path)
     with pytest.raises(SandboxConfigError, match="bridge"):
         create_runtime(LocalRuntime(network="bridge"), "s-6", base_dir=tmp_path)
 

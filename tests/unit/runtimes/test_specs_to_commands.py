@@ -172,3 +172,28 @@ def test_factory_dispatches_on_spec_type(tmp_path):
 def test_errors_carry_the_runtime_id():
     err = SandboxError("boom", runtime_id="s-1-main")
     assert str(err) == "[s-1-main] boom" and not err.retryable
+
+
+def test_sandbox_auto_puts_harness_presets_in_bubblewrap():
+    """Issue 17: the default runtime ran every harness preset with `sandbox: none`."""
+    from services.runtimes.factory import default_sandbox
+
+    auto = LocalRuntime()
+    assert auto.sandbox == "auto"
+    assert default_sandbox(auto, "codex", bwrap_installed=True) == "bwrap"
+    assert default_sandbox(auto, "claude_code", bwrap_installed=False) == "none"  # + warning
+    assert default_sandbox(auto, "shell", bwrap_installed=True) == "none"
+    assert default_sandbox(auto, "mypkg.h:Harness", bwrap_installed=True) == "none"
+    assert default_sandbox(LocalRuntime(network="none"), "shell", bwrap_installed=True) == "bwrap"
+    assert default_sandbox(LocalRuntime(sandbox="none"), "codex", bwrap_installed=True) is None
+
+
+def test_a_preset_without_bubblewrap_is_warned_about_loudly(monkeypatch, caplog):
+    from services.runtimes import factory
+
+    monkeypatch.setattr(factory.shutil, "which", lambda _: None)
+    monkeypatch.setattr(factory, "_warned", set())
+    spec = factory.with_default_sandbox(LocalRuntime(), "gemini_cli")
+    assert spec.sandbox == "none"
+    assert "NO SANDBOX: harness 'gemini_cli'" in caplog.text
+    assert factory.with_default_sandbox(LocalRuntime(), "codex").sandbox == "none"
