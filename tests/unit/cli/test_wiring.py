@@ -166,3 +166,26 @@ backends: [{name: gpu, kind: sglang, url: 'http://10.0.0.5:30000'}]
     assert cfg["backends"][0]["url"] == "http://10.0.0.5:30000"  # engines' queues shown
     _, plans = planned("services: {model: {enabled: false}, proxy: {enabled: false}}")
     assert "model_dir" not in by_name(plans)["dashboard"].config  # ids shown undecoded
+
+
+def test_each_service_gets_the_tokens_it_checks_or_presents():
+    from infra.credentials import generate, with_userinfo
+    from infra.wiring import with_credentials
+
+    _, plans = planned(
+        """
+services:
+  trainer: {config: {model_dir: /m}}
+  scheduler: {config: {read_token: mine}}
+"""
+    )
+    creds = generate(["scheduler", "cli"], own_nats=True, own_redis=True)
+    p = by_name(with_credentials(plans, creds))
+    assert p["scheduler"].config["admin_token"] == creds.admin_token
+    assert p["scheduler"].config["read_token"] == "mine"  # what the user set wins
+    assert p["proxy"].config["admin_token"] == p["trainer"].config["admin_token"]
+    assert "admin_token" not in p["pool-node0"].config and "admin_token" not in p["builder"].config
+    assert creds.nats_url("nats://h:4222", "scheduler").startswith("nats://scheduler:")
+    assert creds.nats_url("nats://h:4222", "nobody") == "nats://h:4222"
+    assert creds.redis_url("redis://h:1/0") == f"redis://:{creds.redis_password}@h:1/0"
+    assert with_userinfo("redis://old:pw@h:1/0", "u", "p/@") == "redis://u:p%2F%40@h:1/0"
