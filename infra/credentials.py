@@ -54,7 +54,8 @@ def generate(nats_users: list[str], *, own_nats: bool, own_redis: bool) -> Crede
 
 
 def with_userinfo(url: str, user: str, password: str) -> str:
-    """``url`` with ``user:password@`` (each quoted) in front of its host."""
+    """``url`` with ``user:password@`` (each quoted) in front of its host. The passwords
+    generated here are URL-safe already: nats-py does not percent-decode them."""
     parts = urlsplit(url if "://" in url else f"tcp://{url}")
     host = parts.netloc.rpartition("@")[2]
     netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
