@@ -281,7 +281,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             "topology",
             {
                 "polar_version": polar_version,
-                "nats_url": cfg.nats_url,
+                "nats_url": _no_password(cfg.nats_url),  # polar up gives it a NATS user
                 "redis_url": _no_password(cfg.redis_url),
                 "services": services,
                 "stack_record": record is not None,

@@ -40,6 +40,7 @@ from services.builder.completions import read_completions
 from services.builder.logic import object_name
 from services.cli.status import node_rows, stream_rows
 from services.common.bus import Bus
+from services.common.redact import redact
 from services.common.registry import Registry, TaskRecord
 from services.common.tokenization.lru import SizedLRU
 from services.dashboard.config import DashboardConfig
@@ -111,7 +112,7 @@ class StackReader:
                 # no declare: the dashboard creates no stream; reconnects forever once up
                 self.bus = await Bus.open(self.cfg.nats_url, "polar-dashboard", declare=False)
             except (ConnectionError, OSError) as exc:
-                self.nats_error = f"cannot reach NATS at {self.cfg.nats_url}: {exc}"
+                self.nats_error = f"cannot reach NATS at {redact(self.cfg.nats_url)}: {exc}"
                 continue
         self.nats_error = None
         nc = self.bus.nc
@@ -162,7 +163,7 @@ class StackReader:
         try:
             out = await coro
         except REDIS_ERRORS as exc:
-            self.redis_error = f"cannot reach Redis at {self.cfg.redis_url}: {exc}"
+            self.redis_error = f"cannot reach Redis at {redact(self.cfg.redis_url)}: {exc}"
             raise
         self.redis_error = None
         return out
@@ -237,7 +238,7 @@ class StackReader:
                 self.nats_error = f"NATS JetStream: {exc or type(exc).__name__}"
         elif self.bus is not None:
             self.streams = None
-            self.nats_error = f"NATS at {self.cfg.nats_url} is not connected (reconnecting)"
+            self.nats_error = f"NATS at {redact(self.cfg.nats_url)} is not connected (reconnecting)"
         self.engines = await asyncio.gather(*(self._engine(b) for b in self.cfg.backends))
 
     async def _engine(self, backend: dict[str, Any]) -> dict[str, Any]:
