@@ -95,15 +95,15 @@ def install_hint(packages: list[str], which: Which = shutil.which) -> str:
 
 def harness_clis() -> list[str]:
     """Every CLI preset at its pinned version, plus the legacy pi the harness tests pin."""
-    from services.executor.harnesses import CLI_PRESETS
+    from services.node.harnesses import CLI_PRESETS
 
     return [*CLI_PRESETS, f"pi@{LEGACY_PI}"]
 
 
 def missing_clis(cache: Path, names: list[str]) -> list[str]:
     """Package specs (Node 22 included where a CLI needs it) not yet complete in ``cache``."""
-    from services.executor.harnesses.npm import installed, node_package
-    from services.executor.harnesses.preinstall import wanted
+    from services.node.harnesses.npm import installed, node_package
+    from services.node.harnesses.preinstall import wanted
 
     items = wanted(names)
     packages = [pkg for _, pkg, _ in items]
@@ -233,8 +233,8 @@ def step_harness_clis() -> Result:
     if not missing:
         return Result("done", f"{len(names)} CLIs in {HARNESS_CACHE}")
     say(f"  from npm into {HARNESS_CACHE}, for the real-harness tests: {' '.join(missing)}")
-    from services.executor.harnesses.npm import InstallError
-    from services.executor.harnesses.preinstall import preinstall
+    from services.node.harnesses.npm import InstallError
+    from services.node.harnesses.preinstall import preinstall
 
     try:
         got = asyncio.run(preinstall(HARNESS_CACHE.absolute(), names))

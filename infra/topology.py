@@ -13,6 +13,7 @@ import msgspec
 import yaml
 
 from infra.catalog import NODE_FIELDS, SERVICES, ServiceKind
+from schemas.topology import Backend, NodeBounds
 from services.common.settings import DEFAULT_NATS_URL, DEFAULT_REDIS_URL
 
 DEFAULT_FILE = "topology.yaml"
@@ -26,21 +27,8 @@ class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     pass
 
 
-class Node(_Strict):
+class Node(NodeBounds, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
-    max_init: int = 4  # sandboxes being prepared at once
-    ready_buffer: int = 4  # prepared sandboxes waiting for a RUNNING slot
-    max_run: int = 8  # harnesses running at once
-
-
-class Backend(_Strict):
-    """An inference backend for the proxy: a server URL, or the embedded CPU model."""
-
-    name: str = "default"
-    kind: str = "sglang"  # sglang | vllm | embedded
-    url: str | None = None  # base URL; None for an embedded model the stack serves
-    model: str | None = None
-    settings: dict[str, Any] = {}
 
 
 class ServiceEntry(_Strict):

@@ -13,7 +13,7 @@ after ``QUICK_SECONDS``) cancels it (it sees ``CancelledError``). Streams: the w
 sequence is sent once the answer is there; a call still running after
 ``keepalive_seconds`` gets its stream started by a pump that sends protocol-legal
 keep-alives until then (a failure then becomes the protocol's in-stream error; before,
-it keeps its real status). The protocols' POST routes are answered by ``proxy.serving``
+it keeps its real status). The protocols' POST routes are answered by ``proxy.io.serving``
 before litestar's router (fewer layers); litestar serves everything else.
 """
 
@@ -32,9 +32,9 @@ from msgspec import Struct
 
 from proxy.conversation import AssistantTurn, Conversation, TextPart
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
+from proxy.io.serving import SSE, BodyTooLarge, ClientGone, HotRoutes, ProxyApp, Reply
 from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
 from proxy.protocols import models as generic
-from proxy.serving import SSE, BodyTooLarge, ClientGone, HotRoutes, ProxyApp, Reply
 from proxy.sse import encode_all
 from services.common.logs import service_logging
 
@@ -105,7 +105,7 @@ def create_app(
         max_body_bytes,
         keepalive_seconds,
     )
-    handlers = [  # the POST routes are answered by ``proxy.serving.HotRoutes``
+    handlers = [  # the POST routes are answered by ``proxy.io.serving.HotRoutes``
         proxy.route_handler(spec, r, prefix)
         for spec in protocols
         for r in spec.routes

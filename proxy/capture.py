@@ -17,18 +17,18 @@ import orjson
 
 from proxy.backends.base import Generation
 from proxy.errors import ErrorKind, UpstreamError
-from proxy.resp import Resp, Script
+from proxy.io.jspub import JetStreamPublisher
+from proxy.io.resp import Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Session, Timings, UpstreamMode, encode
 from schemas import subjects as S
 from schemas.completion import delta_encode
-from services.common.jspub import JetStreamPublisher
 
 STATE_TTL_SECONDS = 7 * 24 * 3600
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TurnState)
 SEQ_KEY = S.key_call_seq("")  # + session id
-TITO_KEY = "polar:tito:"  # + session id + ":" + attempt
+TITO_KEY = S.KEY_TITO_PREFIX
 
 # Token -> session (the registry's GET, then HGETALL) and that attempt's TITO states: all
 # a call needs before it goes to the engine, in one round trip. For a model call
@@ -103,7 +103,7 @@ class Reservation:
 
 
 class SessionStore:
-    """Per-session call numbering and TITO states, in Redis (through ``proxy.resp``).
+    """Per-session call numbering and TITO states, in Redis (through ``proxy.io.resp``).
 
     Per call: ``open`` before the engine (it also numbers a RUNNING session's call;
     ``reserve`` numbers one in the grace window while the engine answers); ``remember``
@@ -145,14 +145,14 @@ class SessionStore:
         """Store ``state`` (numbered: its ``seq`` is set) as the session's newest: what was
         stored (for ``forget``) and the reply to await."""
         stored = b"%d:%s" % (state.seq, _encoder.encode(state))
-        key = f"{TITO_KEY}{session_id}:{attempt}"
+        key = S.key_tito(session_id, attempt)
         return stored, self.redis.start_script(
             _REMEMBER, [key], [stored, MAX_STATES - 1, STATE_TTL_SECONDS]
         )
 
     async def forget(self, session_id: str, attempt: int, stored: bytes) -> None:
         """Undo ``remember`` (its call turned out not to be captured)."""
-        await self.redis.call("LREM", f"{TITO_KEY}{session_id}:{attempt}", 1, stored)
+        await self.redis.call("LREM", S.key_tito(session_id, attempt), 1, stored)
 
     async def release_seq(self, session_id: str, seq: int) -> bool:
         """Give back a number whose record was never committed, if no call took a later

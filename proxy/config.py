@@ -5,6 +5,7 @@ from typing import Any
 import msgspec
 
 from schemas.engine import DEFAULT_MODEL_DIR
+from schemas.topology import Backend
 from services.common.settings import ServiceSettings
 
 
@@ -17,20 +18,7 @@ class BackendConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     settings: dict[str, Any] = {}
 
 
-class TopologyBackend(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A ``backends:`` entry of topology.yaml (see infra/topology.py)."""
-
-    name: str = "default"
-    kind: str = "sglang"
-    url: str | None = None  # None: the embedded model server the stack runs
-    model: str | None = None
-    settings: dict[str, Any] = {}
-
-
-EMBEDDED_URL = "http://127.0.0.1:30000"
-
-
-def merged_settings(group: list[TopologyBackend]) -> dict[str, Any]:
+def merged_settings(group: list[Backend]) -> dict[str, Any]:
     """One pool serves the group, so its entries' settings are one set: a name may be
     given on any entry, but two entries giving it different values is an error."""
     merged: dict[str, Any] = {}
@@ -49,14 +37,14 @@ def merged_settings(group: list[TopologyBackend]) -> dict[str, Any]:
 class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     port: int = 8200
     backend: BackendConfig = BackendConfig()
-    backends: list[TopologyBackend] = []  # from topology.yaml; overrides `backend` when set
+    backends: list[Backend] = []  # from topology.yaml; overrides `backend` when set
     mode: str = "token"  # token (TITO: proxy templates, sends ids) | chat (engine templates)
     model_dir: str | None = None  # tokenizer + chat template for token mode
     default_max_tokens: int = 1024
     max_body_bytes: int = 16 * 1024 * 1024
     keepalive_seconds: float = 10.0
     # Poll instead of sleeping for up to this long while a Redis, JetStream or engine
-    # reply is due (services/common/spin.py); 0: off.
+    # reply is due (proxy/io/spin.py); 0: off.
     busy_poll_microseconds: int = 250
     probe_backend: bool = True  # refuse to start when the engine cannot return token ids
     probe_timeout_seconds: float = 120.0  # the engine may still be starting
@@ -73,7 +61,7 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
         group = [b for b in self.backends if b.kind == kind]
         return BackendConfig(
             kind=kind,
-            urls=[b.url or EMBEDDED_URL for b in group],
+            urls=[b.base_url for b in group],
             model=group[0].model or "default",
             settings=merged_settings(group),
         )

@@ -26,8 +26,9 @@ from proxy.capture import CallContext, Reservation, SessionStore, decode_states
 from proxy.conversation import AssistantTurn, Conversation, ToolCall, Usage
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
-from proxy.resp import RedisReplyError, RedisUnavailable
-from proxy.serving import after_reply
+from proxy.io.jspub import JetStreamPublisher
+from proxy.io.resp import RedisReplyError, RedisUnavailable
+from proxy.io.serving import after_reply
 from proxy.tito import (
     PromptPlan,
     TurnState,
@@ -38,7 +39,6 @@ from proxy.tito import (
     tools_key,
 )
 from schemas import Protocol, UpstreamMode
-from services.common.jspub import JetStreamPublisher
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
 from services.common.tokenization.lru import SizedLRU
 

@@ -37,16 +37,16 @@ from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
-from proxy.resp import Resp
+from proxy.io.jspub import JetStreamPublisher
+from proxy.io.resp import Resp
+from proxy.io.spin import POLL
 from proxy.sessions import SessionResolver
 from schemas import UpstreamMode
 from services.common import auth
 from services.common.bus import CLAIM_THRESHOLD
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
-from services.common.jspub import JetStreamPublisher
 from services.common.settings import load
-from services.common.spin import POLL
 from services.common.tokenization import ChatTokenizer
 
 log = logging.getLogger("polar.proxy")

@@ -85,18 +85,35 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
         return self.error is not None and not self.aborted and not self.output_ids
 
 
-def reconstruct_prompts(records: Iterable[CompletionRecord]) -> dict[int, list[int]]:
-    """Full prompt ids per seq. Raises KeyError if a base record is missing."""
+def reconstruct_prompts(
+    records: Iterable[CompletionRecord], missing: list[int] | None = None
+) -> dict[int, list[int]]:
+    """Full prompt ids per seq: the one rebuild of delta-encoded prompts (the builder's too).
+
+    The first record of a seq wins; a void record (a failed call's number) has no prompt.
+    A record whose base is absent raises KeyError, or, given a ``missing`` list, is left
+    out with its seq appended there.
+    """
+    by_seq: dict[int, CompletionRecord] = {}
+    for rec in records:
+        by_seq.setdefault(rec.seq, rec)
     full: dict[int, list[int]] = {}
-    outputs: dict[int, list[int]] = {}
-    for rec in sorted(records, key=lambda r: r.seq):
-        if rec.prompt_base_seq is None:
+    for seq in sorted(by_seq):
+        rec = by_seq[seq]
+        if rec.void:
+            continue
+        base_seq = rec.prompt_base_seq
+        if base_seq is None:
             prompt = list(rec.prompt_ids)
-        else:
-            base = full[rec.prompt_base_seq] + outputs[rec.prompt_base_seq]
+        elif base_seq in full:
+            base = full[base_seq] + list(by_seq[base_seq].output_ids)
             prompt = base[: rec.prompt_base_len] + list(rec.prompt_ids)
-        full[rec.seq] = prompt
-        outputs[rec.seq] = list(rec.output_ids)
+        elif missing is None:
+            raise KeyError(base_seq)
+        else:
+            missing.append(seq)
+            continue
+        full[seq] = prompt
     return full
 
 

@@ -36,6 +36,9 @@ def session_event(state: str) -> str:
     return f"polar.events.session.{state.lower()}"
 
 
+SESSION_EVENTS = "polar.events.session.>"  # every session_event (the scheduler follows them)
+
+
 def session_cancel(session_id: str) -> str:
     """Core-NATS broadcast: whoever holds the session stops it."""
     return f"polar.control.cancel.{session_id}"
@@ -53,6 +56,15 @@ def dead_letter(stream: str) -> str:
     return f"polar.dlq.{stream.lower()}"
 
 
+# What each stream holds (services/common/bus.py creates them).
+ALL_TASKS = "polar.tasks.>"
+ALL_SESSIONS = "polar.sessions.>"
+ALL_EVENTS = "polar.events.>"
+ALL_COMPLETIONS = "polar.completions.>"
+ALL_TRAJECTORIES = "polar.trajectories.>"
+ALL_DEAD_LETTERS = "polar.dlq.>"
+
+
 NODE_HEARTBEAT = "polar.nodes.heartbeat"
 
 # -- JetStream streams --------------------------------------------------------------
@@ -64,9 +76,16 @@ STREAM_TRAJECTORIES = "POLAR_TRAJECTORIES"  # polar.trajectories.>
 STREAM_DLQ = "POLAR_DLQ"  # polar.dlq.>
 OBJECT_STORE = "polar-blobs"  # claim-check for payloads over the NATS limit
 
+
+def trajectory_object(session_id: str, attempt: int) -> str:
+    """Object-store name of a built trajectory (the builder writes, the evaluator reads)."""
+    return f"trajectories/{session_id}/{attempt}"
+
+
 # -- durable consumers --------------------------------------------------------------
 CONSUMER_SCHEDULER_SUBMIT = "scheduler-submit"
 CONSUMER_SCHEDULER_CANCEL = "scheduler-cancel"
+CONSUMER_SCHEDULER_EVENTS = "scheduler-events"
 CONSUMER_POOL_INIT = "pool-init"
 CONSUMER_BUILDER = "builder"
 CONSUMER_EVALUATOR = "evaluator"
@@ -104,6 +123,19 @@ def key_token(token: str) -> str:
 def key_call_seq(session_id: str) -> str:
     """Counter of the session's model calls the proxy has numbered (all attempts)."""
     return f"polar:seq:{session_id}"
+
+
+KEY_TITO_PREFIX = "polar:tito:"  # + "<session id>:<attempt>": the proxy's token-mode turns
+
+
+def key_tito(session_id: str, attempt: int) -> str:
+    """List of a session attempt's TITO turn states (the proxy's, for prefix reuse)."""
+    return f"{KEY_TITO_PREFIX}{session_id}:{attempt}"
+
+
+def key_claim(name: str) -> str:
+    """A short exclusive claim on a one-off job (Registry.claim)."""
+    return f"polar:claim:{name}"
 
 
 def key_submit_dedupe(digest: str) -> str:

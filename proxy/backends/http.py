@@ -1,6 +1,6 @@
 """One pooled HTTP client per worker; the only place transport errors become data.
 
-The client is ``proxy.backends.rawhttp``, a bare asyncio HTTP/1.1 keep-alive pool: the
+The client is ``proxy.io.rawhttp``, a bare asyncio HTTP/1.1 keep-alive pool: the
 engines speak plain JSON over HTTP/1.1, and aiohttp, measured before, was ~23% of the
 proxy's CPU on the engine-call path (tests/bench/bench_backend_http.py compares them).
 Bodies are encoded and decoded with orjson.
@@ -14,9 +14,9 @@ from urllib.parse import urlencode
 import orjson
 from msgspec import Struct
 
-from proxy.backends import rawhttp
 from proxy.backends.base import BackendError, ErrorKind
 from proxy.backends.errors import error_from_response
+from proxy.io import rawhttp
 
 
 class HttpSettings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -59,9 +59,6 @@ class Builder:
         if decision.action is Action.POISON:
             raise Poison(decision.reason)
         if decision.action is Action.RETRY:
-            if (msg.metadata.num_delivered or 1) >= self.config.max_deliver:
-                # JetStream would drop it silently after max_deliver: dead-letter instead.
-                raise Poison(f"{decision.reason} after {self.config.max_deliver} deliveries")
             metrics.BUILDS.labels("-", "retried").inc()
             raise Retry(self.config.retry_delay_seconds, decision.reason)
         if decision.action is Action.SKIP:
@@ -146,7 +143,7 @@ class Builder:
 
     async def store(self, trajectory: Trajectory) -> None:
         store = await self.bus.js.object_store(S.OBJECT_STORE)
-        name = logic.object_name(trajectory.session_id, trajectory.attempt)
+        name = S.trajectory_object(trajectory.session_id, trajectory.attempt)
         await store.put(name, encode(trajectory))
 
     async def announce(self, trajectory: Trajectory, finished: SessionFinished) -> None:

@@ -60,10 +60,6 @@ def decide(session: Session | None, event: SessionFinished) -> Decision:
     return Decision(Action.RETRY, f"session is {session.state}, not POSTRUN yet")
 
 
-def object_name(session_id: str, attempt: int) -> str:
-    return f"trajectories/{session_id}/{attempt}"
-
-
 def built_msg_id(session_id: str, attempt: int) -> str:
     return f"built:{session_id}:{attempt}"
 
@@ -79,7 +75,7 @@ def run_builder(
     builders: BuilderRegistry, spec: BuilderSpec, records: list[CompletionRecord], outcome: Outcome
 ) -> Built:
     """Run the task's builder and check what it returned. Raises on any failure."""
-    result = builders.resolve(spec.name).build(records, dict(spec.config), outcome)
+    result = builders.create(spec.name).build(records, dict(spec.config), outcome)
     if not isinstance(result, tuple) or len(result) not in (2, 3):
         raise BuildError(f"builder {spec.name!r} returned {type(result).__name__}, not a tuple")
     traces, stats = result[0], result[1]

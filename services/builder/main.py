@@ -7,8 +7,6 @@ trajectory from ``polar.completions.<session>``, stores it in the object store a
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
 from litestar import Litestar
 
 from schemas import subjects as S
@@ -16,9 +14,7 @@ from services.builder.config import BuilderConfig
 from services.builder.handlers import Builder
 from services.common.bus import work_consumer
 from services.common.consumer import Consumer
-from services.common.host import ServiceHost
-from services.common.http import ops_routes
-from services.common.logs import service_logging
+from services.common.host import Declared, ServiceHost, service_app
 from services.common.settings import load
 
 
@@ -43,22 +39,9 @@ def consumers(builder: Builder) -> list[Consumer]:
 
 def create_app(config: BuilderConfig | None = None) -> Litestar:
     cfg = config or load(BuilderConfig)
-    host = ServiceHost("builder", cfg)
 
-    @asynccontextmanager
-    async def lifespan(app: Litestar):
-        await host.start()
+    async def build(host: ServiceHost) -> Declared:
         builder = Builder(host.bus, host.registry, cfg)
-        app.state.builder = builder
-        for c in consumers(builder):
-            host.consume(c)
-        try:
-            yield
-        finally:
-            await host.stop()
+        return Declared(builder, consumers=consumers(builder))
 
-    return Litestar(
-        route_handlers=[*ops_routes("builder", host.health)],
-        lifespan=[lifespan],
-        logging_config=service_logging(),
-    )
+    return service_app("builder", cfg, build)

@@ -329,7 +329,7 @@ def model(ctx: typer.Context) -> None:
 
 
 def _register_export() -> None:
-    from services.export.cli import export_command
+    from services.cli.export import export_command
 
     app.command(
         "export", help="Export stored trajectories to JSONL or Parquet (SFT or Slime layout)."

@@ -1,7 +1,9 @@
 """What every service process shares: connections, consumers, periodic jobs, health.
 
-A service's ``main.py`` builds a Litestar app whose lifespan starts a ``ServiceHost``;
-the consumers and periodic jobs run as tasks on the app's event loop.
+A service declares what it runs (``Declared``: its consumers, loops, periodic jobs and
+what to undo at stop) in a ``build(host)`` function; ``service_app`` turns that into the
+Litestar app whose lifespan starts the ``ServiceHost``, runs the declaration as tasks on
+the app's event loop and stops it all in reverse.
 """
 
 from __future__ import annotations
@@ -11,15 +13,45 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar import Litestar
 
 from services.common.bus import Bus
 from services.common.consumer import Consumer
+from services.common.http import ops_routes
+from services.common.logs import service_logging
 from services.common.metrics import SERVICE_UP
 from services.common.registry import Registry
 from services.common.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
+
+Job = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Every:
+    """A periodic job: ``job()`` every ``seconds``; ``first``: once at start-up too."""
+
+    seconds: float
+    job: Job
+    name: str
+    first: bool = False
+
+
+@dataclass
+class Declared:
+    """What one service runs, declared by its ``build(host)`` (see ``service_app``)."""
+
+    state: Any  # the service object, kept as ``app.state.<service name>``
+    consumers: Sequence[Consumer] = ()
+    loops: Sequence[tuple[str, Job]] = ()  # long-running coroutines, restarted if they crash
+    jobs: Sequence[Every] = ()
+    on_stop: Sequence[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
 
 
 class ServiceHost:
@@ -122,6 +154,10 @@ class ServiceHost:
         return checks
 
     async def stop(self) -> None:
+        await self.stop_tasks()
+        await self.close()
+
+    async def stop_tasks(self) -> None:
         for c in self._consumers:
             c.stop()
         for t in self._tasks:
@@ -129,8 +165,62 @@ class ServiceHost:
         for t in self._tasks:
             with contextlib.suppress(BaseException):
                 await t
+        self._tasks.clear()
         SERVICE_UP.labels(self.name).set(0)
+
+    async def close(self) -> None:
         if self.registry:
             await self.registry.close()
         if self.bus:
             await self.bus.close()
+
+
+async def _undo(steps: Sequence[Callable[[], Awaitable[None] | None]]) -> None:
+    for step in steps:
+        result = step()
+        if result is not None:
+            await result
+
+
+def service_app(
+    name: str,
+    settings: ServiceSettings,
+    build: Callable[[ServiceHost], Awaitable[Declared]],
+    *,
+    routes: Sequence[Any] = (),
+    with_registry: bool = True,
+    **litestar: Any,
+) -> Litestar:
+    """The Litestar app of a service: ops routes (``/healthz``, ``/metrics``) plus
+    ``routes``; its lifespan connects, runs what ``build`` declared, and stops it."""
+    host = ServiceHost(name, settings)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await host.start(with_registry=with_registry)
+        declared: Declared | None = None
+        try:
+            declared = await build(host)
+            setattr(app.state, name, declared.state)
+            for consumer in declared.consumers:
+                host.consume(consumer)
+            for loop_name, loop in declared.loops:
+                host.run(loop, loop_name)
+            for every in declared.jobs:
+                if every.first:
+                    await every.job()
+                host.every(every.seconds, every.job, every.name)
+            yield
+        finally:
+            # The declared tasks first, then the service's own undo (it may still need
+            # the bus, e.g. to unsubscribe), then the connections.
+            await host.stop_tasks()
+            await _undo(declared.on_stop if declared else ())
+            await host.close()
+
+    litestar.setdefault("logging_config", service_logging())
+    return Litestar(
+        route_handlers=[*routes, *ops_routes(name, host.health)],
+        lifespan=[lifespan],
+        **litestar,
+    )

@@ -30,7 +30,7 @@ def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
 
 def serve(target: str, host: str, port: int, *, factory: bool = True, rsgi: bool = False) -> None:
     """Run an app (``module:callable``) under granian, one worker, over ASGI, or over
-    RSGI for an app that speaks it (``proxy.serving.ProxyApp``; ``infra.catalog`` says
+    RSGI for an app that speaks it (``proxy.io.serving.ProxyApp``; ``infra.catalog`` says
     which services do)."""
     from granian import Granian
     from granian.constants import Interfaces, Loops

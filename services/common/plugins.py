@@ -1,6 +1,6 @@
-"""Named plugin registries (harness presets, builders, evaluators).
+"""Named plugin registries: harness presets, builders and evaluators all use this one.
 
-``register`` raises on duplicates; ``resolve("module:Class")`` loads a custom plugin with an
+``register`` raises on duplicates; ``create("module:Class")`` loads a custom plugin with an
 error that says how to fix it. Nothing registers itself at import time: each service
 builds its registry explicitly.
 """
@@ -8,10 +8,13 @@ builds its registry explicitly.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+_CUSTOM = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)$")
 
 
 class PluginError(LookupError):
@@ -19,41 +22,76 @@ class PluginError(LookupError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    """Factories by name, plus custom ones loaded from ``"module:Class"``.
+
+    ``error``: the exception raised (a service's own error type, so its callers catch
+    one kind). ``check``: for a custom factory, why it is not a plugin of this kind
+    (None: it is one).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        error: type[Exception] = PluginError,
+        check: Callable[[object], str | None] | None = None,
+    ) -> None:
         self.kind = kind
+        self.error = error
+        self.check = check
         self._items: dict[str, Callable[[], T]] = {}
 
     def register(self, name: str, factory: Callable[[], T]) -> None:
         if name in self._items:
-            raise PluginError(f"{self.kind} {name!r} is already registered")
+            raise self.error(f"{self.kind} {name!r} is already registered")
+        if ":" in name:
+            raise self.error(
+                f"{self.kind} name {name!r} must not contain ':' (kept for module:Class)"
+            )
         self._items[name] = factory
 
     def names(self) -> list[str]:
         return sorted(self._items)
 
     def create(self, name: str) -> T:
+        """A new instance of the plugin ``name`` names."""
         factory = self._items.get(name)
-        if factory is None:
-            factory = self._load(name)
-        return factory()
+        if factory is not None:
+            return factory()
+        factory = self.load_custom(name)
+        try:
+            return factory()
+        except Exception as exc:  # noqa: BLE001 - third-party code: report, do not crash
+            raise self.error(f"custom {self.kind} {name!r} could not be created: {exc!r}") from None
 
-    def _load(self, name: str) -> Callable[[], T]:
-        if ":" not in name:
-            known = ", ".join(self.names())
-            raise PluginError(
-                f"unknown {self.kind} {name!r}: use one of {known}, or 'module:Class'"
+    def load_custom(self, path: str) -> Callable[[], T]:
+        """The class (or factory) a ``"module:Class"`` path names, checked by ``check``."""
+        if ":" not in path:
+            known = ", ".join(self.names()) or "none"
+            raise self.error(
+                f"unknown {self.kind} {path!r}: use one of {known}, "
+                "or 'module:Class' for a custom one"
             )
-        module_name, _, attr = name.partition(":")
+        m = _CUSTOM.match(path)
+        if not m:
+            raise self.error(
+                f"custom {self.kind} {path!r} is not of the form 'package.module:ClassName'"
+            )
+        module_name, attr = m["module"], m["attr"]
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise PluginError(
-                f"custom {self.kind} {name!r}: cannot import {module_name!r} ({exc}); "
-                "install the package that provides it on this node"
+            raise self.error(
+                f"custom {self.kind} {path!r}: cannot import module {module_name!r} ({exc}); "
+                "install it or put it on the PYTHONPATH of the service that loads it"
             ) from None
-        obj = getattr(module, attr, None)
-        if obj is None or not callable(obj):
-            raise PluginError(
-                f"custom {self.kind} {name!r}: {module_name} has no callable {attr!r}"
+        factory = getattr(module, attr, None)
+        if factory is None or not callable(factory):
+            raise self.error(
+                f"custom {self.kind} {path!r}: module {module_name!r} has no callable {attr!r}; "
+                "check the name after the ':'"
             )
-        return obj
+        problem = self.check(factory) if self.check else None
+        if problem:
+            raise self.error(f"custom {self.kind} {path!r} is not a {self.kind}: {problem}")
+        return factory

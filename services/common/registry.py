@@ -173,7 +173,7 @@ class Registry:
     async def claim(self, name: str, owner: str, ttl_seconds: float) -> bool:
         """A short exclusive claim on a one-off job (expires if its owner dies)."""
         return bool(
-            await self.redis.set(f"polar:claim:{name}", owner, nx=True, px=int(ttl_seconds * 1000))
+            await self.redis.set(S.key_claim(name), owner, nx=True, px=int(ttl_seconds * 1000))
         )
 
     async def active_tasks(self) -> list[str]:

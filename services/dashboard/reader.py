@@ -37,7 +37,6 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.builder.completions import read_completions
-from services.builder.logic import object_name
 from services.cli.status import node_rows, stream_rows
 from services.common.bus import Bus
 from services.common.redact import redact
@@ -279,7 +278,7 @@ class StackReader:
             return None
         try:
             store = await self.bus.js.object_store(S.OBJECT_STORE)
-            raw = (await store.get(object_name(session_id, attempt))).data
+            raw = (await store.get(S.trajectory_object(session_id, attempt))).data
             traj = decode(raw, Trajectory)
         except (ObjectNotFoundError, NotFoundError, ContractError):
             return None

@@ -37,7 +37,6 @@ from schemas import (
     encode,
 )
 from schemas import subjects as S
-from services.builder.logic import object_name
 from services.common.bus import Bus
 from services.common.consumer import Poison, Retry
 from services.common.registry import Registry
@@ -73,8 +72,6 @@ class EvaluatorService:
         if decision.action is Action.POISON:
             raise Poison(decision.reason)
         if decision.action is Action.RETRY:
-            if (msg.metadata.num_delivered or 1) >= self.config.max_deliver:
-                raise Poison(f"{decision.reason} after {self.config.max_deliver} deliveries")
             raise Retry(self.config.retry_delay_seconds, decision.reason)
         if decision.action is Action.SKIP:
             log.info("%s: skipped: %s", event.session_id, decision.reason)
@@ -93,7 +90,7 @@ class EvaluatorService:
 
     async def load(self, event: TrajectoryBuilt) -> Trajectory:
         store = await self.bus.js.object_store(S.OBJECT_STORE)
-        name = object_name(event.session_id, event.attempt)
+        name = S.trajectory_object(event.session_id, event.attempt)
         try:
             raw = (await store.get(name)).data
         except ObjectNotFoundError:

@@ -9,16 +9,12 @@ evaluates in (same ``work_dir`` and ``docker_host`` as that node's pool and exec
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
 from litestar import Litestar
 
 from schemas import subjects as S
 from services.common.bus import work_consumer
 from services.common.consumer import Consumer
-from services.common.host import ServiceHost
-from services.common.http import ops_routes
-from services.common.logs import service_logging
+from services.common.host import Declared, ServiceHost, service_app
 from services.common.settings import load
 from services.evaluator.config import EvaluatorConfig
 from services.evaluator.handlers import EvaluatorService
@@ -41,22 +37,9 @@ def consumers(service: EvaluatorService) -> list[Consumer]:
 
 def create_app(config: EvaluatorConfig | None = None) -> Litestar:
     cfg = config or load(EvaluatorConfig)
-    host = ServiceHost("evaluator", cfg)
 
-    @asynccontextmanager
-    async def lifespan(app: Litestar):
-        await host.start()
+    async def build(host: ServiceHost) -> Declared:
         service = EvaluatorService(host.bus, host.registry, cfg)
-        app.state.evaluator = service
-        for c in consumers(service):
-            host.consume(c)
-        try:
-            yield
-        finally:
-            await host.stop()
+        return Declared(service, consumers=consumers(service))
 
-    return Litestar(
-        route_handlers=[*ops_routes("evaluator", host.health)],
-        lifespan=[lifespan],
-        logging_config=service_logging(),
-    )
+    return service_app("evaluator", cfg, build)

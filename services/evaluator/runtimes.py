@@ -14,8 +14,8 @@ from typing import Any
 
 from evaluators import EvaluatorError
 from schemas import TaskRequest, TrajectoryBuilt
-from services.common.node import node_runtime
 from services.evaluator.config import EvaluatorConfig
+from services.node.session import node_runtime
 from services.runtimes.factory import runtime_id_for
 from services.runtimes.prepare import run_prepare
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from services.pool.config import NodeSettings
+from services.node.settings import NodeSettings
 
 
 class ExecutorConfig(NodeSettings, frozen=True, kw_only=True):

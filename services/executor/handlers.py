@@ -19,28 +19,27 @@ from dataclasses import dataclass, field
 import msgspec
 from nats.aio.msg import Msg
 
+from proxy.callcount import numbered_calls
 from schemas import Artifacts, NodeHeartbeat, Outcome, ReadyWork, SessionState, decode
 from schemas import subjects as S
 from services.common.bus import Bus
-from services.common.node import (
-    STAGE_RESULTS,
-    STAGE_SECONDS,
-    STAGE_WAIT,
-    SessionPaths,
-    harness_context,
-    node_runtime,
-    node_stages,
-    send_heartbeat,
-)
 from services.common.plugins import Registry as PluginRegistry
 from services.common.redact import redact, scrub_known, scrub_known_struct
 from services.common.registry import Registry
-from services.executor import artifacts as A
 from services.executor.config import ExecutorConfig
-from services.executor.harnesses import Harness, HarnessContext
-from services.executor.prewarm import ROLE as PREWARM_ROLE
-from services.executor.prewarm import Prewarm, wants_prewarm
-from services.executor.reaper import finish_session, keeps_live
+from services.node import artifacts as A
+from services.node.harnesses import Harness, HarnessContext
+from services.node.heartbeat import (
+    STAGE_RESULTS,
+    STAGE_SECONDS,
+    STAGE_WAIT,
+    node_stages,
+    send_heartbeat,
+)
+from services.node.prewarm import ROLE as PREWARM_ROLE
+from services.node.prewarm import Prewarm, wants_prewarm
+from services.node.reaper import finish_session, keeps_live
+from services.node.session import SessionPaths, harness_context, node_runtime
 from services.runtimes.base import OutputBuffer, Runtime
 
 log = logging.getLogger(__name__)
@@ -252,8 +251,7 @@ class Executor:
         return RunResult(outcome, reason, status.exit_code, out.data(), err.data())
 
     async def _model_calls(self, session_id: str) -> int:
-        """Model calls of the session the proxy has numbered so far (all attempts)."""
-        return int(await self.registry.redis.get(S.key_call_seq(session_id)) or 0)
+        return await numbered_calls(self.registry.redis, session_id)
 
     async def _collect(
         self, runtime, harness, ctx, result: RunResult, spec, paths, known: list[str]

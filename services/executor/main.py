@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from functools import partial
 
 from litestar import Litestar
@@ -10,15 +9,13 @@ from litestar import Litestar
 from schemas import subjects as S
 from services.common.bus import work_consumer
 from services.common.consumer import Consumer
-from services.common.host import ServiceHost
-from services.common.http import ops_routes
-from services.common.logs import service_logging
-from services.common.node import node_runtime
+from services.common.host import Declared, Every, ServiceHost, service_app
 from services.common.settings import load
 from services.executor.config import ExecutorConfig
 from services.executor.handlers import Executor
-from services.executor.harnesses import default_registry
-from services.executor.reaper import Reaper, sweep_leftovers
+from services.node.harnesses import default_registry
+from services.node.reaper import Reaper, sweep_leftovers
+from services.node.session import node_runtime
 
 
 def ready_consumer(executor: Executor) -> Consumer:
@@ -40,21 +37,13 @@ def ready_consumer(executor: Executor) -> Consumer:
 
 def create_app(config: ExecutorConfig | None = None) -> Litestar:
     cfg = config or load(ExecutorConfig)
-    host = ServiceHost("executor", cfg)
 
-    @asynccontextmanager
-    async def lifespan(app: Litestar):
-        await host.start()
+    async def build(host: ServiceHost) -> Declared:
         executor = Executor(host.bus, host.registry, cfg, default_registry())
-        app.state.executor = executor
         subs = await executor.subscribe()
         runtime_for = partial(node_runtime, cfg)
         # What a dead predecessor left on this node (the pool may be admitting meanwhile).
         await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for, admitting=True)
-        host.consume(ready_consumer(executor))
-        host.every(cfg.lease_seconds / 3, executor.renew_leases, "leases")
-        await executor.heartbeat()
-        host.every(cfg.heartbeat_seconds, executor.heartbeat, "heartbeat")
         reaper = Reaper(
             host.registry,
             host.bus,
@@ -62,16 +51,15 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
             keep=executor.running.__contains__,
             orphan_after=cfg.lease_seconds,
         )
-        host.every(cfg.lease_seconds / 2, reaper.reap, "reaper")
-        try:
-            yield
-        finally:
-            for sub in subs:
-                await sub.unsubscribe()
-            await host.stop()
+        return Declared(
+            executor,
+            consumers=[ready_consumer(executor)],
+            jobs=[
+                Every(cfg.lease_seconds / 3, executor.renew_leases, "leases"),
+                Every(cfg.heartbeat_seconds, executor.heartbeat, "heartbeat", first=True),
+                Every(cfg.lease_seconds / 2, reaper.reap, "reaper"),
+            ],
+            on_stop=[sub.unsubscribe for sub in subs],
+        )
 
-    return Litestar(
-        route_handlers=ops_routes("executor", host.health),
-        lifespan=[lifespan],
-        logging_config=service_logging(),
-    )
+    return service_app("executor", cfg, build)

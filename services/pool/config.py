@@ -1,20 +1,7 @@
 from __future__ import annotations
 
-from proxy.config import EMBEDDED_URL, TopologyBackend
-from services.common.settings import ServiceSettings
-
-
-class NodeSettings(ServiceSettings, frozen=True, kw_only=True):
-    """What the pool and the executor of one node share."""
-
-    work_dir: str = ".state/work"  # sessions/<id> (runtimes) and logs/<id> live here
-    proxy_url: str = "http://127.0.0.1:8200"  # the proxy as sandboxes reach it
-    max_init: int = 4
-    ready_buffer: int = 4
-    max_run: int = 8
-    lease_seconds: float = 30.0
-    heartbeat_seconds: float = 5.0  # NodeHeartbeat on polar.nodes.heartbeat and in polar:nodes
-    docker_host: str | None = None
+from schemas.topology import Backend
+from services.node.settings import NodeSettings
 
 
 class PoolConfig(NodeSettings, frozen=True, kw_only=True):
@@ -25,12 +12,12 @@ class PoolConfig(NodeSettings, frozen=True, kw_only=True):
     # backpressure_queue, until it is at or below backpressure_resume. No engine: off
     # (polar:backpressure, set by another pool or by hand, is still obeyed).
     engine_urls: list[str] = []  # engines to watch (base URLs)
-    backends: list[TopologyBackend] = []  # topology.yaml's `backends`: their URLs too
+    backends: list[Backend] = []  # topology.yaml's `backends`: their URLs too
     backpressure_queue: float = 16.0  # waiting requests per engine
     backpressure_resume: float = 4.0
     backpressure_ttl_seconds: float = 5.0  # the key outlives a pool that dies backing off
     backpressure_poll_seconds: float = 0.5
 
     def watched_engines(self) -> list[str]:
-        urls = [*self.engine_urls, *(b.url or EMBEDDED_URL for b in self.backends)]
+        urls = [*self.engine_urls, *(b.base_url for b in self.backends)]
         return list(dict.fromkeys(urls))  # one engine listed twice is watched once

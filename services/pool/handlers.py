@@ -29,21 +29,19 @@ from schemas import (
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer, work_consumer
 from services.common.finish import fail_before_run, is_transient, may_retry
-from services.common.node import (
+from services.common.plugins import Registry as PluginRegistry
+from services.common.registry import Registry
+from services.node.artifacts import baseline_command
+from services.node.harnesses import Harness
+from services.node.heartbeat import (
     STAGE_RESULTS,
     STAGE_SECONDS,
     STAGE_WAIT,
-    SessionPaths,
-    harness_context,
-    node_runtime,
     node_stages,
     send_heartbeat,
 )
-from services.common.plugins import Registry as PluginRegistry
-from services.common.registry import Registry
-from services.executor.artifacts import baseline_command
-from services.executor.harnesses import Harness
-from services.executor.reaper import retry_session
+from services.node.reaper import retry_session
+from services.node.session import SessionPaths, harness_context, node_runtime
 from services.pool import logic
 from services.pool.backpressure import EngineWatch
 from services.pool.config import PoolConfig

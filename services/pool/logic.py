@@ -19,14 +19,16 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from schemas.topology import NODE_DEFAULTS
+
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_init: int = 4
-    ready_buffer: int = 4
-    max_run: int = 8
+    max_init: int = NODE_DEFAULTS.max_init
+    ready_buffer: int = NODE_DEFAULTS.ready_buffer
+    max_run: int = NODE_DEFAULTS.max_run
 
     def __post_init__(self) -> None:
         if self.max_init < 1 or self.max_run < 1 or self.ready_buffer < 0:

@@ -6,8 +6,6 @@ through terminal state events, publishes TaskResults; HTTP API with OpenAPI at /
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.connection import ASGIConnection
@@ -21,9 +19,7 @@ from schemas import subjects as S
 from services.common import auth
 from services.common.bus import work_consumer
 from services.common.consumer import Consumer
-from services.common.host import ServiceHost
-from services.common.http import ops_routes
-from services.common.logs import service_logging
+from services.common.host import Declared, Every, ServiceHost, service_app
 from services.common.redact import redact_env
 from services.common.settings import load
 from services.scheduler import logic
@@ -33,7 +29,7 @@ from services.scheduler.handlers import Scheduler
 
 def consumers(sched: Scheduler) -> list[Consumer]:
     bus = sched.bus
-    events = work_consumer("scheduler-events", "polar.events.session.>", max_deliver=10)
+    events = work_consumer(S.CONSUMER_SCHEDULER_EVENTS, S.SESSION_EVENTS, max_deliver=10)
     events.filter_subject = None
     events.filter_subjects = [S.session_event(s) for s in sorted(TERMINAL_STATES)]
     return [
@@ -168,33 +164,22 @@ async def get_session(request: Request, session_id: FromPath[str]) -> Response:
 
 def create_app(config: SchedulerConfig | None = None) -> Litestar:
     cfg = config or load(SchedulerConfig)
-    host = ServiceHost("scheduler", cfg)
 
-    @asynccontextmanager
-    async def lifespan(app: Litestar):
-        await host.start()
+    async def build(host: ServiceHost) -> Declared:
         sched = Scheduler(host.bus, host.registry, cfg)
-        app.state.scheduler = sched
-        for c in consumers(sched):
-            host.consume(c)
-        host.every(cfg.reconcile_interval_seconds, sched.reconcile, "reconcile")
-        try:
-            yield
-        finally:
-            await host.stop()
+        return Declared(
+            sched,
+            consumers=consumers(sched),
+            jobs=[Every(cfg.reconcile_interval_seconds, sched.reconcile, "reconcile")],
+        )
 
-    return Litestar(
-        route_handlers=[
-            submit_task,
-            get_task,
-            cancel_task,
-            get_session,
-            *ops_routes("scheduler", host.health),
-        ],
-        lifespan=[lifespan],
+    return service_app(
+        "scheduler",
+        cfg,
+        build,
+        routes=[submit_task, get_task, cancel_task, get_session],
         guards=[credential_guard(cfg)],
         exception_handlers={NotAuthorizedException: _refused},
         openapi_config=OpenAPIConfig(title="Polar scheduler", version="1"),
         request_max_body_size=cfg.max_task_bytes + 1024,
-        logging_config=service_logging(),
     )

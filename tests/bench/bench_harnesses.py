@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from services.executor.harnesses import CLI_PRESETS  # noqa: E402
-from services.executor.harnesses.preinstall import preinstall  # noqa: E402
+from services.node.harnesses import CLI_PRESETS  # noqa: E402
+from services.node.harnesses.preinstall import preinstall  # noqa: E402
 from tests.integration.harness_stack import LEGACY_PI, Stack, harness_task  # noqa: E402
 
 VARIANTS = {

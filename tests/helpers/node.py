@@ -17,8 +17,8 @@ from services.common.bus import Bus
 from services.common.registry import Registry
 from services.executor.config import ExecutorConfig
 from services.executor.handlers import Executor
-from services.executor.harnesses import default_registry
 from services.executor.main import ready_consumer
+from services.node.harnesses import default_registry
 from services.pool.config import PoolConfig
 from services.pool.handlers import RuntimePool
 from services.runtimes.procs import TAG_SESSION, tagged_pids

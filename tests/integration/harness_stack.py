@@ -26,8 +26,8 @@ from infra.setup import LEGACY_PI  # the pi that exits 0 after a failed stream
 from infra.topology import parse_topology
 from schemas import CompletionRecord, SessionFinished, SessionStateChanged, TaskResult, decode
 from schemas import subjects as S
-from services.executor.harnesses import CLI_PRESETS
-from services.executor.harnesses.npm import Installed
+from services.node.harnesses import CLI_PRESETS
+from services.node.harnesses.npm import Installed
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "tests" / "fixtures" / "policies"
@@ -42,7 +42,7 @@ def cache_dir() -> Path:
 
 async def preinstall(cache: Path) -> dict[str, Installed]:
     """Install (or find) every CLI the tests run, and the legacy pi, in the cache."""
-    from services.executor.harnesses.preinstall import preinstall as fill
+    from services.node.harnesses.preinstall import preinstall as fill
 
     got = await fill(cache, [*CLI_PRESETS, f"pi@{LEGACY_PI}"])
     return {g.package.spec: g for g in got}

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from proxy.backends import rawhttp
 from proxy.backends.base import BackendError, ErrorKind
 from proxy.backends.http import HttpSettings, HttpWorker
+from proxy.io import rawhttp
 
 pytestmark = pytest.mark.timeout(20)
 

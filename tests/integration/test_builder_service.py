@@ -112,7 +112,7 @@ async def built_events(bus, session_id: str) -> list[TrajectoryBuilt]:
 
 async def stored(bus, session_id: str, attempt: int = 0) -> Trajectory:
     store = await bus.js.object_store(S.OBJECT_STORE)
-    obj = await store.get(logic.object_name(session_id, attempt))
+    obj = await store.get(S.trajectory_object(session_id, attempt))
     return decode(obj.data, Trajectory)
 
 
@@ -260,7 +260,7 @@ async def test_a_session_that_never_reaches_postrun_is_dead_lettered(bus, regist
     await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-never"))
     await drain(builder)
     (reason,) = await dlq_reasons(bus, sid)
-    assert reason == "session is RUNNING, not POSTRUN yet after 3 deliveries"
+    assert reason == "still not ready after 3 tries: session is RUNNING, not POSTRUN yet"
 
 
 async def test_app_serves_health_and_metrics_while_building(nats_url, redis_url, bus, registry):

@@ -261,7 +261,7 @@ async def test_export_reads_the_stored_trajectories(bus, nats_url, tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from services.export.cli import export_command
+    from services.cli.export import export_command
 
     pq = pytest.importorskip("pyarrow.parquet")
     good = [scored("cl-export", i, 3) for i in range(2)]
@@ -323,7 +323,7 @@ async def test_export_reads_the_topologys_nats_url(bus, nats_url, tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from services.export.cli import export_command
+    from services.cli.export import export_command
 
     await publish(bus, scored("cl-topo", 0, 1))
     topo = tmp_path / "topology.yaml"

@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import pytest
+from proxy.resp import Resp
+from services.common.jspub import JetStreamPublisher
 
 from infra import localservers
 from infra.credentials import with_userinfo
-from proxy.resp import Resp
 from schemas import subjects as S
 from services.cli.connect import open_bus, open_registry
 from services.cli.context import Unreachable
 from services.client import TrajectoryClient
 from services.common.bus import Bus
-from services.common.jspub import JetStreamPublisher
 from services.common.registry import Registry
 
 pytestmark = pytest.mark.asyncio

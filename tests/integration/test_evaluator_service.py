@@ -22,11 +22,11 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.common.bus import CLAIM_HEADER
-from services.common.node import node_runtime
 from services.common.registry import Registry
 from services.evaluator.config import EvaluatorConfig
 from services.evaluator.handlers import EvaluatorService
 from services.evaluator.main import consumers
+from services.node.session import node_runtime
 from services.runtimes.prepare import run_prepare
 from tests.helpers.procs import ServiceProcess
 from tests.unit.evaluators import calc_repo
@@ -168,9 +168,9 @@ async def test_waits_for_the_builder_to_advance_the_session(bus, registry, servi
         (
             f"{P}:Nope",
             {},
-            f"custom evaluator '{P}:Nope': tests.unit.evaluators.plugins has no callable 'Nope'",
+            f"custom evaluator '{P}:Nope': module 'tests.unit.evaluators.plugins' has no callable 'Nope'",
         ),
-        ("no_such_module_q:Grader", {}, "cannot import 'no_such_module_q'"),
+        ("no_such_module_q:Grader", {}, "cannot import module 'no_such_module_q'"),
         ("command", {"reward_from": "stdout"}, "config `command` must be a command line"),
     ],
 )

@@ -226,7 +226,7 @@ def test_report(batch):
 
 
 def _pinned(harness: str) -> str:
-    from services.executor.harnesses import CLI_PRESETS
+    from services.node.harnesses import CLI_PRESETS
 
     return CLI_PRESETS[harness].default_version
 

@@ -18,7 +18,7 @@ from schemas import Outcome, SessionFinished, SessionState, decode
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.registry import Registry
-from services.executor.reaper import Reaper
+from services.node.reaper import Reaper
 from services.scheduler import logic
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.handlers import Scheduler

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import Outcome
-from services.executor.harnesses.shell import ShellHarness
+from services.node.harnesses.shell import ShellHarness
 from services.scheduler import logic
 from tests.helpers.node import Node, task
 

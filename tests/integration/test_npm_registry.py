@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.executor.harnesses.npm import InstallError, is_exact, resolve_version
+from services.node.harnesses.npm import InstallError, is_exact, resolve_version
 from tests.helpers.requires import requires_npm
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""proxy.resp, the proxy's pipelined Redis client, against a real Valkey (and the session
+"""proxy.io.resp, the proxy's pipelined Redis client, against a real Valkey (and the session
 lookup built on it)."""
 
 import asyncio
@@ -7,7 +7,7 @@ import pytest
 
 from infra import localservers
 from proxy.capture import SessionStore
-from proxy.resp import RedisReplyError, RedisUnavailable, Resp, Script
+from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from services.common.registry import Registry
 from tests.helpers.stack import running_session
 

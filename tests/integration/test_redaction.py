@@ -9,13 +9,13 @@ import pytest
 
 from schemas import EvaluatorSpec, Outcome, SessionState, TaskRequest, encode
 from schemas import subjects as S
-from services.common.node import SessionPaths
 from services.common.registry import Registry
 from services.evaluator.config import EvaluatorConfig
 from services.evaluator.handlers import EvaluatorService
 from services.evaluator.logic import trajectory_msg_id
 from services.evaluator.main import consumers
 from services.export.export import export
+from services.node.session import SessionPaths
 from services.scheduler import logic
 from tests.helpers.node import Node, task
 from tests.unit.evaluators.sessions import announce, delivered, new_sessions, unscored

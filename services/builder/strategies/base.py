@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from schemas import BuildStats, CompletionRecord, Outcome, Trace, VersionSpan
+from schemas.completion import reconstruct_prompts
 
 T = TypeVar("T")
 CUT_FINISH_REASONS = frozenset({"abort", "error"})
@@ -71,23 +72,10 @@ def full_calls(records: Iterable[CompletionRecord]) -> Calls:
             duplicates.append(rec.seq)
         else:
             by_seq[rec.seq] = rec
-    full: dict[int, list[int]] = {}
-    calls, missing, void = [], [], []
-    for seq in sorted(by_seq):
-        rec = by_seq[seq]
-        if rec.void:  # a failed call's number: nothing to build
-            void.append(seq)
-            continue
-        if rec.prompt_base_seq is None:
-            prompt = list(rec.prompt_ids)
-        elif rec.prompt_base_seq in full:
-            base = full[rec.prompt_base_seq] + by_seq[rec.prompt_base_seq].output_ids
-            prompt = base[: rec.prompt_base_len] + list(rec.prompt_ids)
-        else:
-            missing.append(seq)
-            continue
-        full[seq] = prompt
-        calls.append(Call(rec, prompt))
+    missing: list[int] = []
+    prompts = reconstruct_prompts(by_seq.values(), missing)
+    calls = [Call(by_seq[seq], prompts[seq]) for seq in sorted(prompts)]
+    void = [seq for seq in sorted(by_seq) if by_seq[seq].void]
     return Calls(calls, missing, sorted(set(duplicates)), void)
 
 

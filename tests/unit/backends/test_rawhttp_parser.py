@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.backends.rawhttp import ProtocolError, ResponseParser
+from proxy.io.rawhttp import ProtocolError, ResponseParser
 
 LENGTH = (
     b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"a": [1]} '

@@ -11,6 +11,7 @@ from schemas import (
     Session,
     SessionFinished,
     SessionState,
+    subjects,
 )
 from services.builder import logic
 from services.builder.integrity import assess
@@ -58,7 +59,7 @@ def test_decide_unknown_session_and_stale_attempt():
 
 
 def test_names_are_per_attempt():
-    assert logic.object_name("s", 2) == "trajectories/s/2"
+    assert subjects.trajectory_object("s", 2) == "trajectories/s/2"
     assert logic.built_msg_id("s", 2) == "built:s:2"
 
 

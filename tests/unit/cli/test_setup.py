@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from infra import setup
-from services.executor.harnesses import CLI_PRESETS
-from services.executor.harnesses.npm import MARKER
-from services.executor.harnesses.preinstall import wanted
+from services.node.harnesses import CLI_PRESETS
+from services.node.harnesses.npm import MARKER
+from services.node.harnesses.preinstall import wanted
 from tests.helpers import requires
 
 

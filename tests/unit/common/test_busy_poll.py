@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.common.spin import BusyPoll
+from proxy.io.spin import BusyPoll
 
 
 async def test_off_when_the_budget_is_zero():

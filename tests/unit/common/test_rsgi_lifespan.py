@@ -1,4 +1,4 @@
-"""``services.common.rsgi.Lifespan``: an ASGI app's lifespan run from RSGI's init and
+"""``proxy.io.rsgi.Lifespan``: an ASGI app's lifespan run from RSGI's init and
 del hooks, each of which runs the event loop itself (as granian calls them)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from litestar import Litestar, get
 
-from services.common.rsgi import Lifespan
+from proxy.io.rsgi import Lifespan
 
 
 def _app_with(events: list[str], fail_startup: bool = False) -> Litestar:

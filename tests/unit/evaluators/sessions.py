@@ -18,7 +18,7 @@ from schemas import (
     encode,
 )
 from schemas import subjects as S
-from services.builder.logic import built_msg_id, object_name
+from services.builder.logic import built_msg_id
 
 TO_EVALUATING = ("INITIALIZING", "READY", "RUNNING", "POSTRUN", "BUILDING", "EVALUATING")
 
@@ -66,7 +66,9 @@ async def announce(
 ) -> None:
     """Store the unscored trajectory and publish TrajectoryBuilt, as the builder does."""
     store = await bus.js.object_store(S.OBJECT_STORE)
-    await store.put(object_name(trajectory.session_id, trajectory.attempt), encode(trajectory))
+    await store.put(
+        S.trajectory_object(trajectory.session_id, trajectory.attempt), encode(trajectory)
+    )
     event = TrajectoryBuilt(
         session_id=trajectory.session_id,
         task_id=trajectory.task_id,

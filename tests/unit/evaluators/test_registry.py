@@ -46,7 +46,7 @@ def test_builtins_and_fresh_instances():
     ("name", "message"),
     [
         ("nope", "unknown evaluator 'nope': use one of command, exact_answer, session_completed"),
-        ("no_such_pkg_x:Cls", "cannot import 'no_such_pkg_x'"),
+        ("no_such_pkg_x:Cls", "cannot import module 'no_such_pkg_x'"),
         (f"{P}:Missing", "has no callable 'Missing'"),
         (f"{P}:NotAnEvaluator", "has no `async def evaluate(ctx)`"),
     ],

@@ -5,7 +5,7 @@ import asyncio
 import orjson
 
 from schemas import TaskRequest, decode
-from services.executor.prewarm import Prewarm, prewarm_runtime_id
+from services.node.prewarm import Prewarm, prewarm_runtime_id
 from services.runtimes.factory import create_runtime
 from tests.unit.runtimes.support import leftovers, settled_leftovers
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from schemas import AgentSpec
-from services.executor.harnesses.base import HarnessContext
+from services.node.harnesses.base import HarnessContext
 
 TOKEN = "ps_test-token"
 PROXY = "http://127.0.0.1:8200"

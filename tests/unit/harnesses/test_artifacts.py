@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from schemas.task import LocalRuntime
-from services.executor import artifacts as A
-from services.executor.harnesses import CLI_PRESETS, default_registry
+from services.node import artifacts as A
+from services.node.harnesses import CLI_PRESETS, default_registry
 from services.runtimes.local_backend import LocalSandboxRuntime
 from tests.unit.harnesses.support import context
 

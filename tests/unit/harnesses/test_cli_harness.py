@@ -9,9 +9,9 @@ import json
 import pytest
 
 from schemas.task import LocalRuntime
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.cli import CliHarness, Variant
-from services.executor.harnesses.npm import NpmPackage, ensure_installed
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.cli import CliHarness, Variant
+from services.node.harnesses.npm import NpmPackage, ensure_installed
 from services.runtimes.base import OutputBuffer
 from services.runtimes.local_backend import LocalSandboxRuntime
 from tests.helpers.requires import requires_npm

@@ -1,8 +1,8 @@
 """The reason of a failed run is the line that is the error, from either stream."""
 
 from schemas import Outcome
-from services.executor.harnesses import default_registry
-from services.executor.harnesses.failure import ERROR, PLAIN, WARNING, failure_line, line_kind
+from services.node.harnesses import default_registry
+from services.node.harnesses.failure import ERROR, PLAIN, WARNING, failure_line, line_kind
 
 # What Claude Code printed when the engine behind the proxy had died (issue 13): a
 # catalog warning on stderr, the real error on stdout.

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from services.executor.harnesses import npm
-from services.executor.harnesses.npm import NpmPackage, ensure_installed
+from services.node.harnesses import npm
+from services.node.harnesses.npm import NpmPackage, ensure_installed
 from tests.helpers.requires import requires_npm
 from tests.unit.harnesses.support import fake_cli_tarball
 

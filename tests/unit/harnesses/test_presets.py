@@ -8,9 +8,9 @@ import tomllib
 import pytest
 
 from schemas import Outcome
-from services.executor.harnesses import CLI_PRESETS, default_registry
-from services.executor.harnesses.cli import PATH_FIRST
-from services.executor.harnesses.npm import InstallError
+from services.node.harnesses import CLI_PRESETS, default_registry
+from services.node.harnesses.cli import PATH_FIRST
+from services.node.harnesses.npm import InstallError
 from tests.unit.harnesses.support import PROXY, TOKEN, context
 
 BASE = f"{PROXY}/s/{TOKEN}"

@@ -6,7 +6,7 @@ import pytest
 
 from schemas import Session, SessionState
 from schemas.task import EvaluatorSpec
-from services.executor.reaper import FILES, KEEP, STOP, leftover_action
+from services.node.reaper import FILES, KEEP, STOP, leftover_action
 
 ST = SessionState
 

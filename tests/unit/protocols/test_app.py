@@ -11,7 +11,7 @@ from litestar.testing import TestClient
 
 from proxy.app import create_app
 from proxy.errors import ErrorKind, UpstreamError
-from proxy.serving import after_reply
+from proxy.io.serving import after_reply
 from proxy.sse import parse
 from tests.unit.protocols.app_support import (
     CHAT,

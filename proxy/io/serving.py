@@ -7,7 +7,7 @@ hands everything else (ops, admin, probes, unknown paths, lifespan) to litestar.
 
 It speaks both server interfaces: RSGI, as ``polar serve proxy`` runs it (granian: a
 request's body is one call and its answer another, ~35 µs less per call than ASGI's
-messages; litestar's routes through ``services.common.rsgi``), and ASGI (litestar's
+messages; litestar's routes through ``proxy.io.rsgi``), and ASGI (litestar's
 test client, any ASGI server). ``AsgiRequest`` and ``RsgiRequest`` give the routes the
 same few operations: read the body under a limit, wait for a disconnect, stream, answer.
 """
@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl
 
 from litestar import Litestar
 
-from services.common.rsgi import CLOSED, Lifespan, serve_asgi
+from proxy.io.rsgi import CLOSED, Lifespan, serve_asgi
 
 log = logging.getLogger("polar.proxy")
 

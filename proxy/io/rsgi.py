@@ -4,7 +4,7 @@ RSGI hands a request to Python as a scope object and a protocol whose body read 
 response are single calls into granian's Rust side, where ASGI passes a dict message
 for each step: a request answered over RSGI costs ~35 µs less (measured on these
 machines with one granian worker, 145 vs 185 µs a round trip for the same small
-answer). An app that answers its hot routes natively (``proxy.serving``) serves the
+answer). An app that answers its hot routes natively (``proxy.io.serving``) serves the
 rest through ``serve_asgi``, and runs the ASGI lifespan from RSGI's init and del hooks
 with ``Lifespan``. Only HTTP: none of Polar's services serves websockets.
 """

@@ -9,8 +9,8 @@ fallback), which the proxy serves as well. Shell tool: ``Bash {command}``.
 
 from __future__ import annotations
 
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.cli import CliHarness, Variant
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.cli import CliHarness, Variant
 
 
 class ClaudeCodeHarness(CliHarness):

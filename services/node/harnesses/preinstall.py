@@ -1,12 +1,12 @@
-"""Fill a CLI cache ahead of time: ``python -m services.executor.harnesses.preinstall``.
+"""Fill a CLI cache ahead of time: ``python -m services.node.harnesses.preinstall``.
 
 For a node (so no INIT ever waits for npm), for CI, or to build a directory to mount
 read-only into containers (``agent.settings.install_dir``). Installs each named preset
 at its pinned version (``name@version`` for another) and the Node 22 those that need it
 run on, two at a time, and prints what it took.
 
-    python -m services.executor.harnesses.preinstall --cache .state/harness-cache
-    python -m services.executor.harnesses.preinstall codex pi@0.73.1
+    python -m services.node.harnesses.preinstall --cache .state/harness-cache
+    python -m services.node.harnesses.preinstall codex pi@0.73.1
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import os
 import sys
 from pathlib import Path
 
-from services.executor.harnesses.install import CACHE_ENV
-from services.executor.harnesses.npm import Installed, ensure_installed, node_package
+from services.node.harnesses.install import CACHE_ENV
+from services.node.harnesses.npm import Installed, ensure_installed, node_package
 
 
 def wanted(names: list[str]):
     """(preset, NpmPackage, needed Node) for each ``name`` or ``name@version``."""
-    from services.executor.harnesses import CLI_PRESETS
+    from services.node.harnesses import CLI_PRESETS
 
     out = []
     for item in names or list(CLI_PRESETS):

@@ -25,8 +25,8 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from services.common.oneconn import OneConnection
-from services.common.spin import POLL
+from proxy.io.oneconn import OneConnection
+from proxy.io.spin import POLL
 
 log = logging.getLogger(__name__)
 

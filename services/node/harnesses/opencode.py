@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.cli import CliHarness, Variant, deep_merge
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.cli import CliHarness, Variant, deep_merge
 
 PROVIDER = "polar"
 

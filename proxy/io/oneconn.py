@@ -1,4 +1,4 @@
-"""The single connection of a small asyncio client (``proxy.resp``, ``jspub``): opened on
+"""The single connection of a small asyncio client (``proxy.io.resp``, ``jspub``): opened on
 first use and again after it was lost, one attempt shared by every caller waiting."""
 
 from __future__ import annotations

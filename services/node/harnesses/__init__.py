@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from services.common.plugins import Registry
-from services.executor.harnesses.base import Harness, HarnessContext, HarnessRun
-from services.executor.harnesses.claude_code import ClaudeCodeHarness
-from services.executor.harnesses.codex import CodexHarness
-from services.executor.harnesses.gemini_cli import GeminiCliHarness
-from services.executor.harnesses.opencode import OpencodeHarness
-from services.executor.harnesses.pi import PiHarness
-from services.executor.harnesses.qwen_code import QwenCodeHarness
-from services.executor.harnesses.shell import NoopHarness, ShellHarness
+from services.node.harnesses.base import Harness, HarnessContext, HarnessRun
+from services.node.harnesses.claude_code import ClaudeCodeHarness
+from services.node.harnesses.codex import CodexHarness
+from services.node.harnesses.gemini_cli import GeminiCliHarness
+from services.node.harnesses.opencode import OpencodeHarness
+from services.node.harnesses.pi import PiHarness
+from services.node.harnesses.qwen_code import QwenCodeHarness
+from services.node.harnesses.shell import NoopHarness, ShellHarness
 
 __all__ = ["CLI_PRESETS", "Harness", "HarnessContext", "HarnessRun", "default_registry"]
 

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from services.common.spin import POLL
+from proxy.io.spin import POLL
 
 _MAX_HEAD = 64 * 1024
 

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.npm import (
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.npm import (
     NPM_FLAGS,
     Installed,
     InstallError,

@@ -8,8 +8,8 @@ the model router's extra call. Shell tool: ``run_shell_command {command}``.
 
 from __future__ import annotations
 
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.cli import CliHarness, Variant, deep_merge, json_bytes
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.cli import CliHarness, Variant, deep_merge, json_bytes
 
 SETTINGS = {
     "security": {"auth": {"selectedType": "gemini-api-key"}},

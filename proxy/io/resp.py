@@ -28,8 +28,8 @@ from urllib.parse import unquote, urlsplit
 
 import hiredis
 
-from services.common.oneconn import OneConnection
-from services.common.spin import POLL
+from proxy.io.oneconn import OneConnection
+from proxy.io.spin import POLL
 
 CONNECT_TIMEOUT_S = 5.0
 

@@ -8,7 +8,7 @@ import tarfile
 
 import orjson
 
-from services.executor.harnesses.base import Harness, HarnessContext
+from services.node.harnesses.base import Harness, HarnessContext
 
 GIT = "git -c user.name=polar -c user.email=polar@localhost -c core.hooksPath=/dev/null"
 

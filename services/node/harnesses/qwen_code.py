@@ -10,8 +10,8 @@ Node, npm silently picks an old release). Shell tool: ``run_shell_command {comma
 
 from __future__ import annotations
 
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.cli import CliHarness, Variant, deep_merge, json_bytes
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.cli import CliHarness, Variant, deep_merge, json_bytes
 
 SETTINGS = {
     "privacy": {"usageStatisticsEnabled": False},

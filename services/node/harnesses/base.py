@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from schemas import AgentSpec, Outcome
-from services.executor.harnesses.failure import failure_line
+from services.node.harnesses.failure import failure_line
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from services.executor.harnesses import install
-from services.executor.harnesses.base import Harness, HarnessContext, HarnessRun
-from services.executor.harnesses.npm import InstallError, NpmPackage, resolve_version
+from services.node.harnesses import install
+from services.node.harnesses.base import Harness, HarnessContext, HarnessRun
+from services.node.harnesses.npm import InstallError, NpmPackage, resolve_version
 
 RECORD = ".polar/logs/harness.json"  # relative to HOME; collected with the session's logs
 COMMON_ENV = {

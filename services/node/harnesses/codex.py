@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import posixpath
 
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.cli import CliHarness, Variant
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.cli import CliHarness, Variant
 
 
 def config_toml(ctx: HarnessContext) -> bytes:

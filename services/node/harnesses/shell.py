@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.executor.harnesses.base import Harness, HarnessContext, HarnessRun
+from services.node.harnesses.base import Harness, HarnessContext, HarnessRun
 
 
 class ShellHarness(Harness):

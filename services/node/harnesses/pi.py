@@ -11,8 +11,8 @@ a run that prints no answer is judged an error whatever the exit code. Shell too
 from __future__ import annotations
 
 from schemas import Outcome
-from services.executor.harnesses.base import HarnessContext
-from services.executor.harnesses.cli import CliHarness, Variant, json_bytes
+from services.node.harnesses.base import HarnessContext
+from services.node.harnesses.cli import CliHarness, Variant, json_bytes
 
 PROVIDER = "polar"
 KEY_ENV = "OPENAI_API_KEY"  # the session token (HarnessContext.env)

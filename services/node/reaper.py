@@ -33,10 +33,10 @@ from schemas import subjects as S
 from schemas.task import LocalRuntime
 from services.common.bus import Bus
 from services.common.finish import fail_before_run, finish_session, may_retry
-from services.common.node import SessionPaths
 from services.common.registry import Registry
-from services.executor.prewarm import ROLE as EVAL_ROLE
-from services.executor.prewarm import prewarm_runtime_id
+from services.node.prewarm import ROLE as EVAL_ROLE
+from services.node.prewarm import prewarm_runtime_id
+from services.node.session import SessionPaths
 
 log = logging.getLogger(__name__)
 ST = SessionState

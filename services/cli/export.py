@@ -1,4 +1,4 @@
-"""The ``export`` command (``polar export``, or ``python -m services.export``)."""
+"""The ``export`` command (``polar export``): trajectories to SFT or slime files."""
 
 from __future__ import annotations
 
@@ -60,13 +60,3 @@ def export_command(
     )
     for problem in stats.unreadable:
         typer.echo(f"unreadable: {problem}", err=True)
-
-
-def main() -> None:
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("export")(export_command)
-    app(prog_name="polar-export")
-
-
-if __name__ == "__main__":
-    main()

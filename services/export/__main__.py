@@ -1,3 +1,0 @@
-from services.export.cli import main
-
-main()

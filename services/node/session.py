@@ -1,0 +1,69 @@
+"""A session on a node: where its files live, what its harness is told, its runtime."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas import Session, TaskRequest
+from services.node.harnesses.base import HarnessContext
+
+
+@dataclass(frozen=True)
+class SessionPaths:
+    """Node-side directories of one session."""
+
+    sessions_dir: Path  # runtimes keep their session directories under here
+    logs: Path  # prepare logs, harness stdout/stderr, collected harness logs
+
+    @classmethod
+    def of(cls, work_dir: str | Path, session_id: str) -> SessionPaths:
+        root = Path(work_dir).resolve()
+        return cls(sessions_dir=root / "sessions", logs=root / "logs" / session_id)
+
+
+def harness_context(
+    session: Session, task: TaskRequest, runtime, proxy_url: str, paths: SessionPaths
+) -> HarnessContext:
+    home = runtime.home
+    return HarnessContext(
+        session_id=session.session_id,
+        task_id=session.task_id,
+        attempt=session.attempt,
+        instruction=task.instruction,
+        token=session.token,
+        proxy_url=runtime.proxy_url or proxy_url,  # a sandbox may reach it through a bridge
+        agent=task.agent,
+        workdir=runtime.workdir,
+        home=home,
+        log_dir=posixpath.join(home, ".polar", "logs"),
+        artifact_dir=posixpath.join(home, ".polar", "artifacts"),
+        task_env=dict(task.runtime.env),
+    )
+
+
+def node_runtime(
+    config,
+    spec,
+    session_id: str,
+    runtime_id: str | None = None,
+    role: str = "main",
+    *,
+    harness: str | None = None,
+):
+    """A runtime of this node: a new one (``runtime_id`` None) or one that exists already
+    (prepared by the pool, or left by a process that died). ``harness``: the task's, which
+    decides what ``sandbox: auto`` means (every caller passes it: the same session gets
+    the same sandbox from the pool, the executor and the evaluator)."""
+    from services.runtimes.factory import adopt_runtime, create_runtime, with_default_sandbox
+
+    spec = with_default_sandbox(spec, harness)
+    kw = dict(
+        base_dir=SessionPaths.of(config.work_dir, session_id).sessions_dir,
+        proxy_url=config.proxy_url,
+        docker_host=config.docker_host,
+    )
+    if runtime_id is None:
+        return create_runtime(spec, session_id, role=role, **kw)
+    return adopt_runtime(spec, session_id, runtime_id, **kw)
