@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
-from proxy.resp import Resp
-from services.common.jspub import JetStreamPublisher
 
 from infra import localservers
 from infra.credentials import with_userinfo
+from proxy.io.jspub import JetStreamPublisher
+from proxy.io.resp import Resp
 from schemas import subjects as S
 from services.cli.connect import open_bus, open_registry
 from services.cli.context import Unreachable

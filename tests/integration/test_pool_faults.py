@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import nats.errors
 import pytest
-from services.executor.harnesses import default_registry
-from services.executor.reaper import Reaper
 
 from schemas import InitWork, Outcome, SessionState
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.registry import Registry
+from services.node.harnesses import default_registry
+from services.node.reaper import Reaper
 from services.pool.config import PoolConfig
 from services.pool.handlers import RuntimePool
 from tests.helpers.node import task, wait_until
