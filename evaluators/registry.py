@@ -15,6 +15,7 @@ import time
 from evaluators.base import EvalContext, EvalResult, Evaluator, EvaluatorError, checked
 from evaluators.command import CommandEvaluator
 from evaluators.exact_answer import ExactAnswer
+from evaluators.rubric import Rubric
 from evaluators.session_completed import SessionCompleted
 from evaluators.swebench import SweBench
 from evaluators.test_on_output import TestOnOutput
@@ -32,6 +33,7 @@ def default_registry() -> EvaluatorRegistry:
     reg.register("swebench", SweBench)
     reg.register("command", CommandEvaluator)
     reg.register("exact_answer", ExactAnswer)
+    reg.register("rubric", Rubric)
     return reg
 
 
