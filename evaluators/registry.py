@@ -15,6 +15,7 @@ import time
 from evaluators.base import EvalContext, EvalResult, Evaluator, EvaluatorError, checked
 from evaluators.command import CommandEvaluator
 from evaluators.exact_answer import ExactAnswer
+from evaluators.harbor import Harbor
 from evaluators.rubric import Rubric
 from evaluators.session_completed import SessionCompleted
 from evaluators.swebench import SweBench
@@ -34,6 +35,7 @@ def default_registry() -> EvaluatorRegistry:
     reg.register("command", CommandEvaluator)
     reg.register("exact_answer", ExactAnswer)
     reg.register("rubric", Rubric)
+    reg.register("harbor", Harbor)
     return reg
 
 

@@ -23,8 +23,11 @@ BUILTIN_HARNESSES = frozenset(
 )
 BUILTIN_BUILDERS = frozenset({"per_request", "prefix_merging"})
 BUILTIN_EVALUATORS = frozenset(
-    {"session_completed", "test_on_output", "swebench", "command", "exact_answer"}
-)
+    {
+        "session_completed", "test_on_output", "swebench", "command", "exact_answer",
+        "rubric", "harbor",
+    }
+)  # fmt: skip
 
 
 class _Spec(Struct, frozen=True, kw_only=True, omit_defaults=True):

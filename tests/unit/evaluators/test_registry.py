@@ -33,6 +33,7 @@ def test_builtins_and_fresh_instances():
     assert reg.names() == [
         "command",
         "exact_answer",
+        "harbor",
         "rubric",
         "session_completed",
         "swebench",
@@ -46,7 +47,10 @@ def test_builtins_and_fresh_instances():
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("nope", "unknown evaluator 'nope': use one of command, exact_answer, rubric, session_completed"),
+        (
+            "nope",
+            "unknown evaluator 'nope': use one of command, exact_answer, harbor, rubric, session_completed",
+        ),
         ("no_such_pkg_x:Cls", "cannot import module 'no_such_pkg_x'"),
         (f"{P}:Missing", "has no callable 'Missing'"),
         (f"{P}:NotAnEvaluator", "has no `async def evaluate(ctx)`"),

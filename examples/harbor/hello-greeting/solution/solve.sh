@@ -1,0 +1,2 @@
+#!/bin/bash
+printf 'Hello, Polar!' > /app/greeting.txt
