@@ -11,6 +11,22 @@ demo *ARGS:
 demo-scripted:
     {{py}} -m services.cli.main demo --scripted
 
+# The calculator task once per CLI preset and the shell agent (scripted policy): a results table.
+example-calculator *ARGS:
+    {{py}} examples/calculator/run.py {{ARGS}}
+
+# SWE-bench-shaped grading in podman containers: gold patch 1, wrong and empty 0 (examples/swebench).
+example-swebench:
+    {{py}} -m examples.swebench.run
+
+# A Harbor-format task through the stack: its reference solution 1, no work 0 (examples/harbor).
+example-harbor:
+    {{py}} -m examples.harbor.run
+
+# `polar train` at toy size on the SWE-bench-shaped instance (examples/swegym_grpo).
+example-swegym-toy:
+    {{py}} -m examples.swegym_grpo.run
+
 # Start the local dev stack (own NATS/Valkey when none is reachable).
 up *ARGS:
     {{py}} -m services.cli.main up {{ARGS}}

@@ -9,7 +9,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,17 +56,21 @@ def docker_env() -> None:
                 os.environ["DOCKER_HOST"] = line.split("=", 1)[1]
 
 
+def scripted(policy: Path, *, engine: str = "", max_run: int = 3) -> Callable[[Path], str]:
+    """``polar demo``'s topology, serving ``policy`` (for :func:`stack`)."""
+    return lambda state_dir: demo_topology(state_dir, policy, engine=engine, max_run=max_run)
+
+
 @contextlib.contextmanager
-def stack(policy: Path, *, engine: str = "", max_run: int = 3, log=print) -> Iterator:
-    """The stack up for the block (its topology yielded), then stopped."""
+def stack(topology: Callable[[Path], str], *, log=print) -> Iterator:
+    """The stack ``topology(state_dir)`` describes, up for the block (its topology
+    yielded, and the state directory as ``topo.state_dir``), then stopped."""
     cache = Path(os.environ.get("POLAR_HARNESS_CACHE", REPO / ".state" / "harness-cache"))
     os.environ["POLAR_HARNESS_CACHE"] = str(cache.absolute())  # the pool inherits it
     docker_env()
     os.chdir(REPO)  # task files name `src` paths relative to the repository
     state_dir = Path(tempfile.mkdtemp(prefix="polar-example-"))
-    topo = parse_topology(
-        demo_topology(state_dir, policy, engine=engine, max_run=max_run), "example topology"
-    )
+    topo = parse_topology(topology(state_dir), "example topology")
     t0 = time.monotonic()
     devstack.up(topo, log=lambda m: log(f"  {m}"))
     log(f"stack up in {time.monotonic() - t0:.1f}s; state in {state_dir}")

@@ -27,20 +27,32 @@ DEMO = Path(__file__).resolve().parents[2] / "infra" / "demo"
 SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator", "dashboard")
 
 
-def demo_topology(state_dir: Path) -> str:
+def demo_topology(
+    state_dir: Path,
+    policy: Path = DEMO / "policy.yaml",
+    *,
+    engine: str = "",
+    max_run: int = 4,
+) -> str:
+    """The demo's stack on free ports: ``policy`` the scripted policy the embedded model
+    serves, ``engine`` extra model-server settings (YAML flow mapping items, e.g.
+    ``threads: 2``), ``max_run`` sessions running at once."""
     ports = {name: localservers.free_port() for name in ("nats", "redis", *SERVICES)}
     proxy_url = f"http://127.0.0.1:{ports['proxy']}"
     work = state_dir / "work"
     node_cfg = f"{{work_dir: '{work}', proxy_url: '{proxy_url}'}}"
+    model_cfg = f"policy: '{policy}', served_model_name: polar-tiny" + (
+        f", {engine}" if engine else ""
+    )
     return f"""
 nats_url: nats://127.0.0.1:{ports["nats"]}
 redis_url: redis://127.0.0.1:{ports["redis"]}/0
 state_dir: '{state_dir}'
 startup_timeout_seconds: 180
-nodes: [{{name: node0, max_init: 2, ready_buffer: 2, max_run: 4}}]
+nodes: [{{name: node0, max_init: 2, ready_buffer: 2, max_run: {max_run}}}]
 backends: [{{name: embedded, kind: embedded, url: 'http://127.0.0.1:{ports["model"]}'}}]
 services:
-  model: {{port: {ports["model"]}, config: {{policy: '{DEMO / "policy.yaml"}', served_model_name: polar-tiny}}}}
+  model: {{port: {ports["model"]}, config: {{{model_cfg}}}}}
   proxy: {{port: {ports["proxy"]}, config: {{mode: token}}}}
   scheduler: {{port: {ports["scheduler"]}}}
   pool: {{port: {ports["pool"]}, config: {node_cfg}}}
