@@ -75,9 +75,12 @@ def polar_task(
     image_template: str = IMAGE_TEMPLATE,
     num_samples: int = 1,
     agent_timeout_seconds: float = 1800,
-    network: str = "none",
+    network: str = "host",
 ) -> dict[str, Any]:
-    """The Polar task of one instance (``agent``: the task's ``agent`` object)."""
+    """The Polar task of one instance (``agent``: the task's ``agent`` object).
+    ``network``: the container's; ``host`` lets the agent reach the node's proxy on
+    loopback; ``bridge`` needs the node's ``proxy_url`` set to an address containers
+    reach; ``none`` suits agents that make no model call (the grading examples)."""
     inst = dict(instance)
     image = image_of(inst, image_template)
     if not inst.get("eval_script"):
@@ -136,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--test-cmd", default=None, help="for instances without eval_script")
     p.add_argument("--image-template", default=IMAGE_TEMPLATE)
+    p.add_argument("--network", choices=("host", "bridge", "none"), default="host")
     args = p.parse_args(argv)
     agent = {"harness": args.harness, "model": args.model}
     rows = []
@@ -148,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             test_cmd=args.test_cmd,
             image_template=args.image_template,
             num_samples=args.num_samples,
+            network=args.network,
         )
         rows.append(json.dumps(task))
     out = "\n".join(rows) + ("\n" if rows else "")

@@ -34,7 +34,7 @@ PATCH_PATH = "/root/polar-agent.diff"  # outside /testbed: not part of the sessi
 
 def variants(inst: dict, wrong: str, run_id: str) -> list[dict]:
     """One task per patch; the agent applies it (the shell harness, no model call)."""
-    base = polar_task(inst, {"harness": "noop"})
+    base = polar_task(inst, {"harness": "noop"}, network="none")  # no model call
     out = []
     for name, patch in (("gold", inst["patch"]), ("wrong", wrong), ("empty", "")):
         t = copy.deepcopy(base)

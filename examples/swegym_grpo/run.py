@@ -36,7 +36,8 @@ AGENT_PATH = "/root/.polar-agent.py"  # outside /testbed: not part of the sessio
 def template(inst: dict) -> dict:
     """The task template: the instance's task with the demo's shell agent (stdlib only;
     the instance image has python3), its tool calls run in /testbed."""
-    task = polar_task(inst, {"harness": "shell"}, agent_timeout_seconds=300)
+    # host network: the agent reaches the stack's proxy on the node's loopback
+    task = polar_task(inst, {"harness": "shell"}, agent_timeout_seconds=300, network="host")
     task.pop("task_id")
     task.pop("num_samples")
     task["timeout_seconds"] = 900

@@ -39,7 +39,7 @@ def test_swe_gym_row_becomes_a_valid_task():
     req = decode_strict(orjson.dumps(task), TaskRequest)
     assert req.instruction == GYM["problem_statement"]
     assert req.runtime.image == "swebench/sweb.eval.x86_64.getmoto_1776_moto-5752:latest"
-    assert req.runtime.workdir == "/testbed" and req.runtime.network == "none"
+    assert req.runtime.workdir == "/testbed" and req.runtime.network == "host"
     assert (req.evaluator.name, req.evaluator.runtime) == ("swebench", "fresh")
     inst = req.evaluator.config["instance"]
     assert inst["FAIL_TO_PASS"] == GYM["FAIL_TO_PASS"]  # JSON strings pass through as given
