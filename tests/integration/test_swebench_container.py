@@ -44,7 +44,9 @@ def instance(tmp_path_factory):
 
 
 def grade(tmp_path: Path, inst: dict, diff: str, name: str):
-    task = decode_strict(orjson.dumps(polar_task(inst, {"harness": "noop"}, network="none")), TaskRequest)
+    task = decode_strict(
+        orjson.dumps(polar_task(inst, {"harness": "noop"}, network="none")), TaskRequest
+    )
     traj = Trajectory(
         session_id=name, task_id=task.task_id, outcome=Outcome.COMPLETED, builder="x", traces=[]
     )
