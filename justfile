@@ -23,6 +23,10 @@ example-swebench:
 example-harbor:
     {{py}} -m examples.harbor.run
 
+# The rubric evaluator (an LLM judge: the engine the proxy serves from) on the calculator task.
+example-rubric:
+    {{py}} -m examples.rubric.run
+
 # `polar train` at toy size on the SWE-bench-shaped instance (examples/swegym_grpo).
 example-swegym-toy:
     {{py}} -m examples.swegym_grpo.run
