@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 HARNESSES = ("shell", "pi", "codex", "claude_code", "gemini_cli", "opencode", "qwen_code")
 # CLI prompts are 2k-31k tokens: one prefill chunk, and every session's prompt kept cached
 ENGINE = "threads: 2, engine: {max_prefill_tokens: 32768, prefix_cache_tokens: 600000}"
+SLOW_ENGINE_MS = 1_200_000  # a model call's time limit for CLIs that have one
 
 
 def variant(task: dict, harness: str, run_id: str, scripted: bool = True) -> dict:
@@ -52,6 +53,9 @@ def variant(task: dict, harness: str, run_id: str, scripted: bool = True) -> dic
         t["instruction"] = f"[calc:{harness}] {t['instruction']}"
     env = t["runtime"].setdefault("env", {})
     env.setdefault("PATH", f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin")
+    if harness == "qwen_code":  # its client gives up on a slow call and retries (seen: two
+        # aborted calls, then an error) while a busy CPU engine prefills its 30k-token prompt
+        agent.setdefault("env", {})["QWEN_CODE_API_TIMEOUT_MS"] = str(SLOW_ENGINE_MS)
     return t
 
 

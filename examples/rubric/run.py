@@ -90,7 +90,10 @@ def main() -> int:
             if key in details:
                 console.print(f"  {key}: {json.dumps(details[key])}", highlight=False)
     judged, garbage = runs
-    ok = abs((judged.session.reward or 0) - 1.45) < 1e-9 and garbage.trajectory.get("eval_status") == "error"
+    ok = (
+        abs((judged.session.reward or 0) - 1.45) < 1e-9
+        and garbage.trajectory.get("eval_status") == "error"
+    )
     return 0 if ok else 1
 
 
