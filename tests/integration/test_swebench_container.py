@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,7 +24,12 @@ from schemas.task import DockerRuntime
 from services.runtimes import create_runtime
 from tests.helpers.requires import DOCKER_HOST, requires_docker
 
-pytestmark = requires_docker
+pytestmark = [
+    requires_docker,
+    pytest.mark.skipif(
+        shutil.which("podman") is None, reason="the images are built with podman: `just setup`"
+    ),
+]
 pytest.importorskip("swebench")
 REPO = Path(__file__).resolve().parents[2]
 
