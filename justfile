@@ -12,15 +12,15 @@ demo-scripted:
     {{py}} -m services.cli.main demo --scripted
 
 # The calculator task once per CLI preset and the shell agent (scripted policy): a results table.
-example-calculator *ARGS:
+example-calculator *ARGS: (setup "harness-clis")
     {{py}} examples/calculator/run.py {{ARGS}}
 
 # SWE-bench-shaped grading in podman containers: gold patch 1, wrong and empty 0 (examples/swebench).
-example-swebench:
+example-swebench: (setup "docker-api")
     {{py}} -m examples.swebench.run
 
 # A Harbor-format task through the stack: its reference solution 1, no work 0 (examples/harbor).
-example-harbor:
+example-harbor: (setup "docker-api")
     {{py}} -m examples.harbor.run
 
 # The rubric evaluator (an LLM judge: the engine the proxy serves from) on the calculator task.
@@ -28,7 +28,7 @@ example-rubric:
     {{py}} -m examples.rubric.run
 
 # `polar train` at toy size on the SWE-bench-shaped instance (examples/swegym_grpo).
-example-swegym-toy:
+example-swegym-toy: (setup "docker-api")
     {{py}} -m examples.swegym_grpo.run
 
 # Start the local dev stack (own NATS/Valkey when none is reachable).
