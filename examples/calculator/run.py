@@ -36,7 +36,6 @@ HERE = Path(__file__).resolve().parent
 HARNESSES = ("shell", "pi", "codex", "claude_code", "gemini_cli", "opencode", "qwen_code")
 # CLI prompts are 2k-31k tokens: one prefill chunk, and every session's prompt kept cached
 ENGINE = "threads: 2, engine: {max_prefill_tokens: 32768, prefix_cache_tokens: 600000}"
-SLOW_ENGINE_MS = 1_200_000  # a model call's time limit for CLIs that have one
 
 
 def variant(task: dict, harness: str, run_id: str, scripted: bool = True) -> dict:
@@ -53,10 +52,17 @@ def variant(task: dict, harness: str, run_id: str, scripted: bool = True) -> dic
         t["instruction"] = f"[calc:{harness}] {t['instruction']}"
     env = t["runtime"].setdefault("env", {})
     env.setdefault("PATH", f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin")
-    if harness == "qwen_code":  # its client gives up on a slow call and retries (seen: two
-        # aborted calls, then an error) while a busy CPU engine prefills its 30k-token prompt
-        agent.setdefault("env", {})["QWEN_CODE_API_TIMEOUT_MS"] = str(SLOW_ENGINE_MS)
     return t
+
+
+def why(session, timeout: float) -> str:
+    """The session's own reason when it did not complete (the CLI's error line), else the
+    evaluator's."""
+    if session is None:
+        return f"no result in {timeout:g}s"
+    if str(session.state) != "COMPLETED" and session.reason:
+        return session.reason
+    return session.eval_reason or "tests pass"
 
 
 def results_table(runs: list[Run], timeout: float) -> Table:
@@ -75,7 +81,7 @@ def results_table(runs: list[Run], timeout: float) -> Table:
             traj.get("protocol") or "-",
             str(s.state) if s else "no result",
             "-" if s is None or s.reward is None else f"{s.reward:g}",
-            (s.eval_reason or s.reason or "tests pass") if s else f"none in {timeout:g}s",
+            why(s, timeout),
             str(traj.get("stats", {}).get("completions", 0)),
             ", ".join(side) or "-",
             str(r.seconds("INITIALIZING", "READY") or "-"),
