@@ -52,6 +52,10 @@ def variant(task: dict, harness: str, run_id: str, scripted: bool = True) -> dic
         t["instruction"] = f"[calc:{harness}] {t['instruction']}"
     env = t["runtime"].setdefault("env", {})
     env.setdefault("PATH", f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin")
+    if harness == "qwen_code":  # it drops a stream that sends nothing for 240 s and retries;
+        # a busy CPU engine's prefill of its 30k-token prompt takes longer (its own error
+        # line names this variable)
+        agent.setdefault("env", {})["QWEN_STREAM_IDLE_TIMEOUT_MS"] = "1200000"
     return t
 
 
