@@ -171,6 +171,13 @@ def _ensure_server(
     state: StackState, name: str, url: str, default_port: int, start, log: Log
 ) -> bool:
     """Use the server at ``url``, or start our own there; True when we started it."""
+    if "," in url or "+sentinel" in url:  # a cluster: its own operators run it
+        log(f"{name}: using the clustered servers at {url}")
+        state.procs.append(
+            Proc(name=name, pid=None, start_ticks=None, url=url, port=0, started=False)
+        )
+        write_state(state)
+        return False
     host, port = localservers.host_port(url, default_port)
     if localservers.reachable(host, port):
         log(f"{name}: using the server at {url}")

@@ -40,6 +40,7 @@ class ServiceEntry(_Strict):
 class Topology(_Strict):
     nats_url: str = DEFAULT_NATS_URL
     redis_url: str = DEFAULT_REDIS_URL
+    nats_replicas: int = 1  # each stream's copies: 3 on a 3-node JetStream cluster
     state_dir: str = ".state"  # relative paths are under the current directory
     host: str = "127.0.0.1"  # where services listen
     startup_timeout_seconds: float = 60.0
@@ -125,6 +126,7 @@ def service_config(
         **entry.config,
         "nats_url": topo.nats_url,
         "redis_url": topo.redis_url,
+        "nats_replicas": topo.nats_replicas,
         "host": topo.host,
         "port": port,
         "node": node.name,

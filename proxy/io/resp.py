@@ -14,6 +14,11 @@ call while the engine answers it, and stores its state while JetStream acks its 
 Errors: a Redis error reply raises ``RedisReplyError``; a lost or refused connection
 raises ``RedisUnavailable`` for every command in flight, and the next command
 reconnects.
+
+Sentinel (``redis+sentinel://``, ``services/common/endpoints.py``): each (re)connect asks
+the sentinels for the master's address and checks ``ROLE`` there; a ``READONLY`` reply
+(the primary was demoted under us) drops the connection, so the next command finds the
+new primary. The fast path is unchanged: one connection, pipelined.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ import hashlib
 import ssl
 from collections.abc import Awaitable, Coroutine
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import hiredis
 
 from proxy.io.oneconn import OneConnection
 from proxy.io.spin import POLL
+from services.common.endpoints import EndpointError, RedisEndpoint, parse_redis
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -59,6 +64,8 @@ class _Protocol(asyncio.Protocol):
             if future.done():
                 continue
             if isinstance(reply, hiredis.ReplyError):
+                if str(reply).startswith("READONLY") and self.transport is not None:
+                    self.transport.close()  # a demoted primary: find the new one
                 future.set_exception(RedisReplyError(str(reply)))
             else:
                 future.set_result(reply)
@@ -90,24 +97,27 @@ class Resp:
         username: str | None = None,
         password: str | None = None,
         tls: bool = False,
+        sentinel: RedisEndpoint | None = None,
     ) -> None:
         self.host, self.port, self.db = host, port, db
         self.username, self.password, self.tls = username, password, tls
+        self.sentinel = sentinel  # set: host/port are looked up at each connect
         self._conn: OneConnection[_Protocol] = OneConnection(self._open)
 
     @classmethod
     def from_url(cls, url: str) -> Resp:
-        u = urlsplit(url)
-        if u.scheme not in ("redis", "rediss"):
-            raise ValueError(f"unsupported Redis URL scheme {u.scheme!r} (redis:// or rediss://)")
-        path = u.path.strip("/")
+        try:
+            ep = parse_redis(url)
+        except EndpointError as exc:
+            raise ValueError(str(exc)) from None
         return cls(
-            u.hostname or "127.0.0.1",
-            u.port or 6379,
-            db=int(path) if path else 0,
-            username=unquote(u.username) if u.username else None,
-            password=unquote(u.password) if u.password else None,
-            tls=u.scheme == "rediss",
+            ep.host,
+            ep.port,
+            db=ep.db,
+            username=ep.username,
+            password=ep.password,
+            tls=ep.tls,
+            sentinel=ep if ep.via_sentinel else None,
         )
 
     async def call(self, *args: Any) -> Any:
@@ -142,30 +152,64 @@ class Resp:
         return await self.call("EVAL", script.source, len(keys), *keys, *args)
 
     async def _open(self) -> _Protocol:
+        if self.sentinel is None:
+            proto = await self._dial(self.host, self.port, self.tls)
+            await self._hello(proto, self.username, self.password, self.db)
+            return proto
+        self.host, self.port = await self._master_address(self.sentinel)
+        proto = await self._dial(self.host, self.port, self.tls)
+        await self._hello(proto, self.username, self.password, self.db)
+        role = await proto.send(hiredis.pack_command(("ROLE",)))
+        if not role or role[0] != b"master":  # the sentinels have not caught up yet
+            proto.transport.close()
+            raise RedisUnavailable(f"redis at {self.host}:{self.port} is not the master yet")
+        return proto
+
+    async def _master_address(self, ep: RedisEndpoint) -> tuple[str, int]:
+        """The master's address from the first sentinel that knows it."""
+        errors = []
+        for host, port in ep.sentinels:
+            try:
+                proto = await self._dial(host, port, ep.tls)
+            except RedisUnavailable as exc:
+                errors.append(str(exc))
+                continue
+            try:
+                await self._hello(proto, ep.sentinel_username, ep.sentinel_password, 0)
+                ask = ("SENTINEL", "get-master-addr-by-name", ep.master)
+                reply = await asyncio.wait_for(
+                    proto.send(hiredis.pack_command(ask)), CONNECT_TIMEOUT_S
+                )
+            except (RedisUnavailable, RedisReplyError, TimeoutError) as exc:
+                errors.append(f"sentinel {host}:{port}: {exc}")
+                continue
+            finally:
+                proto.transport.close()
+            if reply:
+                return reply[0].decode(), int(reply[1])
+            errors.append(f"sentinel {host}:{port} knows no master {ep.master!r}")
+        raise RedisUnavailable(f"no sentinel gave the master {ep.master!r}: {'; '.join(errors)}")
+
+    async def _dial(self, host: str, port: int, tls: bool) -> _Protocol:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(
-                    _Protocol,
-                    self.host,
-                    self.port,
-                    ssl=ssl.create_default_context() if self.tls else None,
+                    _Protocol, host, port, ssl=ssl.create_default_context() if tls else None
                 ),
                 CONNECT_TIMEOUT_S,
             )
         except (OSError, TimeoutError) as exc:
-            raise RedisUnavailable(f"cannot reach redis at {self.host}:{self.port}: {exc}") from exc
-        await self._hello(proto)
+            raise RedisUnavailable(f"cannot reach redis at {host}:{port}: {exc}") from exc
         return proto
 
-    async def _hello(self, proto: _Protocol) -> None:
+    @staticmethod
+    async def _hello(proto: _Protocol, username: str | None, password: str | None, db: int) -> None:
         setup: list[tuple] = []
-        if self.password is not None:
-            setup.append(
-                ("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)
-            )
-        if self.db:
-            setup.append(("SELECT", self.db))
+        if password is not None:
+            setup.append(("AUTH", username, password) if username else ("AUTH", password))
+        if db:
+            setup.append(("SELECT", db))
         for command in setup:
             try:
                 await proto.send(hiredis.pack_command(command))

@@ -4,11 +4,11 @@ minute-long retries as in the services)."""
 from __future__ import annotations
 
 import nats
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from services.cli.context import Unreachable
 from services.common.bus import Bus
+from services.common.endpoints import nats_servers, redis_client
 from services.common.redact import redact
 from services.common.registry import Registry
 
@@ -22,7 +22,7 @@ async def _quiet_error(_: Exception) -> None:
 async def open_bus(url: str, name: str = "polar-cli") -> Bus:
     try:
         nc = await nats.connect(
-            url,
+            nats_servers(url),
             name=name,
             connect_timeout=2,
             allow_reconnect=False,
@@ -37,7 +37,7 @@ async def open_bus(url: str, name: str = "polar-cli") -> Bus:
 
 
 async def open_registry(url: str) -> Registry:
-    client = aioredis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    client = redis_client(url, socket_connect_timeout=2, socket_timeout=5)
     try:
         await client.ping()
     except (redis.exceptions.RedisError, OSError) as exc:

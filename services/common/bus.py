@@ -8,6 +8,7 @@ through ``pull_subscribe(config=...)``, which ignores config for an existing dur
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    ObjectStoreConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -26,6 +28,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
 
 from schemas import subjects as S
+from services.common.endpoints import nats_servers
 from services.common.redact import redact
 
 log = logging.getLogger(__name__)
@@ -80,13 +83,15 @@ STREAMS: tuple[StreamConfig, ...] = (
 
 
 async def connect(url: str, name: str, *, connect_timeout: float = 60.0) -> NATS:
-    """Connect, retrying the first connection too, then reconnect forever."""
+    """Connect to any of the URL's servers (comma-separated: a cluster), retrying the
+    first connection too, then reconnect forever, across the cluster's servers."""
+    servers = nats_servers(url)
     deadline = asyncio.get_running_loop().time() + connect_timeout
     delay = 0.1
     while True:
         try:
             return await nats.connect(
-                url,
+                servers,
                 name=name,
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
@@ -112,8 +117,18 @@ async def _log_disconnect() -> None:
     log.info("nats: disconnected")
 
 
-async def ensure_streams(js: JetStreamContext, streams: tuple[StreamConfig, ...] = STREAMS) -> None:
-    for cfg in streams:
+def replicated(streams: tuple[StreamConfig, ...], replicas: int) -> tuple[StreamConfig, ...]:
+    """The streams with ``replicas`` copies each (R3 on a 3-node JetStream cluster: any
+    one server can be lost without losing a message or stopping the stream)."""
+    if not 1 <= replicas <= 5:
+        raise ValueError(f"nats_replicas must be 1..5 (JetStream's limit), not {replicas}")
+    return tuple(dataclasses.replace(cfg, num_replicas=replicas) for cfg in streams)
+
+
+async def ensure_streams(
+    js: JetStreamContext, streams: tuple[StreamConfig, ...] = STREAMS, *, replicas: int = 1
+) -> None:
+    for cfg in replicated(streams, replicas):
         try:
             await js.add_stream(cfg)
         except BadRequestError:  # exists with another config: bring it up to date
@@ -121,7 +136,13 @@ async def ensure_streams(js: JetStreamContext, streams: tuple[StreamConfig, ...]
     try:
         await js.object_store(S.OBJECT_STORE)
     except (NotFoundError, BadRequestError):
-        await js.create_object_store(S.OBJECT_STORE)
+        # (nats-py 2.16 overwrites config.bucket with the bucket argument: pass both)
+        await js.create_object_store(S.OBJECT_STORE, config=ObjectStoreConfig(replicas=replicas))
+        return
+    stream = f"OBJ_{S.OBJECT_STORE}"  # an older store: bring its copies up to date
+    info = await js.stream_info(stream)
+    if (info.config.num_replicas or 1) != replicas:
+        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
 
 
 def work_consumer(
@@ -156,11 +177,11 @@ class Bus:
     publish_backoff: float = 0.25
 
     @classmethod
-    async def open(cls, url: str, name: str, *, declare: bool = True) -> Bus:
+    async def open(cls, url: str, name: str, *, declare: bool = True, replicas: int = 1) -> Bus:
         nc = await connect(url, name)
         js = nc.jetstream(timeout=10)
         if declare:
-            await ensure_streams(js)
+            await ensure_streams(js, replicas=replicas)
         return cls(nc, js)
 
     async def close(self) -> None:

@@ -65,7 +65,9 @@ class ServiceHost:
         self.registry_lost: str | None = None  # why this service stopped, once it has
 
     async def start(self, *, with_registry: bool = True) -> None:
-        self.bus = await Bus.open(self.settings.nats_url, f"polar-{self.name}")
+        self.bus = await Bus.open(
+            self.settings.nats_url, f"polar-{self.name}", replicas=self.settings.nats_replicas
+        )
         if with_registry:
             self.registry = Registry.from_url(self.settings.redis_url, publish=self.publish)
             await self.registry.redis.ping()

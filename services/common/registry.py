@@ -27,6 +27,7 @@ from schemas import (
     session_id_for,
 )
 from schemas import subjects as S
+from services.common.endpoints import redis_client
 from services.common.metrics import TRANSITIONS
 from services.common.redact import redact
 
@@ -93,7 +94,7 @@ class Registry:
 
     @classmethod
     def from_url(cls, url: str, publish: Publisher | None = None) -> Registry:
-        return cls(aioredis.from_url(url, decode_responses=False), publish)
+        return cls(redis_client(url), publish)
 
     async def close(self) -> None:
         await self.redis.aclose()

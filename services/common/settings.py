@@ -1,7 +1,8 @@
 """Service settings: a frozen msgspec Struct per service, loaded from the environment.
 
 ``polar up`` / ``polar serve`` pass a service its settings as JSON in ``POLAR_CONFIG``;
-``POLAR_NATS_URL`` and ``POLAR_REDIS_URL`` override the connection URLs. Unknown keys
+``POLAR_NATS_URL`` and ``POLAR_REDIS_URL`` override the connection URLs (their forms:
+``services/common/endpoints.py``), ``POLAR_NATS_REPLICAS`` the streams' replica count. Unknown keys
 are an error (a typo in topology.yaml must not be silently ignored).
 """
 
@@ -30,6 +31,7 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     node: str = "node0"
     # how often a service checks that the registry still holds its epoch marker
     registry_check_seconds: float = 1.0
+    nats_replicas: int = 1  # copies of each stream / store (3 on a 3-node JetStream cluster)
 
 
 def load(cls: type[T], env: dict[str, str] | None = None) -> T:
@@ -42,6 +44,11 @@ def load(cls: type[T], env: dict[str, str] | None = None) -> T:
     for key, var in (("nats_url", "POLAR_NATS_URL"), ("redis_url", "POLAR_REDIS_URL")):
         if env.get(var):
             data[key] = env[var]
+    if env.get("POLAR_NATS_REPLICAS"):
+        try:
+            data["nats_replicas"] = int(env["POLAR_NATS_REPLICAS"])
+        except ValueError:
+            raise ConfigError("POLAR_NATS_REPLICAS is not a whole number") from None
     try:
         return msgspec.convert(data, cls)
     except msgspec.ValidationError as exc:

@@ -12,7 +12,12 @@ from services.common.http import ops_routes
 from services.engine.app import create_app as create_engine_app
 from services.engine.server import ServeConfig, ensure_model_dir
 
-_STACK_KEYS = ("nats_url", "redis_url", "node")  # every stack service gets these; unused here
+_STACK_KEYS = (
+    "nats_url",
+    "redis_url",
+    "nats_replicas",
+    "node",
+)  # every stack service gets these; unused here
 
 
 def create_app() -> Litestar:

@@ -134,6 +134,7 @@ services:
         "reconcile_interval_seconds": 0.5,
         "nats_url": "nats://127.0.0.1:1",
         "redis_url": "redis://127.0.0.1:2/0",
+        "nats_replicas": 1,
         "host": "127.0.0.1",
         "port": 9000,
         "node": "node0",
