@@ -63,8 +63,15 @@ async def finish_session(
     """POSTRUN (from one of ``from_``) and the SessionFinished event; False when the
     session was no longer there to finish (cancelled or ended meanwhile)."""
     reason = redact(reason)
+    # fenced by attempt: a holder cut off past its lease, back after the session was
+    # retried elsewhere, must not finish the new attempt with the old one's results
     t = await registry.transition(
-        session.session_id, ST.POSTRUN, from_=list(from_), outcome=outcome.value, reason=reason
+        session.session_id,
+        ST.POSTRUN,
+        from_=list(from_),
+        expect_attempt=attempt,
+        outcome=outcome.value,
+        reason=reason,
     )
     if not t.ok:
         return False

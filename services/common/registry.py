@@ -294,12 +294,14 @@ class Registry:
         *,
         from_: Iterable[SessionState] | None = None,
         expect_version: int | None = None,
+        expect_attempt: int | None = None,
         reason: str | None = None,
         lease: tuple[str, float] | None = None,
         **fields: object,
     ) -> Transition:
         """Move ``session_id`` to ``to`` if its state is one of ``from_`` (default: any
-        state the state machine allows) and, if given, its version is ``expect_version``.
+        state the state machine allows) and, if given, its version is ``expect_version``
+        and its attempt ``expect_attempt`` (a holder fences its own attempt with it).
         ``lease`` (owner, ttl seconds): take the session's lease in the same atomic step."""
         allowed = ALLOWED_FROM[to] if from_ is None else frozenset(from_) & ALLOWED_FROM[to]
         now = time.time()
@@ -316,6 +318,7 @@ class Registry:
             "" if expect_version is None else str(expect_version),
             now,
             "" if lease is None else repr(now + lease[1]),
+            "" if expect_attempt is None else str(expect_attempt),
         ]
         for k, v in fields.items():
             args += [k, "" if v is None else str(v)]

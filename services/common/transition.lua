@@ -3,14 +3,17 @@
 -- ARGV[1] to-state, ARGV[2] allowed from-states as ",A,B,", ARGV[3] expected version or "",
 -- ARGV[4] now, ARGV[5] lease expiry or "" (taken with the change, in the same step, so
 -- a holder that dies right after it still leaves a lease to expire),
--- ARGV[6..] field/value pairs to set ("" deletes the field)
+-- ARGV[6] expected attempt or "" (a holder of an earlier attempt, back after its lease
+-- was lost and the session retried elsewhere, changes nothing),
+-- ARGV[7..] field/value pairs to set ("" deletes the field)
 -- Returns {1, from, version, seq} on success, {0, current, version, 0} when the CAS
 -- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
 -- transitions, so an event log can be replayed in exactly the order Redis applied it.
 -- Sessions placed on a node are also kept in per-node sets polar:node:<node>:<STATE>.
-local cur = redis.call('HMGET', KEYS[1], 'state', 'version', 'task_id', 'node')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'version', 'task_id', 'node', 'attempt')
 if not cur[1] then return {-1, '', 0, 0} end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then return {0, cur[1], tonumber(cur[2]), 0} end
+if ARGV[6] ~= '' and (cur[5] or '0') ~= ARGV[6] then return {0, cur[1], tonumber(cur[2]), 0} end
 if not string.find(ARGV[2], ',' .. cur[1] .. ',', 1, true) then
   return {0, cur[1], tonumber(cur[2]), 0}
 end
@@ -19,7 +22,7 @@ if cur[4] then redis.call('SREM', 'polar:node:' .. cur[4] .. ':' .. cur[1], sid)
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[4])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[3], ARGV[5], sid) end
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   if ARGV[i + 1] == '' then
     redis.call('HDEL', KEYS[1], ARGV[i])
   else
