@@ -49,6 +49,11 @@ setup *STEPS:
 test *ARGS: setup
     {{py}} -m pytest -q -rs {{ARGS}}
 
+# The multi-host chaos test (tests/cluster: hosts as network namespaces, faults mid-run;
+# root, ~5 min on two shared cores). Not in `just test`: it is long.
+test-cluster *ARGS:
+    {{py}} -m pytest -q -s -rs tests/cluster {{ARGS}}
+
 # Fast tests only (no servers).
 unit:
     {{py}} -m pytest -q tests/unit

@@ -62,11 +62,26 @@ def npm_missing() -> str | None:
     return None
 
 
-MISSING = {"bwrap": bwrap_missing, "docker": docker_missing, "npm": npm_missing}
+def netns_missing() -> str | None:
+    """Why the multi-host test (hosts as network namespaces) cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (`ip netns add`): run as root, as CI does"
+    if shutil.which("ip") is None:
+        return "iproute2 (`ip`) is not on PATH: `apt-get install iproute2`"
+    return None
+
+
+MISSING = {
+    "bwrap": bwrap_missing,
+    "docker": docker_missing,
+    "npm": npm_missing,
+    "netns": netns_missing,
+}
 
 requires_bwrap = pytest.mark.requires("bwrap")
 requires_docker = pytest.mark.requires("docker")
 requires_npm = pytest.mark.requires("npm")
+requires_netns = pytest.mark.requires("netns")
 
 
 def missing_reason(item: pytest.Item) -> str | None:
