@@ -9,10 +9,10 @@ import asyncio
 import time
 
 import pytest
-from proxy.resp import RedisUnavailable, Resp
 
 from infra import clusterservers as cs
 from infra.localservers import free_port
+from proxy.io.resp import RedisUnavailable, Resp
 from schemas import SessionState, TaskRequest
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer, work_consumer
