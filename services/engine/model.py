@@ -137,6 +137,75 @@ def _attend_whole(
     return torch.cat(pieces)[inverse]
 
 
+def _attend_masked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bounds: list[tuple[int, int]],
+    masks: list[torch.Tensor],
+) -> torch.Tensor:
+    """Like ``_attend_whole``, but each packed row attends under its own boolean mask
+    ([t, t], True where a query may see a key) instead of plain causality."""
+    by_length: dict[int, list[int]] = {}
+    for g, (s, e) in enumerate(bounds):
+        by_length.setdefault(e - s, []).append(g)
+    pieces, order = [], []
+    for t, members in by_length.items():
+        rows = torch.cat([torch.arange(*bounds[g], device=q.device) for g in members])
+        b = len(members)
+        qb, kb, vb = (_batched(x, rows, b, t) for x in (q, k, v))
+        mask = torch.stack([masks[g] for g in members])[:, None]
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1.0, enable_gqa=True)
+        pieces.append(out.transpose(1, 2).reshape(b * t, q.shape[1] * q.shape[2]))
+        order.append(rows)
+    perm = torch.cat(order)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return torch.cat(pieces)[inverse]
+
+
+def _pack_shared_prefixes(sequences: list[list[int]], starts: list[int]):
+    """Sequences grouped by identical prompt (``seq[:start]``), each group packed as one
+    row: the prompt once, then every member's continuation inputs (``seq[start:-1]``) at
+    the positions they have in their own sequence. Returns the packed ids and positions,
+    each row's bounds and attention mask (a continuation sees the prompt and its own
+    earlier tokens, never another member's), and per sequence the packed rows whose
+    logits predict its tokens ``seq[start:]``, in input order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for j, (seq, start) in enumerate(zip(sequences, starts, strict=True)):
+        if not 1 <= start <= len(seq):
+            raise ValueError(f"sequence {j}: start {start} outside 1..{len(seq)}")
+        groups.setdefault(tuple(seq[:start]), []).append(j)
+    ids: list[int] = []
+    positions: list[int] = []
+    bounds, masks = [], []
+    predict: list[list[int]] = [[] for _ in sequences]
+    for prompt, members in groups.items():
+        base, n = len(ids), len(prompt)
+        ids += prompt
+        positions += range(n)
+        segments = []
+        for j in members:
+            inputs = sequences[j][n:-1] if len(sequences[j]) > n else []
+            offset = len(ids) - base
+            if len(sequences[j]) > n:
+                predict[j] = [base + n - 1, *range(base + offset, base + offset + len(inputs))]
+            ids += inputs
+            positions += range(n, n + len(inputs))
+            segments.append((offset, len(inputs)))
+        t = len(ids) - base
+        mask = torch.zeros(t, t, dtype=torch.bool)
+        mask[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        for offset, m in segments:
+            mask[offset : offset + m, :n] = True
+            mask[offset : offset + m, offset : offset + m] = torch.ones(
+                m, m, dtype=torch.bool
+            ).tril()
+        bounds.append((base, base + t))
+        masks.append(mask)
+    return ids, positions, bounds, masks, predict
+
+
 class _Layer:
     """One decoder layer's weights, fused for few large ops: q|k|v and gate|up are single
     matrices, all stored transposed for ``addmm``."""
@@ -303,6 +372,36 @@ class CausalLM:
         return list(
             picked.split([e - s - start for (s, e), start in zip(bounds, starts, strict=True)])
         )
+
+    def shared_prefix_logprobs(
+        self, sequences: list[list[int]], starts: list[int]
+    ) -> list[torch.Tensor]:
+        """``sequence_logprobs``, with sequences that share their prompt (``seq[:start]``,
+        e.g. a GRPO group's samples of one question) packed so the prompt goes through the
+        model once: each continuation attends to the prompt and to itself, at its own
+        positions, so its numbers are the ones its own sequence gives (to float rounding).
+        Autograd runs through it like through ``sequence_logprobs``."""
+        device = self.embed.device
+        ids, positions, bounds, masks, predict = _pack_shared_prefixes(sequences, starts)
+        masks = [m.to(device) for m in masks]
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return _attend_masked(q, k, v, bounds, masks)
+
+        x = self._hidden(
+            torch.tensor(ids, dtype=torch.long, device=device),
+            torch.tensor(positions, device=device),
+            attend,
+        )
+        rows = torch.tensor([r for p in predict for r in p], dtype=torch.long, device=device)
+        logprobs = torch.log_softmax(self._logits(x[rows]), dim=-1)
+        targets = torch.tensor(
+            [t for seq, start in zip(sequences, starts, strict=True) for t in seq[start:]],
+            dtype=torch.long,
+            device=device,
+        )
+        picked = logprobs.gather(1, targets[:, None])[:, 0]
+        return list(picked.split([len(p) for p in predict]))
 
     def new_cache(self) -> KVCache:
         c = self.config

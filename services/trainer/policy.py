@@ -1,5 +1,6 @@
 """The policy being trained: Hugging Face weights as parameters, the engine's own forward
-(``CausalLM.sequence_logprobs``, so the trainer's numbers are the sampler's), AdamW.
+(``CausalLM.shared_prefix_logprobs``: the math the engine samples with, each shared
+prompt once), AdamW.
 
 ``train_step`` is one optimizer step on a batch of samples; it checks, before stepping,
 that on-policy tokens (sampled by exactly the weights held now) recompute to their
@@ -116,7 +117,10 @@ class Policy:
 
     def logprobs(self, samples: list[Sample], model: CausalLM | None = None) -> list[torch.Tensor]:
         model = model or self.model()
-        return model.sequence_logprobs([s.tokens for s in samples], [s.prompt_len for s in samples])
+        # a group's samples share their prompt: it goes through the forward once
+        return model.shared_prefix_logprobs(
+            [s.tokens for s in samples], [s.prompt_len for s in samples]
+        )
 
     # -- checkpoints ------------------------------------------------------------------
     def save(self, out: Path) -> None:
@@ -166,9 +170,12 @@ def on_policy(sample: Sample, version: int) -> bool:
     return sample.versions == (str(version),)
 
 
-def train_step(policy: Policy, samples: list[Sample], version: int, s: StepSettings) -> StepStats:
+def train_step(
+    policy: Policy, samples: list[Sample], version: int, s: StepSettings, *, check: bool = True
+) -> StepStats:
     """One optimizer step on ``samples`` at weights ``version``. Raises MismatchError before
-    stepping when an on-policy token recomputes more than the threshold off."""
+    stepping when an on-policy token recomputes more than the threshold off (``check``: off
+    for a batch's later updates, whose weights have already moved from the sampler's)."""
     t0 = time.perf_counter()
     stats = StepStats(samples=len(samples))
     weights = sample_weights(samples, version, s, stats)
@@ -188,7 +195,8 @@ def train_step(policy: Policy, samples: list[Sample], version: int, s: StepSetti
     rows = policy.logprobs(batch)
     logp = _mask_select(rows, masks, dev)
     behavior = _flat([x.behavior for x in batch], masks, dev)
-    _check_mismatch(rows, batch, version, s.mismatch_threshold, stats)
+    if check:
+        _check_mismatch(rows, batch, version, s.mismatch_threshold, stats)
     adv = _flat([[x.advantage] * len(x.mask) for x in batch], masks, dev)
     w = _flat([[wt] * len(x.mask) for x, wt in chosen], masks, dev)
     ref = None

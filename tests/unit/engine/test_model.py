@@ -155,3 +155,39 @@ def test_sequence_logprobs_of_a_ragged_batch_match_each_sequence_alone(model, mo
         assert max(abs(a - b) for a, b in zip(row.tolist(), alone, strict=True)) < 1e-5
     sum(r.sum() for r in rows).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params.values())
+
+
+def test_shared_prefix_logprobs_match_each_sequence_alone(model, model_dir):
+    """The trainer's packed forward: samples sharing a prompt (a GRPO group) put the prompt
+    through once, and each sample's logprobs and gradients are still its own sequence's:
+    a member cannot see another member's tokens, and positions continue from the prompt."""
+    from services.engine.model import CausalLM
+    from services.engine.weights import load_tensors
+
+    rng = random.Random(5)
+    prompts = [[rng.randrange(4096) for _ in range(n)] for n in (7, 7, 4)]
+    seqs, starts = [], []
+    for p in prompts:
+        for n in (1, 3, 2, 3):
+            seqs.append(p + [rng.randrange(4096) for _ in range(n)])
+            starts.append(len(p))
+    seqs.append(prompts[0][:5])  # a sequence with nothing after its start
+    starts.append(5)
+    tensors = load_tensors(model_dir)
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in tensors.items()}
+    rows = CausalLM(model.config, params).shared_prefix_logprobs(seqs, starts)
+    assert rows[-1].shape == (0,)
+    for row, seq, start in zip(rows, seqs, starts, strict=True):
+        alone = model.teacher_forced_logprobs(seq, start) if start < len(seq) else []
+        assert row.shape == (len(seq) - start,)
+        assert max((abs(a - b) for a, b in zip(row.tolist(), alone, strict=True)), default=0) < 1e-5
+    # the same gradient as the unpacked forward
+    sum(r.sum() for r in rows).backward()
+    ref = {k: torch.nn.Parameter(v.clone()) for k, v in tensors.items()}
+    plain = CausalLM(model.config, ref).sequence_logprobs(seqs[:-1], starts[:-1])
+    sum(r.sum() for r in plain).backward()
+    for k in params:  # float32 sums in another order: equal to rounding
+        diff = float((params[k].grad - ref[k].grad).abs().max())
+        assert diff <= 1e-4 * (1 + float(ref[k].grad.abs().max())), (k, diff)
+    with pytest.raises(ValueError, match="start 0"):
+        CausalLM(model.config, tensors).shared_prefix_logprobs([[1, 2]], [0])
