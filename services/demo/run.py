@@ -51,6 +51,7 @@ class Recipe:
     rollout_ahead: int = 2
     max_run: int = 16
     lr: float = 1e-3
+    updates_per_batch: int = 4  # PPO epochs: rollouts are the dear part, an update is cheap
     eval_every: int = 5
     sft_steps: int = 60
     sft_batch: int = 32
@@ -90,6 +91,7 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
         "grad_clip": 1.0,
         "skip_zero_advantage": True,  # questions all 8 samples got right (or wrong) teach nothing
         "clip_eps": 0.2,
+        "updates_per_batch": recipe.updates_per_batch,
         "keep_checkpoints": 2,
         "eval": {"every": recipe.eval_every, "at_start": True, "at_end": True, "priority": 10},
     }

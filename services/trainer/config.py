@@ -100,6 +100,10 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     # then covers only the samples that went through the forward
     skip_zero_advantage: bool = False
     mismatch_threshold: Positive = 1e-4
+    # optimizer steps on each step's batch (PPO epochs): the later ones reuse the samples,
+    # their ratio against the captured logprobs applied and clipped; the mismatch check
+    # runs on the first, before the weights move
+    updates_per_batch: Annotated[int, Meta(ge=1)] = 1
     eval: EvalConfig = EvalConfig()
 
     @property

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -53,9 +54,42 @@ def summary(seed_dir: Path, target: float) -> dict:
         if steps
         else None,
         "sync_s": round(statistics.median(s["sync_s"] for s in steps), 3) if steps else None,
+        "checkpoint_s": round(statistics.median(s["checkpoint_s"] for s in steps), 3)
+        if steps
+        else None,
+        "demo_wall_s": round(meta["ended"] - t0, 1) if "ended" in meta else None,
         "load": meta.get("load"),
         "curve": [(round(e["time"] - t0, 1), e["step"], round(e["accuracy"], 3)) for e in evals],
     }
+
+
+def table(rows: list[dict], target: float) -> list[str]:
+    """The rows as the Markdown table docs/benchmarks.md shows."""
+    out = [
+        f"| seed | held-out at step 0 | first >= {target} (s since the demo's start, step) "
+        "| best | final | steps | median step / train / wait / checkpoint / sync s "
+        "| demo wall | load avg at start |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        hit = (
+            "not reached"
+            if r["reached_s"] is None
+            else f"{r['reached_s']:.0f} s, step {r['reached_step']}"
+        )
+        split = " / ".join(
+            str(r[k]) for k in ("step_s", "train_s", "wait_s", "checkpoint_s", "sync_s")
+        )
+        wall = "-" if r["demo_wall_s"] is None else f"{r['demo_wall_s']:.0f} s"
+        load = "-" if not r["load"] else f"{r['load'][0]:.1f}"
+        out.append(
+            f"| {r['seed']} | {r['acc_step0']:.3f} | {hit} | {r['best_acc']:.3f} "
+            f"| {r['final_acc']:.3f} | {r['steps']} | {split} | {wall} | {load} |"
+        )
+    reached = sum(r["reached_s"] is not None and r["reached_s"] <= 300 for r in rows)
+    out.append("")
+    out.append(f"{reached} of {len(rows)} seeds reached {target} within 300 s.")
+    return out
 
 
 def plot(rows: list[dict], out: Path, target: float, budget: float) -> None:
@@ -95,15 +129,20 @@ def main() -> None:
     if args.replot is None:
         for seed in args.seeds:
             seed_dir = root / f"seed{seed}"
-            import time
 
             meta = {"seed": seed, "started": time.time(), "load": os.getloadavg()}
             seed_dir.mkdir(parents=True, exist_ok=True)
             (seed_dir / "bench.json").write_text(json.dumps(meta))
             run(Console(), Recipe(seed=seed), seed_dir)
+            meta["ended"] = time.time()
+            (seed_dir / "bench.json").write_text(json.dumps(meta))
     rows = [summary(d, recipe.target) for d in sorted(root.glob("seed*"))]
     for r in rows:
         print(json.dumps(r))
+    print("\n".join(table(rows, recipe.target)))
+    for r in rows:
+        curve = ", ".join(f"({t:.0f}, {st}, {a:.2f})" for t, st, a in r["curve"])
+        print(f"seed {r['seed']} curve (s, step, acc): {curve}")
     plot(rows, args.plot, recipe.target, recipe.budget_seconds)
     print(f"plot: {args.plot}")
 

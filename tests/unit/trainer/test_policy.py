@@ -107,6 +107,20 @@ def test_a_mismatch_above_the_threshold_fails_the_step_before_it_steps(policy):
     assert not changed(before, policy)
 
 
+def test_a_batch_s_later_updates_skip_the_check_and_their_ratio_is_clipped(policy):
+    """``updates_per_batch``: after the first update the weights are no longer the
+    sampler's, so a checked second update would fail; unchecked, its ratio moves off 1 and
+    the PPO clip applies to it."""
+    samples = make_samples(load_model(tiny_model_dir()))
+    train_step(policy, samples, 0, SETTINGS)
+    with pytest.raises(MismatchError):
+        train_step(policy, samples, 0, SETTINGS)
+    before = snapshot(policy)
+    later = train_step(policy, samples, 0, SETTINGS, check=False)
+    assert changed(before, policy)
+    assert later.mismatch_max is None and later.ratio_max != 1.0
+
+
 def test_stale_samples_skip_the_check_and_are_dropped_past_the_bound(policy):
     model = load_model(tiny_model_dir())
     stale = make_samples(model, version="3")

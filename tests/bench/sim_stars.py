@@ -1,0 +1,236 @@
+"""The learning demo's recipe in process: held-out accuracy against *steps*, no stack.
+
+The same model (``services.demo.warmstart``), the same warm start, the same task split
+and training-line sampler (``services.demo.stars``), the same advantages
+(``services.trainer.batch.group_samples`` rule: one group per prompt) and the same
+``services.trainer.policy.train_step``; only the sampling is done here (the model's own
+forward at temperature 1, up to 4 tokens, like the engine) instead of through the
+stack, so a recipe's learning speed is measured in steps, free of the machine's load.
+Samples are on-policy (``rollout_ahead`` 0) unless ``--lag`` trains each step on the
+batch sampled ``lag`` versions earlier, as the demo's pipeline does.
+
+    python tests/bench/sim_stars.py --seeds 0 1 2 --steps 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from services.common.tokenization.tokenizer import ChatTokenizer
+from services.demo import stars
+from services.demo.run import Recipe
+from services.demo.warmstart import Prompts, create_model, warm_start
+from services.trainer.batch import Sample
+from services.trainer.objective import advantages
+from services.trainer.policy import Policy, StepSettings, train_step
+
+MAX_TOKENS = 4
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], end: int, temperature: float, gen):
+    """Sampled (or greedy, temperature 0) responses and their logprobs at temperature 1."""
+    seqs = [list(p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    lps: list[list[float]] = [[] for _ in prompts]
+    live = list(range(len(prompts)))
+    for _ in range(MAX_TOKENS):
+        if not live:
+            break
+        # identical sequences (8 samples of one prompt) go through the forward once
+        keys = [tuple(seqs[i]) for i in live]
+        uniq = list(dict.fromkeys(keys))
+        at = {k: j for j, k in enumerate(uniq)}
+        logits = _last_logits(model, [list(k) for k in uniq])[[at[k] for k in keys]]
+        logp = torch.log_softmax(logits, dim=-1)
+        if temperature == 0:
+            toks = logits.argmax(-1)
+        else:
+            toks = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[
+                :, 0
+            ]
+        nxt = []
+        for j, i in enumerate(live):
+            t = int(toks[j])
+            outs[i].append(t)
+            lps[i].append(float(logp[j, t]))
+            seqs[i].append(t)
+            if t != end:
+                nxt.append(i)
+        live = nxt
+    return outs, lps
+
+
+def _last_logits(model, seqs: list[list[int]]) -> torch.Tensor:
+    # the trainer's whole-sequence forward; the logits of each sequence's last position
+    from services.engine.model import _attend_whole, _bounds
+
+    bounds = _bounds([len(s) for s in seqs])
+    positions = torch.cat([torch.arange(len(s)) for s in seqs])
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
+    x = model._hidden(ids, positions, lambda i, q, k, v: _attend_whole(q, k, v, bounds))
+    return model._logits(x[[e - 1 for _, e in bounds]])
+
+
+def text_of(tok, ids: list[int], end: int) -> str:
+    return tok.tokenizer.decode([t for t in ids if t != end])
+
+
+def heldout_accuracy(policy: Policy, prompts: Prompts, lines: list[str]) -> float:
+    outs, _ = generate(policy.model(), [prompts.prompt(x) for x in lines], prompts.end, 0, None)
+    right = sum(
+        text_of(prompts.tok, o, prompts.end).strip() == stars.answer(x)
+        for o, x in zip(outs, lines, strict=True)
+    )
+    return right / len(lines)
+
+
+def settings(objective: str = "grpo") -> StepSettings:
+    return StepSettings(
+        objective=objective,
+        eps_low=0.2,
+        eps_high=0.2,
+        ratio_cap=3.0,
+        kl_coef=0.0,
+        max_staleness=4,
+        stale_policy="drop",
+        stale_weight=0.1,
+        dr_grpo_max_tokens=256,
+        skip_zero_advantage=True,
+        mismatch_threshold=1e-4,
+        grad_clip=1.0,
+    )
+
+
+def batch(policy, prompts, lines, group, version, gen, objective, temperature) -> list[Sample]:
+    flat = [x for x in lines for _ in range(group)]
+    outs, lps = generate(
+        policy.model(), [prompts.prompt(x) for x in flat], prompts.end, temperature, gen
+    )
+    rewards = [
+        float(text_of(prompts.tok, o, prompts.end).strip() == stars.answer(x))
+        for o, x in zip(outs, flat, strict=True)
+    ]
+    samples = []
+    for q, line in enumerate(lines):
+        rs = rewards[q * group : (q + 1) * group]
+        advs = advantages(rs, objective)
+        for j in range(group):
+            k = q * group + j
+            p = prompts.prompt(line)
+            samples.append(
+                Sample(
+                    task_id="sim",
+                    session_id=f"s{j}",
+                    trace_index=q,
+                    tokens=[*p, *outs[k]],
+                    prompt_len=len(p),
+                    mask=[1] * len(outs[k]),
+                    behavior=lps[k],
+                    versions=(str(version),),
+                    reward=rs[j],
+                    advantage=advs[j],
+                )
+            )
+    return samples
+
+
+def run_seed(seed: int, args, work: Path) -> dict:
+    recipe = Recipe(seed=seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    base = create_model(work / f"init{seed}", seed)
+    ws = warm_start(
+        base,
+        work / f"warm{seed}",
+        seed=seed,
+        steps=args.sft_steps or recipe.sft_steps,
+        batch=args.sft_batch or recipe.sft_batch,
+        lr=args.sft_lr or recipe.sft_lr,
+    )
+    policy = Policy(ws.model_dir, lr=args.lr or recipe.lr, device="cpu")
+    prompts = Prompts(ChatTokenizer.load(ws.model_dir))
+    train, heldout = stars.split()
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    s = settings(args.objective)
+    questions = args.questions or recipe.questions
+    group = args.group or recipe.group_size
+    curve, pending = [], []
+    t0 = time.perf_counter()
+    train_s = 0.0
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0:
+            curve.append((step, round(heldout_accuracy(policy, prompts, heldout), 3)))
+        if step == args.steps:
+            break
+        lines = stars.training_lines(rng, questions, train)
+        pending.append(
+            batch(policy, prompts, lines, group, step, gen, args.objective, args.temperature)
+        )
+        if len(pending) <= args.lag:
+            continue
+        todo = pending.pop(0)
+        for e in range(args.epochs):
+            train_s += train_step(policy, todo, step, s, check=e == 0).train_seconds
+    accs = [a for _, a in curve]
+    hit = next((st for st, a in curve if a >= args.target), None)
+    return {
+        "seed": seed,
+        "acc_step0": accs[0],
+        "first_ge_target_step": hit,
+        "best": max(accs),
+        "final": accs[-1],
+        "warm_start_s": round(ws.seconds, 1),
+        "median_train_s": round(train_s / max(1, args.steps), 3),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "curve": curve,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--questions", type=int, default=0)
+    ap.add_argument("--group", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=0.0)
+    ap.add_argument("--sft-steps", type=int, default=0)
+    ap.add_argument("--sft-batch", type=int, default=0)
+    ap.add_argument("--sft-lr", type=float, default=0.0)
+    ap.add_argument("--objective", default="grpo")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lag", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--target", type=float, default=0.6)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            r = run_seed(seed, args, Path(tmp))
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    hits = [r["first_ge_target_step"] for r in rows]
+    print(
+        json.dumps(
+            {
+                "args": vars(args),
+                "reached": sum(h is not None for h in hits),
+                "worst_step": None if None in hits else max(hits),
+                "median_final": statistics.median(r["final"] for r in rows),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
