@@ -9,7 +9,8 @@ stack, so a recipe's learning speed is measured in steps, free of the machine's 
 Samples are on-policy (``rollout_ahead`` 0) unless ``--lag`` trains each step on the
 batch sampled ``lag`` versions earlier, as the demo's pipeline does.
 
-    python tests/bench/sim_stars.py --seeds 0 1 2 --steps 150
+    python tests/bench/sim_stars.py --seeds 0 1 2 --steps 120 --eval-every 10
+    python tests/bench/sim_stars.py --seeds 2 --epochs 1 --lr 3e-3   # another recipe
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
         if len(pending) <= args.lag:
             continue
         todo = pending.pop(0)
-        for e in range(args.epochs):
+        for e in range(args.epochs or recipe.updates_per_batch):
             train_s += train_step(policy, todo, step, s, check=e == 0).train_seconds
     accs = [a for _, a in curve]
     hit = next((st for st, a in curve if a >= args.target), None)
@@ -210,7 +211,7 @@ def main() -> None:
     ap.add_argument("--objective", default="grpo")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lag", type=int, default=0)
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=0, help="updates per batch (the Recipe's)")
     ap.add_argument("--target", type=float, default=0.6)
     args = ap.parse_args()
     rows = []
