@@ -173,6 +173,8 @@ async def test_rollouts_ahead_are_stale_and_a_stale_group_is_clipped_as_configur
         and (
             (s.advantage > 0 and math.exp(lp - b) > 1 + eps)
             or (s.advantage < 0 and math.exp(lp - b) < 1 - eps)
+            # the dual clip: a negative-advantage token's ratio weight held at the cap
+            or (s.advantage < 0 and math.exp(lp - b) > settings.ratio_cap)
         )
     )
     assert expected > 0 and stats.clip_fraction == pytest.approx(expected / len(ratios))
