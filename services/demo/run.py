@@ -51,7 +51,9 @@ class Recipe:
     rollout_ahead: int = 2
     max_run: int = 16
     lr: float = 1e-3
-    updates_per_batch: int = 4  # PPO epochs: rollouts are the dear part, an update is cheap
+    # PPO epochs: 4 learn faster in process (sim_stars.py) but collapsed seed 1 through the
+    # stack (stale batches, docs/benchmarks.md); 1 until a quiet-machine run says otherwise
+    updates_per_batch: int = 1
     eval_every: int = 5
     sft_steps: int = 60
     sft_batch: int = 32
