@@ -23,6 +23,7 @@ _CONTEXT_PHRASES = (
     "context window",
     "maximum context",
     "longer than the model",
+    "maximum model length",  # vLLM 0.32 tokens-in: "The decoder prompt (length N) is ..."
     "prompt is too long",
     "too many tokens",
 )

@@ -7,7 +7,8 @@ start instead of being silently dropped::
     settings (every kind):  health_interval_s, failure_threshold, http: {timeout_s, ...}
       sglang | embedded:    pause_mode (abort | retract | in_place; unset: the server's)
       vllm:                 pause_mode (abort | wait | keep), reload_path (a deployment's
-                            reload-from-disk endpoint; stock vLLM has none)
+                            own reload endpoint; unset: stock vLLM's /collective_rpc
+                            reload_weights)
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """vLLM client (one worker): the I/O shell around ``vllm_wire``.
 
-vLLM puts no weight version on answers; the client stamps the version it last observed
-(``GET /weight_info`` where the server has it, or the one it set itself). Pause/resume
-and ``/weight_info`` are vLLM's RL endpoints (dev mode); a server without them answers
-404, which surfaces as ``unsupported``. Stock vLLM has no "reload weights from disk"
-HTTP endpoint: pass ``reload_path`` for a deployment that adds one.
+Tokens-in answers carry per-choice weight-version spans (0.32); chat answers do not, and
+get the version the client last observed (``GET /weight_info``, or the one it set
+itself; ``"default"`` means none was set). Pause/resume, ``/weight_info``,
+``/collective_rpc`` and ``/update_weight_version`` are vLLM's dev-mode endpoints
+(``VLLM_SERVER_DEV_MODE=1``); a server without them answers 404, which surfaces as
+``unsupported``. Reload from disk is ``POST /collective_rpc {"method": "reload_weights",
+"kwargs": {"weights_path": DIR}}`` then ``/update_weight_version``; ``reload_path``
+names a deployment's own reload endpoint instead (posted ``{model_path, weight_version}``).
+The tokens-in ``/inference/v1/generate`` needs ``--enable-scale-out`` (403 without it):
+token mode then uses ``/v1/completions`` with a token-id prompt.
 """
 
 from __future__ import annotations
@@ -130,7 +135,10 @@ class VLLMBackend:
             try:
                 await self._generate(req, path)
             except BackendError as exc:
-                if exc.kind not in (ErrorKind.NOT_FOUND, ErrorKind.BAD_RESPONSE):
+                # 403: the endpoint exists but is off (vLLM without --enable-scale-out)
+                if exc.kind not in (ErrorKind.NOT_FOUND, ErrorKind.BAD_RESPONSE) and (
+                    exc.status != 403
+                ):
                     raise
                 problems.append(f"{path}: {exc.message}")
                 continue
@@ -157,16 +165,14 @@ class VLLMBackend:
         await self._control("POST", "/reset_prefix_cache")
 
     async def update_weights_from_disk(self, path: str, version: str | None = None) -> str | None:
-        if self.reload_path is None:
-            raise BackendError(
-                ErrorKind.UNSUPPORTED,
-                f"{self.base_url}: stock vLLM has no reload-from-disk endpoint; "
-                "configure reload_path for a server that adds one",
-                worker=self.base_url,
+        if self.reload_path is not None:
+            await self._control(
+                "POST", self.reload_path, {"model_path": path, "weight_version": version}
             )
-        await self._control(
-            "POST", self.reload_path, {"model_path": path, "weight_version": version}
-        )
+        else:
+            await self._control("POST", "/collective_rpc", wire.reload_weights_body(path))
+        # the prefix cache holds KV the old weights computed: a hit would mix the two
+        await self.flush_cache()
         if version is not None:
             await self._control("POST", "/update_weight_version", {"new_version": version})
             self._version = version
@@ -190,8 +196,7 @@ class VLLMBackend:
             if exc.kind is ErrorKind.NOT_FOUND:
                 return None
             raise
-        value = doc.get("weight_version")
-        return None if value is None else str(value)
+        return wire.version_or_none(doc.get("weight_version"))
 
     async def _control(self, method: str, path: str, body: Any = None, params=None) -> None:
         try:
@@ -200,8 +205,8 @@ class VLLMBackend:
             if exc.kind is ErrorKind.NOT_FOUND:
                 raise BackendError(
                     ErrorKind.UNSUPPORTED,
-                    f"{self.base_url}: vLLM has no {path} here (RL endpoints need a recent "
-                    "vLLM with VLLM_SERVER_DEV_MODE=1)",
+                    f"{self.base_url}: vLLM has no {path} here (its RL endpoints need "
+                    "VLLM_SERVER_DEV_MODE=1 in the server's environment)",
                     status=404,
                     worker=self.base_url,
                 ) from None

@@ -10,6 +10,13 @@ Shapes by version (tests/fixtures/backends/vllm/*, README there says where each 
                      come from ``choices[].token_ids`` or, on servers without
                      ``return_token_ids``, from ``logprobs.tokens`` spelled "token_id:N"
                      (``return_tokens_as_token_ids``).
+                     0.32 (recorded): generate logprob entries are {token_id, logprob, rank,
+                     top_logprobs}, no prompt echo, and ``choices[].weight_versions``
+                     [{version, start, end}] spans of output positions ("default" before
+                     any /update_weight_version: no version).
+  stop tokens        the stop token is the last output id (and has a logprob); its
+                     ``stop_reason`` is null for the tokenizer's end token, the id for a
+                     generation_config extra end token, the string for a stop string.
   errors             flat {"object": "error", ...} before ~0.11, nested {"error": {...}} after.
 """
 
@@ -35,6 +42,11 @@ from proxy.backends.wire import (
 GENERATE_PATH = "/inference/v1/generate"
 COMPLETIONS_PATH = "/v1/completions"
 _LOGPROBS = 1  # the sampled token's logprob is always included alongside the top-1
+NO_VERSION = "default"  # vLLM's weight version before anyone set one
+
+
+def version_or_none(value: Any) -> str | None:
+    return None if value is None or str(value) == NO_VERSION else str(value)
 
 
 def build_chat_body(req: ChatRequest, default_model: str) -> dict[str, Any]:
@@ -47,6 +59,11 @@ def build_generate_body(req: TokenRequest, model: str) -> dict[str, Any]:
     params = openai_sampling(req.sampling)
     params["logprobs"] = _LOGPROBS
     return {"model": model, "token_ids": req.input_ids, "sampling_params": params, "stream": False}
+
+
+def reload_weights_body(path: str) -> dict[str, Any]:
+    """``POST /collective_rpc``: every worker reloads its weights from ``path``."""
+    return {"method": "reload_weights", "kwargs": {"weights_path": path}}
 
 
 def build_completions_body(req: TokenRequest, model: str) -> dict[str, Any]:
@@ -85,6 +102,38 @@ def _content_output(choice: dict[str, Any], worker: str) -> tuple[list[int], lis
     return ids, float_logprobs([c.get("logprob") for c in content], "logprobs.content", worker)
 
 
+def stop_matched(choice: dict[str, Any], ids: list[int]) -> int | str | None:
+    """What ended a "stop" answer, as the embedded engine says it: the stop string, or
+    the stop token id (vLLM leaves ``stop_reason`` null for the tokenizer's own end
+    token, which is then the last output id)."""
+    found = matched_stop(None, choice)
+    if found is None and choice.get("finish_reason") in ("stop", "tool_calls") and ids:
+        return ids[-1]
+    return found
+
+
+def weight_spans(
+    choice: dict[str, Any], n_output: int, worker: str = ""
+) -> tuple[list[str], list[int]]:
+    """``(weight_versions, weight_version_starts)`` from ``choices[].weight_versions``
+    (``[{version, start, end}]``), the embedded engine's shape; empty when absent or when
+    no version was ever set."""
+    spans = choice.get("weight_versions")
+    if not spans:
+        return [], []
+    if not isinstance(spans, list) or not all(isinstance(x, dict) for x in spans):
+        raise bad_response("choices[0].weight_versions is not a list of spans", worker)
+    versions = [str(x.get("version")) for x in spans]
+    starts = int_ids([x.get("start") for x in spans], "weight_versions[].start", worker)
+    if starts and (starts[0] != 0 or starts != sorted(starts) or starts[-1] > n_output):
+        raise bad_response(
+            f"weight_versions starts {starts} do not split {n_output} output tokens", worker
+        )
+    if all(v == NO_VERSION for v in versions):
+        return [], []
+    return versions, starts
+
+
 def _first_choice(body: dict[str, Any], worker: str) -> dict[str, Any]:
     choices = body.get("choices") or []
     if not choices:
@@ -106,7 +155,7 @@ def parse_chat(
         output_ids=ids,
         output_logprobs=lps,
         finish_reason=normalize_finish(choice.get("finish_reason")),
-        matched_stop=matched_stop(None, choice),
+        matched_stop=stop_matched(choice, ids),
         weight_version=weight_version,
         text=message.get("content") or "",
         reasoning=reasoning_text(message),
@@ -146,13 +195,16 @@ def parse_completions(
 
 
 def _token_generation(req, ids, lps, choice, body, worker, weight_version) -> Generation:
+    versions, starts = weight_spans(choice, len(ids), worker)
     return Generation(
         prompt_ids=list(req.input_ids),
         output_ids=ids,
         output_logprobs=lps,
         finish_reason=normalize_finish(choice.get("finish_reason")),
-        matched_stop=matched_stop(None, choice),
-        weight_version=weight_version,
+        matched_stop=stop_matched(choice, ids),
+        weight_version=versions[-1] if versions else weight_version,
+        weight_versions=versions,
+        weight_version_starts=starts,
         text=choice.get("text") or "",
         served_model=body.get("model") or "",
         worker=worker,

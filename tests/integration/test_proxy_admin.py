@@ -112,15 +112,16 @@ async def test_engine_control_passes_through_to_the_embedded_engine(
 
 # -- vLLM: settings from the topology reach the client ------------------------------------
 def vllm_replay(server: ReplayServer) -> None:
-    """A vLLM main-2026 server (recorded shapes) with a deployment's /reload endpoint."""
+    """A vLLM 0.32.0 server (recorded bodies) with a deployment's /reload endpoint."""
     for method, path, rel in (
         ("GET", "/version", "version.json"),
         ("GET", "/v1/models", "models.json"),
         ("POST", "/inference/v1/generate", "generate_tokens.json"),
         ("POST", "/pause", "pause.json"),
         ("POST", "/update_weight_version", "update_weight_version.json"),
+        ("POST", "/reset_prefix_cache", "reset_prefix_cache.json"),
     ):
-        server.add(method, path, fixture_reply(f"vllm/main-2026/{rel}"))
+        server.add(method, path, fixture_reply(f"vllm/0.32.0/{rel}"))
     server.add("GET", "/health", reply_json(None))
     server.add("POST", "/reload", reply_json({"success": True}))
 
@@ -173,12 +174,12 @@ async def test_vllm_weight_update_through_the_proxy_uses_the_topology_reload_pat
         paused = await post(p.url + "/admin/pause_generation", headers=ADMIN)
         assert paused.json() == {"ok": True}
         assert server.calls("POST", "/pause")[-1].query == {"mode": ["keep"]}
-        # this server has no /reset_prefix_cache: a clear 501 naming what is missing
-        missing = await post(p.url + "/admin/flush_cache", headers=ADMIN)
+        # this server has no /resume: a clear 501 naming what is missing
+        missing = await post(p.url + "/admin/continue_generation", headers=ADMIN)
         assert missing.status_code == 501
         err = missing.json()
         assert (err["ok"], err["kind"], err["worker"]) == (False, "unsupported", url)
-        assert "/reset_prefix_cache" in err["error"] and "VLLM_SERVER_DEV_MODE" in err["error"]
+        assert "/resume" in err["error"] and "VLLM_SERVER_DEV_MODE" in err["error"]
     finally:
         await asyncio.to_thread(p.stop)
         await server.stop()
