@@ -100,8 +100,11 @@ def fresh_servers(tmp_path):
 def vllm_engine(tmp_path_factory):
     """A real vLLM on CPU serving a copy of the tiny model, with ``--enable-scale-out``
     (tests/helpers/vllm_server.py); one per session, stopped at its end."""
-    from tests.helpers.vllm_server import start_vllm
+    from tests.helpers.vllm_server import running_vllm, start_vllm
 
+    if given := running_vllm():  # a developer's server, left running
+        yield given
+        return
     srv = start_vllm(tmp_path_factory.mktemp("vllm"), scale_out=True)
     try:
         yield srv

@@ -97,7 +97,7 @@ class VLLMBackend:
         card = models[0]
         if self.model == "default" and card.get("id"):
             self.model = card["id"]
-        self._version = await self._weight_info()
+        _, self._version = await self._weight_info()
         caps = Capabilities(
             server=self.server,
             base_url=self.base_url,
@@ -179,9 +179,9 @@ class VLLMBackend:
         return self._version
 
     async def weight_version(self) -> str | None:
-        info = await self._weight_info()
-        if info is not None:
-            self._version = info
+        answers, version = await self._weight_info()
+        if answers:  # the server's word, "default" (None) included; else the one it set
+            self._version = version
         return self._version
 
     async def aclose(self) -> None:
@@ -189,14 +189,15 @@ class VLLMBackend:
 
     # -- helpers ----------------------------------------------------------------------
 
-    async def _weight_info(self) -> str | None:
+    async def _weight_info(self) -> tuple[bool, str | None]:
+        """(the server has /weight_info, the version it reports)."""
         try:
             doc = self._doc(await self.http.get_json("/weight_info"))
         except BackendError as exc:
             if exc.kind is ErrorKind.NOT_FOUND:
-                return None
+                return False, None
             raise
-        return wire.version_or_none(doc.get("weight_version"))
+        return True, wire.version_or_none(doc.get("weight_version"))
 
     async def _control(self, method: str, path: str, body: Any = None, params=None) -> None:
         try:

