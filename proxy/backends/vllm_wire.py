@@ -49,8 +49,12 @@ def version_or_none(value: Any) -> str | None:
     return None if value is None or str(value) == NO_VERSION else str(value)
 
 
-def build_chat_body(req: ChatRequest, default_model: str) -> dict[str, Any]:
-    body = chat_body(req, default_model)
+def build_chat_body(req: ChatRequest, served_model: str) -> dict[str, Any]:
+    """Always the served model's name: the harness's (``req.model``) is an alias only the
+    proxy knows, and vLLM refuses a name it does not serve (404 "The model `m` does not
+    exist")."""
+    body = chat_body(req, served_model)
+    body["model"] = served_model
     body["return_token_ids"] = True
     return body
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import msgspec
 import pytest
 
 from proxy.backends.base import (
@@ -210,6 +211,18 @@ async def test_chat_reads_top_level_prompt_ids_and_choice_token_ids(replay, vers
         -0.0006,
     ]
     assert gen.finish_reason == "stop" and gen.reasoning is None
+
+
+async def test_chat_sends_the_served_model_not_the_harness_alias(replay):
+    server, backend = replay
+    serve_info(server, REC)
+    server.add("GET", "/weight_info", fixture_reply(f"vllm/{REC}/weight_info.json"))
+    server.add("POST", "/v1/chat/completions", fixture_reply(f"vllm/{REC}/chat_completion.json"))
+    server.add("POST", "/inference/v1/generate", fixture_reply(f"vllm/{REC}/generate_tokens.json"))
+    b = backend()
+    await b.probe()
+    await b.chat(msgspec.structs.replace(CHAT, model="claude-x"))
+    assert server.calls("POST", "/v1/chat/completions")[-1].json()["model"] == "polar"
 
 
 async def test_chat_tool_call(replay):
