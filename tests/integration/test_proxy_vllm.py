@@ -8,7 +8,10 @@ covered by tests/integration/test_vllm_real.py (structured outputs steer them th
 
 from __future__ import annotations
 
+import shutil
+
 import anthropic
+import httpx
 import openai
 import pytest
 from google import genai
@@ -16,14 +19,16 @@ from google.genai import types as gt
 
 from schemas.completion import reconstruct_prompts
 from services.common.registry import Registry
+from services.trainer.sync import push_weights
 from tests.helpers.requires import requires_vllm
 from tests.helpers.stack import running_session, start_proxy
 from tests.integration.proxy_agents import captured, session_url
-from tests.unit.engine.tiny import tiny_model_dir
+from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
 
 pytestmark = [requires_vllm]
 SYSTEM = "You are a coding agent."
 ASK = "List the files."
+ADMIN_TOKEN = "admin-secret"
 TOLERANCE = 1e-3  # float32 CPU kernels, vLLM vs transformers (measured ~1e-5)
 
 
@@ -38,6 +43,7 @@ def proxy(request, vllm_engine, nats_url, redis_url, tmp_path_factory):
         tmp_path_factory.mktemp("plogs"),
         mode=request.param,
         backends=backends,
+        admin_token=ADMIN_TOKEN,
     )
     try:
         yield p, request.param
@@ -145,3 +151,41 @@ async def test_each_protocol_is_captured_token_exact(proxy, protocol, bus, redis
         print(f"{mode} {protocol}: teacher-forced max |diff| {gap:.2e}")
         assert gap < TOLERANCE
         assert isinstance(text, str)  # random weights: the text may be all whitespace
+
+
+async def test_the_trainers_weight_sync_reloads_vllm_from_the_checkpoint_dir(
+    proxy, vllm_engine, bus, redis_client, hf
+):
+    """services/trainer/sync.py's push, as the trainer makes it after a step: the proxy
+    reloads vLLM from the dir (collective_rpc reload_weights), and the next call's record
+    carries the new version and the new weights' logprobs."""
+    p, mode = proxy
+    served = vllm_engine.model_dir
+    torch, _ = hf
+    trained = pytest.importorskip("transformers").Qwen2ForCausalLM.from_pretrained(
+        str(second_checkpoint()), dtype=torch.float32
+    )
+    shutil.copytree(second_checkpoint(), served, dirs_exist_ok=True)
+    try:
+        async with httpx.AsyncClient() as client:
+            version = await push_weights(
+                client, p.url, str(served), f"step-{mode}", admin_token=ADMIN_TOKEN
+            )
+        assert version == f"step-{mode}"
+        (session,) = await running_session(Registry(redis_client), f"vllm-sync-{mode}")
+        await openai_chat(session_url(p.url, session.token), False)
+        (rec,) = await captured(bus, session.session_id, expect=1)
+        assert rec.weight_version == f"step-{mode}"
+        prompt = reconstruct_prompts([rec])[rec.seq]
+        gap = teacher_forced_gap(
+            (torch, trained.eval()), prompt, list(rec.output_ids), list(rec.output_logprobs)
+        )
+        print(f"{mode}: after the sync, teacher-forced (trained weights) max |diff| {gap:.2e}")
+        assert gap < TOLERANCE
+    finally:  # the session's server back to the weights and "no version" it started with
+        shutil.copytree(tiny_model_dir(), served, dirs_exist_ok=True)
+        async with httpx.AsyncClient(base_url=vllm_engine.url, timeout=60) as engine:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(served)}}
+            (await engine.post("/collective_rpc", json=rpc)).raise_for_status()
+            await engine.post("/reset_prefix_cache")
+            await engine.post("/update_weight_version", json={"new_version": "default"})
