@@ -25,7 +25,8 @@ from tests.helpers.stack import running_session, start_proxy
 from tests.integration.proxy_agents import captured, session_url
 from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
 
-pytestmark = [requires_vllm]
+# the first test to ask starts vLLM: 2-6 minutes on two loaded cores (pyproject: 300 s)
+pytestmark = [requires_vllm, pytest.mark.timeout(900)]
 SYSTEM = "You are a coding agent."
 ASK = "List the files."
 ADMIN_TOKEN = "admin-secret"

@@ -28,7 +28,8 @@ from services.pool.backpressure import queue_length
 from tests.helpers.requires import requires_vllm
 from tests.helpers.vllm_server import second_checkpoint, start_vllm, tiny_model_dir
 
-pytestmark = [requires_vllm]
+# the first test to ask starts vLLM: 2-6 minutes on two loaded cores (pyproject: 300 s)
+pytestmark = [requires_vllm, pytest.mark.timeout(900)]
 
 USER = [{"role": "user", "content": "What is 1 + 2?"}]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
