@@ -7,6 +7,9 @@ from services.common.settings import ServiceSettings
 
 class DashboardConfig(ServiceSettings, frozen=True, kw_only=True):
     port: int = 8160
+    # Cancel (the dashboard's one action) needs this as a bearer token; None: closed.
+    # `polar up` hands it the stack's admin token (infra/wiring.py).
+    admin_token: str | None = None
     state_dir: str | None = None  # the stack's record (stack.json): the topology page
     model_dir: str | None = None  # the tokenizer that decodes token ids; ids shown without
     trainer_log: str | None = None  # the trainer's JSONL log: the training page

@@ -3,9 +3,9 @@
 A thin HTTP shell over ``reader`` (what it reads) and ``views`` (what each page shows):
 pages are one static HTML shell each whose script (``static/app.js``, no build step)
 fetches ``/api/...`` JSON and listens to ``/api/live`` (server-sent events) for changes.
-Pages and the API answer 404 for an unknown task or session; a cancel is a POST with a
-custom header (a cross-site form cannot send one) and the pages carry a strict
-Content-Security-Policy, so injected markup could not run a script even if it got in.
+Pages and the API answer 404 for an unknown task or session; a cancel is a POST with
+the stack's admin token as a bearer token (none configured: refused) and the pages carry
+a strict Content-Security-Policy, so injected markup could not run a script even if it got in.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from litestar.static_files import create_static_files_router
 from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import Outcome
+from services.common.auth import ADMIN, refusal
 from services.common.http import ops_routes
 from services.common.logs import service_logging
 from services.common.settings import load
@@ -43,7 +44,6 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-CANCEL_HEADER = "x-polar-action"  # must be "cancel": a plain cross-site form cannot set it
 
 API_SECONDS = Histogram(
     "polar_dashboard_api_seconds", "Time to answer one dashboard API call", ["route"]
@@ -293,10 +293,9 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
 
     @post("/api/tasks/{task_id:str}/cancel", status_code=200)
     async def api_cancel(task_id: str, request: Request) -> Response:
-        if request.headers.get(CANCEL_HEADER) != "cancel":
-            raise HTTPException(
-                status_code=403, detail=f"a cancel needs the header {CANCEL_HEADER}: cancel"
-            )
+        if why := refusal(ADMIN, request.headers, admin_token=cfg.admin_token, service="dashboard"):
+            CANCELS.labels("refused").inc()
+            raise HTTPException(status_code=401, detail=why)
         if not await known_task(task_id):
             raise not_found(f"no task {task_id!r}")
         try:

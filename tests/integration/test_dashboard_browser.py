@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from infra import devstack, localservers
+from infra import credentials, devstack, localservers
 from infra.topology import parse_topology
 from schemas import subjects as S
 from services.cli.demo import demo_task, demo_topology
@@ -105,6 +105,13 @@ def slow_task(task_id: str) -> dict:
         "runtime": {"backend": "local"},
         "agent": {"harness": "shell", "command": "sleep 300"},
     }
+
+
+def admin_token(topo) -> str:
+    """The token `polar up` generated for this stack (and handed the dashboard)."""
+    creds = credentials.load(Path(topo.state_dir))
+    assert creds is not None
+    return creds.admin_token
 
 
 @pytest.fixture(scope="module")
@@ -319,6 +326,7 @@ def test_cancel_from_the_ui_ends_the_task(stack, browser):
     goto(d, url + "/tasks/dash-slow")
     wait(d, lambda d: "RUNNING" in d.find_element(By.ID, "timeline").text, 120)
     d.find_element(By.ID, "cancel").click()
+    d.switch_to.alert.send_keys(admin_token(topo))  # the page asks for the admin token
     d.switch_to.alert.accept()
     wait(
         d, lambda d: "cancel of dash-slow published" in d.find_element(By.ID, "cancel-result").text
@@ -327,7 +335,7 @@ def test_cancel_from_the_ui_ends_the_task(stack, browser):
     assert d.find_element(By.ID, "cancel").get_attribute("disabled") is not None
 
 
-def test_unknown_ids_are_404_pages_and_cancel_needs_its_header(stack, browser):
+def test_unknown_ids_are_404_pages_and_cancel_needs_the_admin_token(stack, browser):
     _, url = stack
     for path in ("/tasks/no-such-task", "/sessions/no-such-session", "/sessions/nope/trajectory"):
         assert httpx.get(url + path).status_code == 404
@@ -335,8 +343,10 @@ def test_unknown_ids_are_404_pages_and_cancel_needs_its_header(stack, browser):
         wait(browser, lambda d: d.find_elements(By.ID, "not-found"))
     assert httpx.get(url + "/api/sessions/nope").status_code == 404
     assert httpx.get(url + "/api/sessions?state=SLEEPING").status_code == 400
-    forged = httpx.post(url + "/api/tasks/dash-calc/cancel")  # what a cross-site form sends
-    assert forged.status_code == 403
+    forged = httpx.post(url + "/api/tasks/dash-calc/cancel")  # a harness on the host network
+    assert forged.status_code == 401 and "Bearer" in forged.json()["detail"]
+    wrong = httpx.post(url + "/api/tasks/dash-calc/cancel", headers={"Authorization": "Bearer no"})
+    assert wrong.status_code == 401
     page = httpx.get(url + "/")
     assert "script-src 'self'" in page.headers["content-security-policy"]
 

@@ -178,6 +178,7 @@ pages.overview = async function () {
     section("Sessions", pages.overview.sessions));
 };
 
+const TOKEN_KEY = "polar-admin-token";
 let cancelMessage = ""; // what the last cancel answered: kept across live re-renders
 
 pages.task = async function () {
@@ -200,11 +201,16 @@ pages.task = async function () {
       el("td", { class: "num" }, fmt(m.length)), el("td", { class: "num" }, fmt(m.sampled_tokens)), el("td", { class: "num" }, fmt(m.turns)),
       el("td", { class: "num" }, fmt(m.chains)), el("td", { class: "reason" }, m.reason || ""))), { id: "group-table" });
   const cancel = el("button", { id: "cancel", class: "danger", disabled: !d.live, onclick: async () => {
-    if (!window.confirm(`Cancel every live session of ${id}?`)) return;
+    // a cancel changes what runs: it takes the stack's admin token, asked once per tab
+    const token = sessionStorage.getItem(TOKEN_KEY)
+      || window.prompt(`Cancel every live session of ${id}? The stack's admin token (admin_token in <state_dir>/credentials.json):`);
+    if (!token) return;
     try {
-      const r = await api(`/api/tasks/${enc(id)}/cancel`, { method: "POST", headers: { "X-Polar-Action": "cancel" } });
+      const r = await api(`/api/tasks/${enc(id)}/cancel`, { method: "POST", headers: { Authorization: `Bearer ${token}` } });
+      sessionStorage.setItem(TOKEN_KEY, token);
       cancelMessage = r.message;
     } catch (e) {
+      sessionStorage.removeItem(TOKEN_KEY);
       cancelMessage = `cancel failed: ${e.message}`;
     }
     document.getElementById("cancel-result").textContent = cancelMessage;
