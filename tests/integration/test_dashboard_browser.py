@@ -184,7 +184,9 @@ def rendered(driver) -> int:
 
 
 async def publish(topo, *tasks: dict) -> None:
-    bus = await Bus.open(topo.nats_url, "dash-test", declare=False)
+    creds = credentials.load(Path(topo.state_dir))  # the stack's NATS wants a user
+    url = creds.nats_url(topo.nats_url) if creds else topo.nats_url
+    bus = await Bus.open(url, "dash-test", declare=False)
     try:
         for t in tasks:
             await bus.js.publish(
@@ -272,7 +274,8 @@ def test_trajectory_viewer_shows_a_break_and_markup_stays_text(stack, browser):
     asyncio.run(publish(topo, markup_task("dash-markup")))  # once: the task id dedupes
 
     async def until_ended() -> None:
-        reg = Registry.from_url(topo.redis_url)
+        creds = credentials.load(Path(topo.state_dir))  # the stack's Valkey has a password
+        reg = Registry.from_url(creds.redis_url(topo.redis_url) if creds else topo.redis_url)
         try:
             for _ in range(240):
                 s = await reg.get_session("dash-markup-0000")
