@@ -221,19 +221,18 @@ async def test_a_refused_request_overtaken_by_a_later_call_leaves_a_void_record(
     assert recs[0].protocol == "anthropic_messages"
 
 
-async def test_a_call_in_the_grace_window_is_numbered_after_the_lookup(stack, bus, redis_client):
+async def test_a_call_after_running_is_refused_and_takes_no_number(stack, bus, redis_client):
+    """A session's token dies as it leaves RUNNING (no grace window): a late call is not
+    numbered, so the session's numbers stay exactly its captured calls."""
     handler, engine, resolver = stack
     reg = Registry(redis_client)
-    s = await new_session(redis_client, "numbering-grace")
+    s = await new_session(redis_client, "numbering-late")
     engine.release("one", answer(1))
     await call(handler, resolver, s.token, "one")
     assert (await reg.transition(s.session_id, SessionState.POSTRUN)).ok  # the harness exited
-    late = await resolver(s.token, True)
-    assert late is not None and late.data["seq"] is None  # valid (grace), not RUNNING
-    engine.release("two", answer(2))
-    await handler.prepare(conv("two"), "openai_chat", b"{}", {})(late, as_is)
-    recs = await captured(bus, s.session_id, expect=2)
-    assert [r.seq for r in recs] == [0, 1]
+    assert await resolver(s.token, True) is None  # refused: a 401 in the caller's protocol
+    assert int(await redis_client.get(S.key_call_seq(s.session_id))) == 1
+    assert [r.seq for r in await captured(bus, s.session_id, expect=1)] == [0]
 
 
 async def test_a_request_the_chat_template_rejects_is_a_400_and_gives_its_number_back(
