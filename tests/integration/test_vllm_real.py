@@ -25,27 +25,18 @@ from proxy.backends.base import (
 from proxy.backends.vllm import VLLMBackend
 from services.common.tokenization.tokenizer import ChatTokenizer
 from services.pool.backpressure import queue_length
+
+# the request the recorder records: one definition of the tool, its forced call and the ask
+from tests.fixtures.backends.record_vllm import TOOL as ADD
+from tests.fixtures.backends.record_vllm import TOOL_REGEX as TOOL_TEXT
+from tests.fixtures.backends.record_vllm import USER
 from tests.helpers.requires import requires_vllm
 from tests.helpers.vllm_server import second_checkpoint, start_vllm, tiny_model_dir
 
 # the first test to ask starts vLLM: 2-6 minutes on two loaded cores (pyproject: 300 s)
 pytestmark = [requires_vllm, pytest.mark.timeout(900)]
 
-USER = [{"role": "user", "content": "What is 1 + 2?"}]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-TOOL_TEXT = r'<tool_call>\n\{"name": "add", "arguments": \{"a": 1, "b": 2\}\}\n</tool_call>'
 # float32 CPU kernels (vLLM's vs transformers'): measured max |diff| ~1e-5 on this model
 LOGPROB_TOLERANCE = 1e-3
 
