@@ -54,6 +54,14 @@ test *ARGS: setup
 test-cluster *ARGS:
     {{py}} -m pytest -q -s -rs tests/cluster {{ARGS}}
 
+# The kill -9 chaos test at full strength: every fault three times (`just test` runs one round).
+test-chaos *ARGS: setup
+    POLAR_CHAOS_ROUNDS=3 {{py}} -m pytest -q -s -rs tests/chaos {{ARGS}}
+
+# The real CLIs over every protocol each supports (`just test` runs every CLI and protocol once).
+test-harness *ARGS: setup
+    POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rs tests/integration/test_harness_presets.py {{ARGS}}
+
 # Fast tests only (no servers).
 unit:
     {{py}} -m pytest -q tests/unit

@@ -42,6 +42,9 @@ class SessionRow(msgspec.Struct, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     entered: dict[str, float] = {}  # state -> when the session (last) entered it
+    # the registry's record of this version was read: its reward and reasons are here (an
+    # event moves the state first; what the final transition wrote follows on the re-read)
+    synced: bool = False
 
 
 class Filters(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,6 +169,7 @@ class SessionIndex:
             return  # an older read than what the events already told
         row = row_of(session, self.harness.get(session.task_id))
         row.entered = old.entered if old else {}
+        row.synced = True
         if old is None:
             ids = self.tasks.setdefault(session.task_id, [])
             ids.append(session.session_id)
@@ -191,6 +195,7 @@ class SessionIndex:
             return False
         was_terminal = row.state in TERMINAL_STATES
         row.state, row.version, row.updated_at = state, ev.version, ev.ts
+        row.synced = False
         if ev.node:
             row.node = ev.node
         if ev.reason:

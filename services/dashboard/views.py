@@ -54,6 +54,8 @@ def task_summary(task_id: str, rows: list[SessionRow], submitted_at: float) -> d
         "harness": rows[0].harness if rows else None,
         "submitted_at": submitted_at,
         "live": done < len(rows),
+        # nothing more will change: every session ended and its final record was read
+        "settled": done == len(rows) and all(r.synced for r in rows),
     }
 
 

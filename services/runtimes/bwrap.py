@@ -9,7 +9,8 @@ that root inside cannot remount the host writable.
 The host's private places are masked (``PRIVATE_DIRS`` become empty tmpfs, the password
 and sudo files ``/dev/null``), and so is the directory holding every session of this
 node (``hide``): a harness sees its own session directory, never another's, the
-operator's home, a checkout under /work or the stack's state and credentials. What a
+operator's home, this package's checkout (wherever it is) or the stack's state and
+credentials. What a
 harness needs from under a masked place is bound back read-only: the Python that runs
 the proxy bridge, this package's bridge script, and ``expose`` (the harness install
 cache).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from services.runtimes.bridge import INNER_SCRIPT
 
@@ -48,6 +50,14 @@ SECRET_FILES = (
     "/etc/sudoers",
     "/etc/security/opasswd",
 )
+
+
+def checkout_root() -> str | None:
+    """The source checkout this package runs from, wherever it lives (CI's is not under
+    /work): its files, credentials-bearing state and .env are the operator's, not the
+    harness's. None for an installed package (no pyproject.toml beside ``services``)."""
+    root = Path(__file__).resolve().parents[2]
+    return str(root) if (root / "pyproject.toml").is_file() else None
 
 
 def _under(path: str, roots: tuple[str, ...] | list[str]) -> bool:
@@ -80,7 +90,7 @@ def bwrap_argv(
         # Host Unix sockets (service sockets under /run) would bypass the network cut;
         # with the host network shared they reach nothing new, and /run may hold DNS config.
         argv += ["--tmpfs", "/run"]
-    private = [d for d in (*PRIVATE_DIRS, *hide) if os.path.isdir(d)]
+    private = [d for d in (*PRIVATE_DIRS, checkout_root(), *hide) if d and os.path.isdir(d)]
     for d in sorted(set(private), key=len):
         if not _under(d, [p for p in private if p != d]):  # the outermost is enough
             argv += ["--tmpfs", d]

@@ -16,6 +16,7 @@ scripted shell command and print the scripted final answer.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import orjson
@@ -40,22 +41,29 @@ pytestmark = [
     requires_npm,  # the CLIs install with npm
 ]
 
-# task id -> (preset, agent overrides, Polar protocol)
-VARIANTS = {
+# task id -> (preset, agent overrides, Polar protocol). The core set runs every CLI and
+# every protocol (and the Claude fallback, the Gemini router) in `just test`; the full
+# matrix (`just test-harness`: every protocol of each multi-protocol CLI) adds five more
+# sessions, about two minutes on two cores, over CI's time budget.
+CORE = {
     "codex": ("codex", {}, "openai_responses"),
     "claude-stream": ("claude_code", {}, "anthropic_messages"),
     "claude-fallback": ("claude_code", {}, "anthropic_messages"),
     "gemini": ("gemini_cli", {}, "gemini"),
     "gemini-router": ("gemini_cli", {"model": "auto"}, "gemini"),  # Gemini CLI routes first
     "qwen-openai": ("qwen_code", {"protocol": "openai"}, "openai_chat"),
-    "qwen-anthropic": ("qwen_code", {"protocol": "anthropic"}, "anthropic_messages"),
-    "qwen-responses": ("qwen_code", {"protocol": "openai-responses"}, "openai_responses"),
     "opencode": ("opencode", {}, "openai_chat"),
     "pi-completions": ("pi", {"protocol": "openai-completions"}, "openai_chat"),
+}
+MATRIX = {
+    "qwen-anthropic": ("qwen_code", {"protocol": "anthropic"}, "anthropic_messages"),
+    "qwen-responses": ("qwen_code", {"protocol": "openai-responses"}, "openai_responses"),
     "pi-responses": ("pi", {"protocol": "openai-responses"}, "openai_responses"),
     "pi-anthropic": ("pi", {"protocol": "anthropic-messages"}, "anthropic_messages"),
     "pi-google": ("pi", {"protocol": "google-generative-ai"}, "gemini"),
 }
+FULL_MATRIX = os.environ.get("POLAR_HARNESS_MATRIX") == "full"
+VARIANTS = {**CORE, **(MATRIX if FULL_MATRIX else {})}
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +146,11 @@ async def test_opencode_title_call_is_tagged_and_kept_apart(batch):
 async def test_gemini_router_call_is_tagged_and_kept_apart(batch):
     run = batch["runs"]["gemini-router"]
     routers = [r for r in run.records if r.side_call == "router"]
-    assert len(routers) == 1 and routers[0].seq == 0  # it scores the task, then works
-    assert "responseJsonSchema" in _json(routers[0].raw_request)["generationConfig"]
-    assert [t["side_call"] for t in run.side_traces] == ["router"]
+    # it scores the task, then works; on a loaded machine it was seen to route again (three
+    # router calls in one run), each tagged and kept out of the main chain
+    assert routers and routers[0].seq == 0
+    assert all("responseJsonSchema" in _json(r.raw_request)["generationConfig"] for r in routers)
+    assert run.side_traces and {t["side_call"] for t in run.side_traces} == {"router"}
     assert not [r for r in batch["runs"]["gemini"].records if r.side_call]  # -m: no router
 
 
@@ -198,7 +208,7 @@ async def test_the_stack_moves_on_after_failing_clis(batch):
     after = runs["after-failures"]
     assert after.session.state == "COMPLETED" and after.session.reward == 1.0, after.session.reason
     assert all(runs[f].session.state in ("ERROR", "TIMEOUT") for f in FAILURES)
-    # the failures' slots came back: every session got one (3 at a time, 18 sessions)
+    # the failures' slots came back: every session got one (3 at a time, 13 or 18 sessions)
     assert all("RUNNING" in run.entered for run in runs.values())
 
 

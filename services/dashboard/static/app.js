@@ -42,8 +42,10 @@ function banner(problems) {
 async function api(path, opts) {
   let r;
   try {
-    // a stalled answer must not hold the page's renders forever
-    r = await fetch(path, Object.assign({ signal: AbortSignal.timeout(20000) }, opts || {}));
+    // a stalled read must not hold the page's renders forever (a failed render is tried
+    // again); a cancel waits longer: it may have gone through on a slow stack
+    const ms = opts && opts.method === "POST" ? 60000 : 20000;
+    r = await fetch(path, Object.assign({ signal: AbortSignal.timeout(ms) }, opts || {}));
   } catch (e) {
     banner([`the dashboard itself is unreachable (${e})`]);
     throw e;
@@ -184,7 +186,7 @@ let cancelMessage = ""; // what the last cancel answered: kept across live re-re
 pages.task = async function () {
   const id = body.dataset.task;
   const d = await api(`/api/tasks/${enc(id)}`);
-  settled = !d.live;
+  settled = d.settled; // every session ended and its reward read: nothing more will change
   const t0 = d.timeline_start, span = Math.max(d.now - t0, 0.001);
   const timeline = el("div", { class: "timeline", id: "timeline" }, d.timelines.map((tl) =>
     el("div", { class: "tl-row", "data-session": tl.session_id },
@@ -213,7 +215,8 @@ pages.task = async function () {
       sessionStorage.removeItem(TOKEN_KEY);
       cancelMessage = `cancel failed: ${e.message}`;
     }
-    document.getElementById("cancel-result").textContent = cancelMessage;
+    const shown = document.getElementById("cancel-result"); // gone if a render failed meanwhile
+    if (shown) shown.textContent = cancelMessage;
   } }, "Cancel task");
   if (!pages.task.sessions) pages.task.sessions = sessionsTable({ task: id });
   else pages.task.sessions.refresh();
@@ -237,7 +240,7 @@ pages.session = async function () {
   const id = body.dataset.session;
   const d = await api(`/api/sessions/${enc(id)}`);
   const s = d.session, v = d.verdict;
-  settled = ENDED.includes(s.state) && d.artifacts !== null; // nothing more will change
+  settled = ENDED.includes(s.state) && s.synced && d.artifacts !== null; // nothing more will change
   const calls = table(["seq", "protocol", "side call", "tokens in", "tokens out", "engine ms", "proxy ms", "weights", "extends", "drift / break", "finish"],
     d.calls.flatMap((c) => {
       const row = el("tr", { class: "call", "data-seq": c.seq },
@@ -383,6 +386,7 @@ async function render() {
       main.replaceChildren(el("h1", { id: "not-found" }, "Not found"), el("p", {}, e.message));
     } else {
       main.replaceChildren(el("p", { class: "error" }, `could not load this page: ${e.message}`));
+      again = true; // a slow or failed read is tried again, not left on screen until a change
     }
   } finally {
     rendering = false;

@@ -112,3 +112,25 @@ def test_query_parsing():
     )
     assert f.states == {"RUNNING", "ERROR"} and f.reward_max == 0.0
     assert (offset, limit, sort) == (0, 10, "task")
+
+
+def test_a_task_settles_only_once_the_final_records_are_read():
+    """Under load the events said COMPLETED before the registry re-read brought the rewards:
+    the task page settled on the event and showed "–" for good."""
+    from services.dashboard.views import task_summary
+
+    idx = SessionIndex()
+    idx.add_task("t", "shell", 0.0)
+    for i in range(2):
+        idx.put(session("t", i, state=S.EVALUATING, version=6))
+    for i in range(2):
+        idx.apply(event(f"t-{i:04d}", S.COMPLETED, 7, 10.0 + i))
+    summary = task_summary("t", idx.task_rows("t"), 0.0)
+    assert summary["live"] is False and summary["settled"] is False
+    idx.put(session("t", 0, reward=1.0, version=7))
+    assert task_summary("t", idx.task_rows("t"), 0.0)["settled"] is False  # one still unread
+    idx.put(session("t", 1, reward=0.0, version=7))
+    summary = task_summary("t", idx.task_rows("t"), 0.0)
+    assert summary["settled"] is True and summary["reward_mean"] == 0.5
+    idx.apply(event("t-0000", S.COMPLETED, 7, 10.0))  # a replayed event changes nothing
+    assert task_summary("t", idx.task_rows("t"), 0.0)["settled"] is True

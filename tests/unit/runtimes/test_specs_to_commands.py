@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import docker.errors
 import pytest
@@ -21,7 +22,7 @@ from services.runtimes import (
 )
 from services.runtimes.apptainer_backend import ApptainerSandboxRuntime
 from services.runtimes.bridge import inside_proxy_url, proxy_address
-from services.runtimes.bwrap import BRIDGE_SOCKET_INSIDE, bridge_prefix, bwrap_argv
+from services.runtimes.bwrap import BRIDGE_SOCKET_INSIDE, bridge_prefix, bwrap_argv, checkout_root
 from services.runtimes.docker_backend import DockerSandboxRuntime, create_kwargs, translated
 from services.runtimes.docker_exec import deadline_argv, stdin_argv, sweep_argv
 from services.runtimes.local_backend import LocalSandboxRuntime
@@ -32,6 +33,7 @@ def no_private_dirs(monkeypatch):
     """The argv without this host's private places (which differ between hosts)."""
     monkeypatch.setattr("services.runtimes.bwrap.PRIVATE_DIRS", ())
     monkeypatch.setattr("services.runtimes.bwrap.SECRET_FILES", ())
+    monkeypatch.setattr("services.runtimes.bwrap.checkout_root", lambda: None)
 
 
 def test_bwrap_argv_isolated_network_with_bridge(monkeypatch, no_private_dirs):
@@ -89,6 +91,31 @@ def test_bwrap_argv_masks_private_places_and_other_sessions(monkeypatch, tmp_pat
     binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
     assert binds.index(str(cache)) < binds.index(mine)  # bound back after the masks
     assert argv.index("--tmpfs") < argv.index(str(cache))
+
+
+def test_bwrap_argv_masks_this_checkout_wherever_it_lives(monkeypatch, no_private_dirs, tmp_path):
+    """CI's clone at /check/work/main was readable: only /work was masked. The checkout is
+    masked by where it is; its venv and the bridge script come back read-only."""
+    checkout = tmp_path / "check" / "main"
+    venv, runtimes = checkout / ".venv", checkout / "services" / "runtimes"
+    for d in (venv, runtimes):
+        d.mkdir(parents=True)
+    monkeypatch.setattr("services.runtimes.bwrap.checkout_root", lambda: str(checkout))
+    monkeypatch.setattr(
+        "services.runtimes.bwrap.host_paths_needed_inside", lambda: [str(venv), str(runtimes)]
+    )
+    argv = bwrap_argv(session_dir="/s/x", cwd="/s/x", isolate_network=False)
+    pairs = list(zip(argv, argv[1:], strict=False))
+    mask = argv.index(str(checkout))
+    assert argv[mask - 1] == "--tmpfs"
+    assert all(
+        argv.index(str(p)) > mask and ("--ro-bind", str(p)) in pairs for p in (venv, runtimes)
+    )
+
+
+def test_checkout_root_is_this_source_tree():
+    root = checkout_root()
+    assert root is not None and Path(root, "services", "runtimes", "bwrap.py").is_file()
 
 
 def test_bwrap_argv_host_network_keeps_run():
