@@ -82,8 +82,9 @@ def request_body(stream: bool) -> dict:
 def load(port: int, paths: list[str], per_path: int, stream: bool, cpus, **kw) -> dict:
     spec = {"port": port, "paths": paths, "per_path": per_path, "stream": stream}
     spec.update(body=request_body(stream), **kw)
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.bench.proxy_bench.client", json.dumps(spec)],
+    out = subprocess.run(  # the spec on stdin: thousands of session paths outgrow argv
+        [sys.executable, "-m", "tests.bench.proxy_bench.client"],
+        input=json.dumps(spec).encode(),
         capture_output=True,
         cwd=str(ROOT),
         preexec_fn=lambda: os.sched_setaffinity(0, cpus),

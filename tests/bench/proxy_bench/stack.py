@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 LITELLM_KEY = "sk-bench"
 # LiteLLM pins rich<14 and other versions the project's venv is newer on, so it lives in
 # a venv of its own (see docs/benchmarks.md); LITELLM_BIN overrides. rLLM's gateway too
-# (it needs fastapi and aiosqlite, which the project does not).
+# (it needs fastapi and aiosqlite, which the project does not); RLLM_BIN overrides.
 LITELLM_VENV = ROOT / ".bench" / "litellm-venv"
 LITELLM_REQUIREMENT = "litellm[proxy]>=1.50"
 RLLM_VENV = ROOT / ".bench" / "rllm-venv"
@@ -104,8 +104,7 @@ class Stack:
         port = localservers.free_port()
         cfg = self.work / "rllm.yaml"
         cfg.write_text(rllm_config(backend_port, port, self.work / "rllm-traces.db"))
-        argv = [venv_script(RLLM_VENV, RLLM_REQUIREMENT, "rllm-model-gateway")]
-        argv += ["--config", str(cfg)]
+        argv = [rllm_bin(), "--config", str(cfg)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RLLM_GATEWAY")}
         log = self.work / "rllm.log"
         proc = procs.spawn(argv, log, self.proxy_cpus, env=env, cwd=str(self.work))
@@ -156,6 +155,14 @@ def litellm_bin() -> str:
     if in_project.exists() and not (LITELLM_VENV / "bin" / "litellm").exists():
         return str(in_project)
     return venv_script(LITELLM_VENV, LITELLM_REQUIREMENT, "litellm")
+
+
+def rllm_bin() -> str:
+    """RLLM_BIN (e.g. a venv with uvicorn[standard], for uvloop and httptools), else
+    the bench's venv with the gateway and its declared dependencies only."""
+    return os.environ.get("RLLM_BIN") or venv_script(
+        RLLM_VENV, RLLM_REQUIREMENT, "rllm-model-gateway"
+    )
 
 
 def venv_script(venv: Path, requirement: str, script: str) -> str:
