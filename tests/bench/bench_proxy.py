@@ -5,8 +5,8 @@ rLLM's model gateway (the token-capturing proxy of rLLM, issue 18).
     python tests/bench/bench_proxy.py [--requests 1000] [--levels 1,16,64] [--no-litellm]
                                       [--no-rllm] [--unique-prompts]
 
-An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py) answers at once,
-so latency above the direct call is the proxy's own. Polar runs as ``polar serve
+An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py; vLLM-shaped on
+``/vllm/v1``) answers at once, so latency above the direct call is the proxy's own. Polar runs as ``polar serve
 proxy`` does (granian, one worker, uvloop when installed; ``--loops asyncio`` forces a
 loop), with capture on: every call is committed to a real JetStream and its state written to a
 real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
