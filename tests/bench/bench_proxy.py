@@ -1,15 +1,19 @@
 """Proxy overhead, side by side in one run: direct to the engine, through Polar's proxy
-(chat mode and token mode), through LiteLLM's proxy (plain script, issue 4).
+(chat mode and token mode), through LiteLLM's proxy (plain script, issue 4) and through
+rLLM's model gateway (the token-capturing proxy of rLLM, issue 18).
 
     python tests/bench/bench_proxy.py [--requests 1000] [--levels 1,16,64] [--no-litellm]
-                                      [--unique-prompts]
+                                      [--no-rllm] [--unique-prompts]
 
-An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py) answers at once,
-so latency above the direct call is the proxy's own. Polar runs as ``polar serve
+An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py; vLLM-shaped on
+``/vllm/v1``) answers at once, so latency above the direct call is the proxy's own. Polar runs as ``polar serve
 proxy`` does (granian, one worker, uvloop when installed; ``--loops asyncio`` forces a
 loop), with capture on: every call is committed to a real JetStream and its state written to a
 real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
-same OpenAI requests through to the same engine.
+same OpenAI requests through to the same engine. rLLM's gateway (its own venv too) takes
+them on ``/sessions/<id>/v1``, asks the engine's vLLM face for token ids and logprobs and
+stores each call's trace (ids, logprobs, messages) in SQLite, as it does by default; the
+run checks afterwards that one session's traces hold the ids and logprobs the engine sent.
 
 All proxies run at once, pinned to one core (idle unless under load); the engine, the
 load generator, NATS and Valkey share the other. Each cell (streaming or not, number of
@@ -17,8 +21,8 @@ concurrent sessions) is measured in ``--rounds`` rounds that take every path in 
 so load from anything else on the machine falls on all of them alike.
 "req per CPU-s" is requests / CPU seconds the proxy's processes spent in its rounds (in
 brackets: counting NATS and Valkey too): requests per second per fully used core.
-Memory per session: the proxy's RSS growth over ``--memory-sessions`` fresh sessions
-that each made two calls, divided by their number.
+Memory per session (proxies with sessions: Polar's and rLLM's): the proxy's RSS growth
+over ``--memory-sessions`` fresh sessions that each made two calls, divided by their number.
 By default every request carries the same body. ``--unique-prompts`` makes every
 request's user message new (`` (request <tag>-<n>)`` appended, never repeated: see
 proxy_bench/client.py) on every path and in every section (warm-up, cells, first calls,
@@ -36,18 +40,22 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from services.common.registry import Registry  # noqa: E402
 from tests.bench.proxy_bench import procs  # noqa: E402
-from tests.bench.proxy_bench.backend import MODEL, TEXT  # noqa: E402
+from tests.bench.proxy_bench.backend import CHAT_OUTPUT_IDS, MODEL, PROMPT_IDS, TEXT  # noqa: E402
 from tests.bench.proxy_bench.report import (  # noqa: E402
     DIRECT,
     FIRST_CALLS,
     LITELLM,
+    RLLM,
     Run,
     table,
     verdicts,
@@ -74,8 +82,9 @@ def request_body(stream: bool) -> dict:
 def load(port: int, paths: list[str], per_path: int, stream: bool, cpus, **kw) -> dict:
     spec = {"port": port, "paths": paths, "per_path": per_path, "stream": stream}
     spec.update(body=request_body(stream), **kw)
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.bench.proxy_bench.client", json.dumps(spec)],
+    out = subprocess.run(  # the spec on stdin: thousands of session paths outgrow argv
+        [sys.executable, "-m", "tests.bench.proxy_bench.client"],
+        input=json.dumps(spec).encode(),
         capture_output=True,
         cwd=str(ROOT),
         preexec_fn=lambda: os.sched_setaffinity(0, cpus),
@@ -99,6 +108,7 @@ class Target:
     headers: dict[str, str] = field(default_factory=dict)
     pgid: int | None = None  # the proxy's process group (None: direct)
     with_bus: bool = False  # its capture costs NATS and Valkey CPU too
+    fresh_paths: Callable[[str, int], list[str]] | None = None  # (tag, n): n new sessions' paths
 
 
 @dataclass
@@ -181,9 +191,10 @@ class Bench:
         name = ("base-" if src != ROOT else "polar-") + mode
         name += "" if loop == "serve" else f"+{loop}"
         proc, port = self.stack.start_polar(backend_port, mode, model_dir, loop, src)
-        tokens = self._sessions(f"bench-{name}", max(self.args.levels))
-        paths = [f"/s/{tok}{CHAT_PATH}" for tok in tokens]
-        self.targets.append(Target(name, port, paths, pgid=proc.pid, with_bus=True))
+        paths = self._polar_paths(f"bench-{name}", max(self.args.levels))
+        target = Target(name, port, paths, pgid=proc.pid, with_bus=True)
+        target.fresh_paths = self._polar_paths
+        self.targets.append(target)
 
     def add_litellm(self, backend_port: int) -> None:
         proc, port = self.stack.start_litellm(backend_port)
@@ -191,7 +202,14 @@ class Bench:
         paths = [CHAT_PATH] * max(self.args.levels)
         self.targets.append(Target(LITELLM, port, paths, auth, pgid=proc.pid))
 
-    def _sessions(self, task_id: str, n: int) -> list[str]:
+    def add_rllm(self, backend_port: int) -> None:
+        proc, port = self.stack.start_rllm(backend_port)
+        paths = rllm_paths(f"bench-{RLLM}", max(self.args.levels))
+        self.targets.append(Target(RLLM, port, paths, pgid=proc.pid, fresh_paths=rllm_paths))
+
+    def _polar_paths(self, task_id: str, n: int) -> list[str]:
+        """``n`` running sessions of a new task, registered in Valkey as a node would."""
+
         async def make() -> list[str]:
             reg = Registry.from_url(self.stack.redis_url)
             try:
@@ -199,37 +217,35 @@ class Bench:
             finally:
                 await reg.close()
 
-        return asyncio.run(make())
+        return [f"/s/{tok}{CHAT_PATH}" for tok in asyncio.run(make())]
 
     def first_calls(self) -> None:
         """Calls spaced like a real harness's: every call is a session's first, so the
         session lookup misses the proxy's cache (one call at a time, one connection)."""
         n, rounds = self.args.first_calls, self.args.rounds
-        polar = [t for t in self.targets if t.with_bus] if n else []
-        tokens = {t.name: self._sessions(f"first-{t.name}", n) for t in polar}
-        cells = {t.name: Cell() for t in polar}
+        with_sessions = [t for t in self.targets if t.fresh_paths] if n else []
+        fresh = {t.name: t.fresh_paths(f"first-{t.name}", n) for t in with_sessions}
+        cells = {t.name: Cell() for t in with_sessions}
         for i in range(rounds):
-            shift = i % max(1, len(polar))
-            for t in polar[shift:] + polar[:shift]:
-                chunk = tokens[t.name][i * n // rounds : (i + 1) * n // rounds]
-                paths = [f"/s/{tok}{CHAT_PATH}" for tok in chunk]
+            shift = i % max(1, len(with_sessions))
+            for t in with_sessions[shift:] + with_sessions[:shift]:
+                paths = fresh[t.name][i * n // rounds : (i + 1) * n // rounds]
                 self._round(t, cells[t.name], False, 1, 1, paths, one_connection=True)
-        for t in polar:
+        for t in with_sessions:
             c = cells[t.name]
             self.runs.append(
                 Run(f"{t.name} {FIRST_CALLS}", False, 1, c.latencies, c.wall, c.bad, cpu=c.cpu,
-                    cpu_with_bus=c.cpu + c.bus)
+                    cpu_with_bus=c.cpu + c.bus if t.with_bus else None)
             )  # fmt: skip
 
     def memory(self) -> None:
-        """RSS growth per fresh session (each making two calls), Polar targets only."""
+        """RSS growth per fresh session (each making two calls), proxies with sessions."""
         n = self.args.memory_sessions
         for t in self.targets:
-            if not n or not t.with_bus:
+            if not n or not t.fresh_paths:
                 continue
-            tokens = self._sessions(f"bench-mem-{t.name}", n)
+            paths = t.fresh_paths(f"bench-mem-{t.name}", n)
             before = procs.rss_bytes(t.pgid)
-            paths = [f"/s/{tok}{CHAT_PATH}" for tok in tokens]
             self.load(t.port, paths, 2, False, concurrency=64)
             after = procs.rss_bytes(t.pgid)
             self.notes.append(
@@ -237,6 +253,34 @@ class Bench:
                 f"{after / 2**20:.1f} MiB over {n} new sessions x 2 calls = "
                 f"{(after - before) / n / 1024:.1f} KiB per session"
             )
+
+    def rllm_capture(self) -> None:
+        """What rLLM's gateway stored for its first session: the engine's ids and
+        logprobs on every call, or the comparison is not of like with like."""
+        t = next((t for t in self.targets if t.name == RLLM), None)
+        if t is None:
+            return
+        session_id = t.paths[0].split("/")[2]
+        url = f"http://127.0.0.1:{t.port}/sessions/{session_id}/traces"
+        traces = httpx.get(url, timeout=60).json()
+        whole = [
+            tr
+            for tr in traces
+            if tr["prompt_token_ids"] == PROMPT_IDS
+            and tr["completion_token_ids"] == CHAT_OUTPUT_IDS
+            and len(tr["logprobs"] or []) == len(CHAT_OUTPUT_IDS)
+        ]
+        streamed = sum(1 for tr in traces if tr["raw_request"].get("stream"))
+        self.notes.append(
+            f"{RLLM}'s capture, session {session_id}: {len(traces)} traces ({streamed} streamed), "
+            f"{len(whole)} of them with the engine's {len(PROMPT_IDS)} prompt ids, "
+            f"{len(CHAT_OUTPUT_IDS)} output ids and {len(CHAT_OUTPUT_IDS)} logprobs"
+        )
+
+
+def rllm_paths(tag: str, n: int) -> list[str]:
+    """``n`` new sessions of rLLM's gateway: it makes a session on its first call."""
+    return [f"/sessions/{tag}-{i}{CHAT_PATH}" for i in range(n)]
 
 
 def reply_token_ids(model_dir: Path) -> list[int]:
@@ -276,6 +320,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--memory-sessions", type=int, default=1000)
     ap.add_argument("--first-calls", type=int, default=300, help="first calls of fresh sessions")
     ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--no-rllm", action="store_true", help="leave out rLLM's model gateway")
     ap.add_argument(
         "--unique-prompts",
         action="store_true",
@@ -312,7 +357,10 @@ def main() -> None:
                     bench.add_polar(backend_port, mode, loop, model_dir, src)
         if not args.no_litellm:
             bench.add_litellm(backend_port)
+        if not args.no_rllm:
+            bench.add_rllm(backend_port)
         bench.run_all()
+        bench.rllm_capture()
         bench.first_calls()
         bench.memory()
     finally:

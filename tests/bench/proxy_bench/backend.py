@@ -1,4 +1,5 @@
-"""An instant engine: answers SGLang's surface with fixed bodies and no model at all.
+"""An instant engine: answers SGLang's surface, and vLLM's chat completions, with fixed
+bodies and no model at all.
 
     python -m tests.bench.proxy_bench.backend --port P [--token-ids 1,2,3]
 
@@ -7,13 +8,17 @@ the engine costs next to nothing and every microsecond measured is the proxy's. 
 ``POST /v1/chat/completions`` (SGLang 0.5.13 shape: prompt ids, meta_info logprobs,
 weight version; ``"stream": true`` gets OpenAI chunks and ``[DONE]``), ``POST /generate``
 (token mode; the reply's ids are ``--token-ids``), and ``/health``, ``/model_info``,
-``/server_info`` for the proxy's start-up probe.
+``/server_info`` for the proxy's start-up probe. ``POST /vllm/v1/chat/completions``
+answers as vLLM 0.11+ does (for peers that expect vLLM, e.g. rLLM's gateway): the same
+ids, plus ``prompt_token_ids`` and each choice's ``token_ids`` when the request asks
+``return_token_ids``, and ``logprobs.content`` when it asks ``logprobs``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 
 import orjson
 
@@ -21,6 +26,11 @@ MODEL = "bench-model"
 TEXT = "Hello! How can I help you today?"
 CHAT_OUTPUT_IDS = [9707, 0, 2585, 646, 358, 1492, 498, 3351, 30, 151645]
 PROMPT_IDS = list(range(151644, 151644 + 20))
+VLLM_API = "/vllm/v1"  # the vLLM face's OpenAI prefix
+VLLM_CHAT_PATH = VLLM_API + "/chat/completions"
+_VLLM_CHAT = VLLM_CHAT_PATH.encode()
+USAGE = {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": len(CHAT_OUTPUT_IDS)}
+USAGE["total_tokens"] = USAGE["prompt_tokens"] + USAGE["completion_tokens"]
 
 
 def _logprobs(ids: list[int]) -> list[list]:
@@ -44,7 +54,6 @@ def chat_body() -> bytes:
         "prompt_token_ids": PROMPT_IDS,
         "meta_info": meta,
     }
-    usage = {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}
     return orjson.dumps(
         {
             "id": "bench",
@@ -52,30 +61,72 @@ def chat_body() -> bytes:
             "created": 1767225600,
             "model": MODEL,
             "choices": [choice],
-            "usage": usage,
+            "usage": USAGE,
             "metadata": {"weight_version": "default"},
         }
     )
 
 
-def chat_stream_body() -> bytes:
-    def chunk(delta: dict, finish: str | None, **extra) -> bytes:
-        doc = {
-            "id": "bench",
-            "object": "chat.completion.chunk",
-            "created": 1767225600,
-            "model": MODEL,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            **extra,
-        }
-        return b"data: " + orjson.dumps(doc) + b"\n\n"
+def _chunk(delta: dict, finish: str | None, choice: dict | None = None, **root) -> bytes:
+    doc = {
+        "id": "bench",
+        "object": "chat.completion.chunk",
+        "created": 1767225600,
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **(choice or {})}],
+        **root,
+    }
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
 
-    usage = {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}
+
+def chat_stream_body() -> bytes:
     return b"".join(
         [
-            chunk({"role": "assistant", "content": ""}, None),
-            chunk({"content": TEXT}, None),
-            chunk({}, "stop", usage=usage),
+            _chunk({"role": "assistant", "content": ""}, None),
+            _chunk({"content": TEXT}, None),
+            _chunk({}, "stop", usage=USAGE),
+            b"data: [DONE]\n\n",
+        ]
+    )
+
+
+def _vllm_logprobs(ids: list[int]) -> dict:
+    """vLLM's OpenAI logprobs; tokens spelled as ``return_tokens_as_token_ids`` does
+    (the instant engine has no tokenizer)."""
+    tokens = [f"token_id:{t}" for t in ids]
+    return {
+        "content": [
+            {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
+            for tok, (lp, _, _) in zip(tokens, _logprobs(ids), strict=True)
+        ]
+    }
+
+
+def _vllm_extras(token_ids: bool, logprobs: bool) -> tuple[dict, dict]:
+    """(root fields, choice fields) that vLLM adds for ``return_token_ids`` / ``logprobs``."""
+    root = {"prompt_token_ids": PROMPT_IDS} if token_ids else {}
+    choice = {"token_ids": CHAT_OUTPUT_IDS} if token_ids else {}
+    choice["logprobs"] = _vllm_logprobs(CHAT_OUTPUT_IDS) if logprobs else None
+    return root, choice
+
+
+def vllm_chat_body(token_ids: bool, logprobs: bool) -> bytes:
+    root, extra = _vllm_extras(token_ids, logprobs)
+    message = {"role": "assistant", "content": TEXT, "tool_calls": []}
+    choice = {"index": 0, "message": message, "finish_reason": "stop", "stop_reason": None}
+    doc = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1767225600}
+    doc.update(model=MODEL, choices=[{**choice, **extra}], usage=USAGE, prompt_logprobs=None)
+    return orjson.dumps({**doc, **root})
+
+
+def vllm_chat_stream_body(token_ids: bool, logprobs: bool) -> bytes:
+    """Prompt ids ride on the first chunk, output ids and logprobs on the content's."""
+    root, extra = _vllm_extras(token_ids, logprobs)
+    return b"".join(
+        [
+            _chunk({"role": "assistant", "content": ""}, None, **root),
+            _chunk({"content": TEXT}, None, extra),
+            _chunk({}, "stop", usage=USAGE),
             b"data: [DONE]\n\n",
         ]
     )
@@ -127,6 +178,16 @@ class Answers:
         self.token_ids = token_ids
         self.chat = response(200, chat_body())
         self.chat_stream = response(200, chat_stream_body(), b"text/event-stream")
+        self.vllm = {  # (stream, return_token_ids, logprobs) -> reply
+            (False, ids, lp): response(200, vllm_chat_body(ids, lp))
+            for ids, lp in itertools.product((False, True), repeat=2)
+        }
+        self.vllm.update(
+            {
+                (True, ids, lp): response(200, vllm_chat_stream_body(ids, lp), b"text/event-stream")
+                for ids, lp in itertools.product((False, True), repeat=2)
+            }
+        )
         self.fixed = {
             (b"GET", b"/health"): response(200, b""),
             (b"GET", b"/model_info"): response(200, orjson.dumps(INFO)),
@@ -140,6 +201,10 @@ class Answers:
     def answer(self, method: bytes, path: bytes, body: bytes) -> bytes:
         if path == b"/v1/chat/completions":
             return self.chat_stream if b'"stream":true' in body.replace(b" ", b"") else self.chat
+        if path == _VLLM_CHAT:
+            flat = body.replace(b" ", b"")
+            asked = (b'"stream":true', b'"return_token_ids":true', b'"logprobs":true')
+            return self.vllm[tuple(flag in flat for flag in asked)]
         if path == b"/generate":
             n_prompt = len(orjson.loads(body)["input_ids"])
             return response(200, generate_body(n_prompt, self.token_ids))

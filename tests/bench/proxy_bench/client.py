@@ -1,6 +1,7 @@
 """Load generator: ``concurrency`` keep-alive connections, a fixed number of requests.
 
     python -m tests.bench.proxy_bench.client '<json spec>'   -> one JSON line on stdout
+    python -m tests.bench.proxy_bench.client < spec.json      (a spec too long for argv)
 
 Spec: ``port``, ``paths`` (one per session; each gets its own connection and
 ``per_path`` requests), ``concurrency`` (sessions at once; default all), ``body`` (the
@@ -208,7 +209,7 @@ async def run(spec: dict) -> dict:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    spec = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
     try:
         import uvloop
 

@@ -1,5 +1,6 @@
 """The processes under test, each pinned: NATS, Valkey, the instant backend, the Polar
-proxy (granian, one worker) and LiteLLM's proxy (uvicorn, one worker)."""
+proxy (granian, one worker), LiteLLM's proxy and rLLM's model gateway (uvicorn, one
+worker each; each peer from a venv of its own, made on first use)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from pathlib import Path
 
 from infra import catalog, localservers
 from tests.bench.proxy_bench import procs
-from tests.bench.proxy_bench.backend import MODEL
+from tests.bench.proxy_bench.backend import MODEL, VLLM_API
 
 ROOT = Path(__file__).resolve().parents[3]
 LITELLM_KEY = "sk-bench"
 # LiteLLM pins rich<14 and other versions the project's venv is newer on, so it lives in
-# a venv of its own (see docs/benchmarks.md); LITELLM_BIN overrides.
+# a venv of its own (see docs/benchmarks.md); LITELLM_BIN overrides. rLLM's gateway too
+# (it needs fastapi and aiosqlite, which the project does not); RLLM_BIN overrides.
 LITELLM_VENV = ROOT / ".bench" / "litellm-venv"
+LITELLM_REQUIREMENT = "litellm[proxy]>=1.50"
+RLLM_VENV = ROOT / ".bench" / "rllm-venv"
+RLLM_REQUIREMENT = "rllm-model-gateway==0.1.0"
 
 
 @dataclass
@@ -92,6 +97,22 @@ class Stack:
         procs.pin_group(proc.pid, self.proxy_cpus)
         return proc, port
 
+    def start_rllm(self, backend_port: int):
+        """rLLM's gateway with its defaults (traces to SQLite, written after the reply),
+        in front of the instant engine's vLLM face; uvicorn logs warnings only, as the
+        other proxies log no access lines."""
+        port = localservers.free_port()
+        cfg = self.work / "rllm.yaml"
+        cfg.write_text(rllm_config(backend_port, port, self.work / "rllm-traces.db"))
+        argv = [rllm_bin(), "--config", str(cfg)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RLLM_GATEWAY")}
+        log = self.work / "rllm.log"
+        proc = procs.spawn(argv, log, self.proxy_cpus, env=env, cwd=str(self.work))
+        self.procs.append(proc)
+        procs.wait_http(f"http://127.0.0.1:{port}/health", proc, log)
+        procs.pin_group(proc.pid, self.proxy_cpus)
+        return proc, port
+
     def stop_all(self) -> None:
         for p in reversed(self.procs):
             procs.stop(p)
@@ -130,13 +151,29 @@ def litellm_bin() -> str:
     explicit = os.environ.get("LITELLM_BIN")
     if explicit:
         return explicit
-    for candidate in (LITELLM_VENV / "bin" / "litellm", Path(sys.prefix) / "bin" / "litellm"):
-        if candidate.exists():
-            return str(candidate)
-    raise FileNotFoundError(
-        "litellm not found: python -m venv .bench/litellm-venv && "
-        ".bench/litellm-venv/bin/pip install 'litellm[proxy]' (or set LITELLM_BIN)"
+    in_project = Path(sys.prefix) / "bin" / "litellm"
+    if in_project.exists() and not (LITELLM_VENV / "bin" / "litellm").exists():
+        return str(in_project)
+    return venv_script(LITELLM_VENV, LITELLM_REQUIREMENT, "litellm")
+
+
+def rllm_bin() -> str:
+    """RLLM_BIN (e.g. a venv with uvicorn[standard], for uvloop and httptools), else
+    the bench's venv with the gateway and its declared dependencies only."""
+    return os.environ.get("RLLM_BIN") or venv_script(
+        RLLM_VENV, RLLM_REQUIREMENT, "rllm-model-gateway"
     )
+
+
+def venv_script(venv: Path, requirement: str, script: str) -> str:
+    """``script`` of ``venv``; on first use the venv is made and ``requirement``
+    installed into it from PyPI."""
+    path = venv / "bin" / script
+    if not path.exists():
+        print(f"installing {requirement} into {venv} (first use)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", requirement], check=True)
+    return str(path)
 
 
 def litellm_config(backend_port: int) -> str:
@@ -155,5 +192,24 @@ def litellm_config(backend_port: int) -> str:
           set_verbose: false
         general_settings:
           master_key: {LITELLM_KEY}
+        """
+    )
+
+
+def rllm_config(backend_port: int, port: int, db_path: Path) -> str:
+    """One vLLM worker (the instant engine's vLLM face); token ids and logprobs asked of
+    it on every call, as the gateway does by default."""
+    return textwrap.dedent(
+        f"""
+        host: 127.0.0.1
+        port: {port}
+        db_path: {db_path}
+        store_worker: sqlite
+        add_logprobs: true
+        add_return_token_ids: true
+        log_level: WARNING
+        workers:
+          - url: http://127.0.0.1:{backend_port}{VLLM_API}
+            model_name: {MODEL}
         """
     )
