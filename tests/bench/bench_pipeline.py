@@ -132,9 +132,9 @@ def main() -> None:
         "bounds": bounds,
         "group": args.group,
     }
-    print(report.markdown(meta, results, kept, [s.label for s in stacks]))
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "runs": results, "kept": kept}, indent=2))
+    print(report.markdown(meta, results, kept, [s.label for s in stacks]))
 
 
 if __name__ == "__main__":

@@ -127,38 +127,48 @@ def markdown(meta: dict, runs: list[dict], kept: list[dict], labels: list[str]) 
     return "\n".join(out)
 
 
-def profile_table(raw: Path, top: int = 25) -> list[str]:
-    """py-spy's raw stacks (``frame;frame;... count``; idle threads left out): each
-    function's share of the samples, inclusive (anywhere on the stack) and self (top)."""
+PROJECT = ("services/", "proxy/", "schemas/", "evaluators/", "infra/")
+LAUNCHER = ("services/cli/main.py", "services/common/http.py")  # granian's start-up chain
+
+
+def profile_table(raw: Path, top: int = 20) -> list[str]:
+    """py-spy's raw stacks (``frame;frame;... count``, recorded with ``--gil``: only the
+    thread holding the GIL is sampled, so the samples are the service's Python CPU):
+    each project function's share inclusive (anywhere on the stack) and as the deepest
+    project frame (the library and C work it calls counted in), and the top leaves."""
     inclusive: Counter[str] = Counter()
-    own: Counter[str] = Counter()
+    deepest: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        frames = [f for f in stack.split(";") if f and not f.startswith("process ")]
+        if not frames or not count.isdigit():
             continue
         n = int(count)
-        frames = [_short(f) for f in stack.split(";") if not f.startswith("process ")]
         total += n
-        own[frames[-1]] += n
-        for f in set(frames):
+        leaf[_short(frames[-1])] += n
+        ours = [_short(f) for f in frames if _ours(f)]
+        deepest[ours[-1] if ours else "(outside the project: start-up, event loop)"] += n
+        for f in set(ours):
             inclusive[f] += n
-    lines = ["| function | inclusive % | self % |", "|---|---|---|"]
+    lines = ["| project function | inclusive % | as deepest project frame % |", "|---|---|---|"]
     for f, n in inclusive.most_common(top):
-        lines.append(f"| `{f}` | {100 * n / total:.1f} | {100 * own[f] / total:.1f} |")
-    lines.append("")
-    lines.append("| top self time | self % |")
-    lines.append("|---|---|")
-    for f, n in own.most_common(top):
-        lines.append(f"| `{f}` | {100 * n / total:.1f} |")
-    lines.append(f"\n({total} samples)")
-    return lines
+        lines.append(f"| `{f}` | {100 * n / total:.1f} | {100 * deepest[f] / total:.1f} |")
+    lines += ["", "| deepest project frame | % |", "|---|---|"]
+    lines += [f"| `{f}` | {100 * n / total:.1f} |" for f, n in deepest.most_common(top)]
+    lines += ["", "| leaf function | % |", "|---|---|"]
+    lines += [f"| `{f}` | {100 * n / total:.1f} |" for f, n in leaf.most_common(top)]
+    return lines + ["", f"({total} samples at 250 Hz with the GIL held)"]
+
+
+def _ours(frame: str) -> bool:
+    where = frame.partition(" (")[2]
+    return where.startswith(PROJECT) and not where.startswith(LAUNCHER)
 
 
 def _short(frame: str) -> str:
-    """``func (path/to/mod.py:12)`` -> ``func (mod.py)``: one row per function."""
+    """``func (path/to/mod.py:12)`` -> ``func (to/mod.py)``: one row per function."""
     name, _, where = frame.partition(" (")
     path = where.rstrip(")").rsplit(":", 1)[0]
-    parts = path.split("/")
-    short = "/".join(parts[-2:]) if "site-packages" not in path else parts[-1]
-    return f"{name} ({short})"
+    return f"{name} ({path})"

@@ -132,6 +132,7 @@ class Profiler:
             "--subprocesses",
             "--rate",
             "250",
+            "--gil",
             "--format",
             "raw",
             "--output",
