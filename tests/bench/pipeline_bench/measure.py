@@ -30,6 +30,7 @@ KEY_FAMILIES = (
 @dataclass
 class Snapshot:
     cpu: dict[str, tuple[float, float]]  # process -> (own, reaped children) CPU seconds
+    rss: dict[str, int]  # process group -> resident bytes
     client_cpu: float  # this benchmark's own process: submit + TrajectoryClient
     redis_memory: int
     redis_commands: int
@@ -50,6 +51,7 @@ async def snapshot(pids: dict[str, int], redis, bus: Bus) -> Snapshot:
         streams[info.config.name] = (info.state.messages, info.state.bytes)
     return Snapshot(
         cpu={name: procs.cpu_split(pid) for name, pid in pids.items()},
+        rss={name: procs.rss_bytes(pid) for name, pid in pids.items()},
         client_cpu=client_cpu(),
         redis_memory=int(memory["used_memory"]),
         redis_commands=calls,

@@ -69,11 +69,19 @@ def _counts(c: dict[str, int]) -> str:
 
 
 def storage(runs: list[dict]) -> list[str]:
-    """Valkey memory and stream growth per session."""
+    """Memory: each process's resident set, Valkey's and the streams' growth per session."""
     lines = [_cols(runs)]
     lines.append(
         _row("Valkey used_memory, bytes / session", runs, lambda r: f"{r['redis_bytes']:.0f}")
     )
+    for proc in PROCESSES:
+        lines.append(
+            _row(
+                f"{proc} RSS MB, before -> after",
+                runs,
+                lambda r, p=proc: "{:.0f} -> {:.0f}".format(*r["rss_mb"].get(p, (0, 0))),
+            )
+        )
     streams = sorted({s for r in runs for s in r["streams"]})
     for s in streams:
         lines.append(

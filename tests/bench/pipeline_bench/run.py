@@ -221,6 +221,7 @@ async def measured(stack: TreeStack, plan: Plan, profile: tuple[str, ...] = ()) 
             "idle_cpu_ms_per_s": {
                 k: (idle1.cpu[k][0] - idle0.cpu[k][0]) * 1000 / idle_wall for k in idle1.cpu
             },
+            "rss_mb": {k: (before.rss[k] / 2**20, after.rss[k] / 2**20) for k in after.rss},
             "redis_bytes": (after.redis_memory - before.redis_memory) / n,
             "redis_commands": (
                 after.redis_commands
