@@ -15,7 +15,9 @@ keys left (count, share without a TTL, mean size) and every stream's retention l
 
 ``--baseline REF`` also measures REF (a ``git worktree`` in a temp dir, removed after):
 both stacks are up at once and each variant runs on one, then the other, so before and
-after share the machine's load.
+after share the machine's load. ``--profile SERVICE ...`` adds a noop run with py-spy
+(``pip install py-spy``) on those services of the last tree, and tables of where their
+Python CPU goes.
 
     python tests/bench/bench_pipeline.py [--sessions 100] [--variants noop one-call]
         [--baseline REF] [--group 10] [--bounds 4,4,8] [--profile pool] [--json out.json]

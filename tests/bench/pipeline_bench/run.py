@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -123,7 +124,7 @@ class Profiler:
     """py-spy on one service's process group for the length of a run (raw stacks)."""
 
     def __init__(self, pid: int, out: Path) -> None:
-        spy = Path(sys.executable).with_name("py-spy")
+        spy = shutil.which("py-spy") or Path(sys.executable).with_name("py-spy")
         argv = [
             str(spy),
             "record",
