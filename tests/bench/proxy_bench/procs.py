@@ -37,14 +37,22 @@ def _stat_fields(pid: int) -> list[str]:
 
 def cpu_seconds(pgid: int) -> float:
     """User + system CPU of every live process in the group (all threads)."""
-    total = 0
+    return cpu_split(pgid)[0]
+
+
+def cpu_split(pgid: int) -> tuple[float, float]:
+    """(own, reaped children's) user + system CPU seconds of the group's live processes:
+    a child counts in the second once its parent in the group has waited for it (a
+    harness process the executor started and reaped)."""
+    own = children = 0
     for pid in group_pids(pgid):
         try:
             fields = _stat_fields(pid)
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / CLK_TCK
+        own += int(fields[11]) + int(fields[12])  # utime, stime
+        children += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return own / CLK_TCK, children / CLK_TCK
 
 
 def rss_bytes(pgid: int) -> int:
