@@ -141,7 +141,16 @@ class Stack:
             )
         else:
             self.procs[fault].kill()
-            await asyncio.to_thread(self.start, fault)
+            # as a supervisor would: a service restarted while this round's Valkey or NATS
+            # fault has its server down exits at start-up (it says why); start it again
+            for attempt in range(5):
+                try:
+                    await asyncio.to_thread(self.start, fault)
+                    break
+                except RuntimeError as exc:
+                    if "exited" not in str(exc) or attempt == 4:
+                        raise
+                    await asyncio.sleep(1.0)
 
     def _restart_nats(self) -> None:
         self.nats = localservers.start_nats(self.nats_port, self.root / "nats")
