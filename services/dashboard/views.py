@@ -299,6 +299,8 @@ def session_view(
         "calls": calls,
         "problems": problems,
         "artifacts": art,
+        # nothing more will change: ended, its final record read, its artifacts here
+        "settled": row.state in _ENDED and row.synced and artifacts is not None,
         "verdict": {
             "reward": row.reward,
             "eval_status": row.eval_status or (trajectory.eval_status if trajectory else None),

@@ -10,10 +10,9 @@ The host's private places are masked (``PRIVATE_DIRS`` become empty tmpfs, the p
 and sudo files ``/dev/null``), and so is the directory holding every session of this
 node (``hide``): a harness sees its own session directory, never another's, the
 operator's home, this package's checkout (wherever it is) or the stack's state and
-credentials. What a
-harness needs from under a masked place is bound back read-only: the Python that runs
-the proxy bridge, this package's bridge script, and ``expose`` (the harness install
-cache).
+credentials. What a harness needs from under a masked place is bound back read-only:
+the Python that runs the proxy bridge, this package's bridge script, and ``expose`` (the
+harness install cache).
 """
 
 from __future__ import annotations

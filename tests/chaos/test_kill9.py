@@ -121,11 +121,12 @@ class Stack:
             "evaluator": {**base, **work, "ack_wait_seconds": 3.0, "retry_delay_seconds": 0.2},
         }[name]
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, restarts: int = 0) -> None:
         cfg = self.config(name)
         if name in self.procs:
             cfg["port"] = self.procs[name].port
-        self.procs[name] = ServiceProcess(TARGETS[name], cfg, self.root / "logs").start(60)
+        proc = ServiceProcess(TARGETS[name], cfg, self.root / "logs")
+        self.procs[name] = proc.start(60, restarts=restarts)
 
     async def kill_and_restart(self, fault: str) -> None:
         if fault == "nats-server":
@@ -141,16 +142,9 @@ class Stack:
             )
         else:
             self.procs[fault].kill()
-            # as a supervisor would: a service restarted while this round's Valkey or NATS
-            # fault has its server down exits at start-up (it says why); start it again
-            for attempt in range(5):
-                try:
-                    await asyncio.to_thread(self.start, fault)
-                    break
-                except RuntimeError as exc:
-                    if "exited" not in str(exc) or attempt == 4:
-                        raise
-                    await asyncio.sleep(1.0)
+            # restarted while this round's Valkey or NATS fault has its server down, a
+            # service exits at start-up (it says why): started again, as a supervisor would
+            await asyncio.to_thread(self.start, fault, 4)
 
     def _restart_nats(self) -> None:
         self.nats = localservers.start_nats(self.nats_port, self.root / "nats")

@@ -15,6 +15,10 @@ from infra import localservers
 from infra.catalog import SERVICES
 
 
+class ServiceExited(RuntimeError):
+    """The service process ended before it was healthy (its log's tail says why)."""
+
+
 class ServiceProcess:
     def __init__(self, target: str, config: dict, log_dir: Path) -> None:
         self.target, self.config = target, dict(config)
@@ -22,7 +26,20 @@ class ServiceProcess:
         self.log = log_dir / f"{target.split(':')[0].replace('.', '_')}-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0) -> ServiceProcess:
+    def start(self, timeout: float = 30.0, restarts: int = 0) -> ServiceProcess:
+        """Start and wait for /healthz. ``restarts``: start it again (up to that many
+        times, 1 s apart), as a supervisor would, when it exits at start-up (a server it
+        needs is down for a moment)."""
+        for attempt in range(restarts + 1):
+            try:
+                return self._start_once(timeout)
+            except ServiceExited:
+                if attempt == restarts:
+                    raise
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> ServiceProcess:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
         rsgi = any(k.target == self.target and k.rsgi for k in SERVICES.values())
         code = (  # served as `polar serve` serves it
@@ -41,7 +58,7 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.target} exited: {self.log.read_text()[-2000:]}")
+                raise ServiceExited(f"{self.target} exited: {self.log.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
                     return self

@@ -240,7 +240,7 @@ pages.session = async function () {
   const id = body.dataset.session;
   const d = await api(`/api/sessions/${enc(id)}`);
   const s = d.session, v = d.verdict;
-  settled = ENDED.includes(s.state) && s.synced && d.artifacts !== null; // nothing more will change
+  settled = d.settled; // ended, its reward and artifacts read: nothing more will change
   const calls = table(["seq", "protocol", "side call", "tokens in", "tokens out", "engine ms", "proxy ms", "weights", "extends", "drift / break", "finish"],
     d.calls.flatMap((c) => {
       const row = el("tr", { class: "call", "data-seq": c.seq },
@@ -370,7 +370,6 @@ pages.notfound = async function () {
 
 // -- live updates ---------------------------------------------------------------------
 const LIVE_PAGES = { overview: 1000, task: 1000, session: 3000 }; // least ms between re-renders
-const ENDED = ["COMPLETED", "TIMEOUT", "ERROR", "CANCELLED"];
 let rendering = false, again = false, lastRender = 0;
 let settled = false; // the page shows something final: live changes elsewhere leave it be
 

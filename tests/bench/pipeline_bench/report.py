@@ -74,24 +74,20 @@ def storage(runs: list[dict]) -> list[str]:
     lines.append(
         _row("Valkey used_memory, bytes / session", runs, lambda r: f"{r['redis_bytes']:.0f}")
     )
-    for proc in PROCESSES:
-        lines.append(
-            _row(
-                f"{proc} RSS MB, before -> after",
-                runs,
-                lambda r, p=proc: "{:.0f} -> {:.0f}".format(*r["rss_mb"].get(p, (0, 0))),
-            )
-        )
+    lines += _pair_rows(runs, "rss_mb", PROCESSES, "{} RSS MB, before -> after", "{:.0f} -> {:.0f}")
     streams = sorted({s for r in runs for s in r["streams"]})
-    for s in streams:
-        lines.append(
-            _row(
-                f"{s}: messages / bytes per session",
-                runs,
-                lambda r, s=s: "{:.1f} / {:.0f}".format(*r["streams"].get(s, (0, 0))),
-            )
-        )
+    lines += _pair_rows(
+        runs, "streams", streams, "{}: messages / bytes per session", "{:.1f} / {:.0f}"
+    )
     return lines
+
+
+def _pair_rows(runs: list[dict], field: str, names, label: str, cell: str) -> list[str]:
+    """One row per name of a field holding a pair per name (0, 0 where a run lacks it)."""
+    return [
+        _row(label.format(n), runs, lambda r, n=n: cell.format(*r[field].get(n, (0, 0))))
+        for n in names
+    ]
 
 
 def kept_keys(label: str, kept: dict) -> list[str]:

@@ -153,3 +153,14 @@ def test_training_curves_last_record_per_step_wins():
 
 def test_long_text_is_cut_and_says_by_how_much():
     assert views.clip("x" * 10, 4) == {"text": "xxxx", "cut": 6}
+
+
+def test_a_session_page_settles_once_ended_read_and_its_artifacts_are_here():
+    row = SessionRow(session_id="t-0000", task_id="t", state="COMPLETED", synced=False)
+    art = Artifacts(harness="shell")
+    assert views.session_view(row, [], [], art, None, now=1.0)["settled"] is False  # unread
+    row.synced = True
+    assert views.session_view(row, [], [], None, None, now=1.0)["settled"] is False  # no artifacts
+    assert views.session_view(row, [], [], art, None, now=1.0)["settled"] is True
+    row.state = "RUNNING"
+    assert views.session_view(row, [], [], art, None, now=1.0)["settled"] is False
