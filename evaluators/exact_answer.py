@@ -3,6 +3,7 @@
 Config::
 
     answers: {"How many * in **.*..*.**?": "6", ...}   # question -> expected answer
+    partial_credit: {weight: 0.5, window: 3}            # optional, numeric answers only
 
 Each trace is matched to its question by the last user message the model saw. Its
 answer is the assistant turn the trace recorded when the builder put it in
@@ -12,6 +13,12 @@ counts when, stripped, it is exactly the expected text (format is part of the ta
 or "six" is wrong). The session's reward is the mean of its traces' rewards (side calls
 left out), a question the agent never asked counting as one more wrong answer. The reason says how many were right and
 why the others were not.
+
+``partial_credit`` shapes a *training* reward: a wrong answer that is an integer ``d``
+away from an integer expected answer earns ``weight * (1 - d / window)`` (nothing from
+``window`` on), so a group whose samples are all wrong still ranks the near misses above
+the far ones. It never changes what counts as correct (``correct`` in the details, the
+reason), and a held-out set is scored without it.
 """
 
 from __future__ import annotations
@@ -64,6 +71,33 @@ def answer_of(trace: Trace, reported: dict[str, str], question: str) -> str | No
     return reported.get(question)
 
 
+def partial_credit(config: dict[str, Any]) -> tuple[float, int] | None:
+    """(weight, window) from ``config.partial_credit``, or None when it is not set."""
+    spec = config.get("partial_credit")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) - {"weight", "window"}:
+        raise EvaluatorError("config.partial_credit must be {weight: 0..1, window: >= 1}")
+    weight, window = spec.get("weight", 0.5), spec.get("window", 3)
+    if not isinstance(weight, int | float) or not 0 <= weight <= 1:
+        raise EvaluatorError(f"config.partial_credit.weight must be in [0, 1], not {weight!r}")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise EvaluatorError(
+            f"config.partial_credit.window must be an integer >= 1, not {window!r}"
+        )
+    return float(weight), window
+
+
+def near_miss(got: str, expected: str, credit: tuple[float, int]) -> float:
+    """The partial reward of a wrong answer: both integers, ``d`` apart, ``d < window``."""
+    weight, window = credit
+    try:
+        distance = abs(int(got.strip()) - int(expected))
+    except ValueError:
+        return 0.0
+    return weight * max(0.0, 1.0 - distance / window)
+
+
 def judge(trace: Trace, answers: dict[str, str], reported: dict[str, str]) -> str:
     """``correct`` or why not: ``wrong``, ``no_answer``, ``unknown_question``, ``side_call``."""
     if trace.side_call:
@@ -75,6 +109,22 @@ def judge(trace: Trace, answers: dict[str, str], reported: dict[str, str]) -> st
     if got is None:
         return "no_answer"
     return "correct" if got.strip() == answers[question] else "wrong"
+
+
+def trace_reward(
+    trace: Trace,
+    verdict: str,
+    answers: dict[str, str],
+    reported: dict[str, str],
+    credit: tuple[float, int] | None,
+) -> float:
+    if verdict == "correct":
+        return 1.0
+    if verdict != "wrong" or credit is None:
+        return 0.0
+    question = question_of(trace)
+    assert question is not None  # "wrong" is judged on a known question
+    return near_miss(answer_of(trace, reported, question) or "", answers[question], credit)
 
 
 def summary(verdicts: list[str], asked: set[str], answers: dict[str, str]) -> str:
@@ -93,10 +143,14 @@ class ExactAnswer(Evaluator):
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         answers = expected_answers(ctx.config)
+        credit = partial_credit(ctx.config)
         reported = reported_answers(ctx.artifacts.stdout_tail)
         traces = ctx.trajectory.traces
         verdicts = [judge(t, answers, reported) for t in traces]
-        rewards = [1.0 if v == "correct" else 0.0 for v in verdicts]
+        rewards = [
+            trace_reward(t, v, answers, reported, credit)
+            for t, v in zip(traces, verdicts, strict=True)
+        ]
         asked = {q for t in traces if (q := question_of(t)) in answers}
         scored = [r for r, v in zip(rewards, verdicts, strict=True) if v != "side_call"]
         missing = len(set(answers) - asked)
@@ -105,7 +159,7 @@ class ExactAnswer(Evaluator):
             reward,
             rewards,
             summary(verdicts, asked, answers),
-            correct=int(sum(scored)),
+            correct=sum(1 for v in verdicts if v == "correct"),
             answered=len(scored),
             questions=len(answers),
         )

@@ -45,16 +45,19 @@ class Recipe:
     seed: int = 0
     budget_seconds: float = 285.0  # from the demo's start to the trainer's last step
     max_steps: int = 100_000  # or stop after this many steps
-    questions: int = 16  # per session (one chat call, one trace each)
+    questions: int = 16  # per session (one chat call, one trace each): 128 samples a step
+    # exact_answer's near-miss credit for the training reward (held-out: exact only)
+    partial_credit: tuple[float, int] | None = (0.5, 3)
     group_size: int = 8  # sessions per task: each question is sampled 8 times
     groups_per_step: int = 1
     rollout_ahead: int = 2
     max_run: int = 16
     lr: float = 1e-3
+    clip_eps_high: float = 0.28  # a wider upper clip keeps unlikely right answers rising
     # PPO epochs: 4 learn faster in process (sim_stars.py) but collapsed seed 1 through the
     # stack (stale batches, docs/benchmarks.md); 1 until a quiet-machine run says otherwise
     updates_per_batch: int = 1
-    eval_every: int = 5
+    eval_every: int = 10
     sft_steps: int = 60
     sft_batch: int = 32
     sft_lr: float = 3e-3
@@ -74,7 +77,12 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
         "run_id": f"demo{recipe.seed}",
         "tasks": {
             "generator": "services.demo.stars:training_templates",
-            "args": {"seed": recipe.seed, "tasks": 512, "questions": recipe.questions},
+            "args": {
+                "seed": recipe.seed,
+                "tasks": 512,
+                "questions": recipe.questions,
+                "partial_credit": _credit(recipe.partial_credit),
+            },
             "heldout_path": str(heldout),
         },
         "model_dir": str(model),
@@ -93,10 +101,15 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
         "grad_clip": 1.0,
         "skip_zero_advantage": True,  # questions all 8 samples got right (or wrong) teach nothing
         "clip_eps": 0.2,
+        "clip_eps_high": recipe.clip_eps_high,
         "updates_per_batch": recipe.updates_per_batch,
         "keep_checkpoints": 2,
         "eval": {"every": recipe.eval_every, "at_start": True, "at_end": True, "priority": 10},
     }
+
+
+def _credit(spec: tuple[float, int] | None) -> dict | None:
+    return None if spec is None else {"weight": spec[0], "window": spec[1]}
 
 
 def prepare(recipe: Recipe, state: Path, console: Console) -> tuple[Topology, Path, float]:

@@ -60,11 +60,22 @@ def line_of(text: str) -> str | None:
 
 
 def template(
-    lines: list[str], *, temperature: float, python: str = sys.executable, split_name: str
+    lines: list[str],
+    *,
+    temperature: float,
+    python: str = sys.executable,
+    split_name: str,
+    partial_credit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A task template (a TaskRequest without id and sample count, as JSON data) asking each
-    of ``lines`` once per session."""
+    of ``lines`` once per session; ``partial_credit`` (``exact_answer``'s) shapes the
+    training reward, and the held-out set is scored without it."""
     questions = [question(line) for line in lines]
+    scoring: dict[str, Any] = {
+        "answers": {q: answer(line) for q, line in zip(questions, lines, strict=True)}
+    }
+    if partial_credit is not None:
+        scoring["partial_credit"] = partial_credit
     return {
         "instruction": "\n".join(questions),
         "timeout_seconds": 300,
@@ -80,12 +91,7 @@ def template(
             "env": {"QUIZ_TEMPERATURE": str(temperature), "QUIZ_MAX_TOKENS": "4"},
         },
         "builder": {"name": "per_request"},
-        "evaluator": {
-            "name": "exact_answer",
-            "config": {
-                "answers": {q: answer(line) for q, line in zip(questions, lines, strict=True)}
-            },
-        },
+        "evaluator": {"name": "exact_answer", "config": scoring},
         "metadata": {"family": "stars", "split": split_name},
     }
 
@@ -103,14 +109,24 @@ def training_lines(rng: random.Random, n: int, train: list[str]) -> list[str]:
 
 
 def training_templates(
-    seed: int = 0, *, tasks: int = 256, questions: int = 32, temperature: float = 1.0
+    seed: int = 0,
+    *,
+    tasks: int = 256,
+    questions: int = 32,
+    temperature: float = 1.0,
+    partial_credit: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """``tasks`` training templates of ``questions`` distinct lines each (the trainer's
     task source cycles through them: ``tasks.generator``)."""
     train, _ = split()
     rng = random.Random(seed)
     return [
-        template(training_lines(rng, questions, train), temperature=temperature, split_name="train")
+        template(
+            training_lines(rng, questions, train),
+            temperature=temperature,
+            split_name="train",
+            partial_credit=partial_credit,
+        )
         for _ in range(tasks)
     ]
 

@@ -58,3 +58,13 @@ def test_heldout_templates_are_greedy_and_cover_the_heldout_set():
     assert sorted(lines) == stars.split()[1]
     assert {t["agent"]["env"]["QUIZ_TEMPERATURE"] for t in templates} == {"0.0"}
     assert "answers" not in templates[0]["instruction"]
+    # held-out accuracy is exact: no near-miss credit in its scoring
+    assert all("partial_credit" not in t["evaluator"]["config"] for t in templates)
+
+
+def test_training_templates_carry_the_near_miss_credit_when_asked():
+    credit = {"weight": 0.5, "window": 3}
+    (t,) = stars.training_templates(seed=0, tasks=1, questions=4, partial_credit=credit)
+    assert t["evaluator"]["config"]["partial_credit"] == credit
+    (plain,) = stars.training_templates(seed=0, tasks=1, questions=4)
+    assert "partial_credit" not in plain["evaluator"]["config"]

@@ -131,3 +131,38 @@ def test_kept_result_round_trips_the_trace_rewards():
     back = logic.decode_result(logic.encode_result(r))
     assert back.trace_rewards == (1.0, 0.0)
     assert back == r
+
+
+CREDIT = {"weight": 0.5, "window": 3}
+
+
+def test_partial_credit_ranks_near_misses_and_keeps_correct_exact():
+    q2, q1 = ANSWERS
+    ctx = context([trace(q2, "2"), trace(q2, "3"), trace(q2, "4"), trace(q1, "7"), trace(q1, "1.")])
+    ctx.config["partial_credit"] = CREDIT
+    r = evaluate(ctx)
+    assert r.status == "ok"
+    # exact 1; 1 away 0.5*(2/3); 2 away 0.5*(1/3); 6 away 0; "1." is not an integer: 0
+    assert r.trace_rewards == pytest.approx((1.0, 1 / 3, 1 / 6, 0.0, 0.0))
+    assert r.details["correct"] == 1  # what counts as correct is unchanged
+    assert r.reason.startswith("1/5 answers correct")
+
+
+def test_partial_credit_leaves_non_numeric_expected_answers_alone():
+    answers = {"Capital of France?": "Paris"}
+    ctx = context([trace("Capital of France?", "Lyon")], answers=answers)
+    ctx.config["partial_credit"] = CREDIT
+    assert evaluate(ctx).trace_rewards == (0.0,)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"weight": 2}, {"window": 0}, {"window": 1.5}, {"windw": 3}, "yes", {"weight": "x"}],
+)
+def test_a_bad_partial_credit_config_is_an_evaluator_error(bad):
+    q2, _ = ANSWERS
+    ctx = context([trace(q2, "2")])
+    ctx.config["partial_credit"] = bad
+    r = evaluate(ctx)
+    assert r.status == "error"
+    assert "partial_credit" in r.reason
