@@ -167,6 +167,28 @@ class Registry:
             return result
         return await self.redis.hget(key, "result")
 
+    async def callback_status(self, task_id: str) -> str | None:
+        """The task's result callback: ``done``, ``failed``, or None (not delivered yet)."""
+        raw = await self.redis.hget(S.key_task(task_id), "callback")
+        return raw.decode() if raw else None
+
+    async def set_callback_status(self, task_id: str, status: str) -> None:
+        await self.redis.hset(S.key_task(task_id), "callback", status)
+
+    async def task_ids(self) -> list[str]:
+        """Every task in the registry, finished or not (a scan: for readers, not loops)."""
+        ids = []
+        async for key in self.redis.scan_iter(match=S.key_task("*"), count=1000):
+            task_id = key.decode().removeprefix(S.key_task(""))
+            if ":" not in task_id:  # the task's hash, not its :sessions / :counts
+                ids.append(task_id)
+        return ids
+
+    async def runtime_id(self, session_id: str) -> str | None:
+        """The runtime the pool prepared for the session (set as it became READY)."""
+        raw = await self.redis.hget(S.key_session(session_id), "runtime_id")
+        return raw.decode() if raw else None
+
     async def retire_task(self, task_id: str) -> None:
         """Nothing more to do for the task: stop reconciling it."""
         await self.redis.srem(S.KEY_TASKS_ACTIVE, task_id)
