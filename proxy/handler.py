@@ -53,7 +53,7 @@ class CompletionHandler:
         default_max_tokens: int,
     ) -> None:
         self.upstream = MODES[mode](backend, tokenizer)
-        self.publisher, self.store, self.backend, self.gate = publisher, store, backend, gate
+        self.publisher, self.store, self.gate = publisher, store, gate
         self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
         self.numbers = Numbering(store, publisher)
 
