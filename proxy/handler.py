@@ -21,7 +21,7 @@ from proxy.app import ModelCall, Render, SessionInfo, estimate_tokens
 from proxy.backends.base import BackendError, Generation, SamplingParams
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.capture import CallContext, CallNumber, Numbering, SessionStore, decode_states
-from proxy.conversation import AssistantTurn, Conversation, Usage
+from proxy.conversation import AssistantTurn, Conversation
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
 from proxy.io.jspub import JetStreamPublisher
@@ -187,7 +187,7 @@ class CompletionHandler:
         turn, failed, message = None, None, None
         try:  # first: the record carries the turn's finish reason (tool_calls in either
             # mode) and the answer itself (a trainer's conversation ends with it)
-            turn = self._turn(gen, request.tools)
+            turn = self.upstream.turn(gen, request.tools)
             message = _reply_message(turn)
         except Exception as exc:  # a bug: recorded all the same, then the harness's 500
             failed = exc
@@ -263,16 +263,6 @@ class CompletionHandler:
             max_new_tokens=s.max_tokens or self.default_max_tokens,
             # token mode: the engine sees ids, so the template's end-of-turn ids stop it
             stop_token_ids=self.upstream.stop_ids,
-        )
-
-    def _turn(self, gen: Generation, tools) -> AssistantTurn:
-        text, reasoning, calls = self.upstream.parse(gen, tools)
-        finish = gen.finish_reason
-        if calls and finish == "stop":
-            finish = "tool_calls"
-        usage = Usage(prompt_tokens=len(gen.prompt_ids), completion_tokens=len(gen.output_ids))
-        return AssistantTurn(
-            text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
         )
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.capture import CallContext
-from proxy.conversation import ToolCall
+from proxy.conversation import AssistantTurn, ToolCall, Usage
 from proxy.errors import ProtocolError
 from proxy.io.serving import after_reply
 from proxy.tito import PromptPlan, TurnState, head_text, judge_chat_prompt, plan_token_prompt
@@ -41,9 +41,6 @@ RENDER_AHEAD_MAX_BYTES = 64 * 1024
 # calls meanwhile; a shorter one is cheaper than the hand-off to a thread.
 PLAN_OFF_LOOP_BYTES = RENDER_AHEAD_MAX_BYTES
 PLANS_OFF_LOOP_AT_ONCE = 2
-
-# The parsed answer: text, reasoning, tool calls
-Parsed = tuple[str, str, list[ToolCall]]
 
 
 class TokenMode:
@@ -118,12 +115,13 @@ class TokenMode:
         """The prompt of a call the harness left before its answer."""
         return self.plan(request, states, sid, attempt)
 
-    def parse(self, gen: Generation, tools) -> Parsed:
+    def turn(self, gen: Generation, tools) -> AssistantTurn:
+        """The answer, parsed here from the sampled ids (tool calls get new ids)."""
         parsed = self.tok.parse_reply(gen.output_ids, tools)
         calls = [
             ToolCall(id=call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls
         ]
-        return parsed.content, parsed.reasoning or "", calls
+        return assistant_turn(gen, parsed.content, parsed.reasoning or "", calls)
 
     def answered(self, ctx: CallContext, plan: PromptPlan, state: TurnState, tools) -> None:
         """A long conversation's head is rendered once its answer is with the server."""
@@ -169,12 +167,13 @@ class ChatMode:
         """Nothing: the engine templates the prompt and only says what it was when done."""
         return PromptPlan([], None, None, None)
 
-    def parse(self, gen: Generation, tools) -> Parsed:
+    def turn(self, gen: Generation, tools) -> AssistantTurn:
+        """The answer as the engine parsed it (its tool call ids kept)."""
         calls = [
             ToolCall(id=c.id or call_id(), name=c.name, arguments=c.arguments)
             for c in gen.tool_calls
         ]
-        return gen.text, gen.reasoning or "", calls
+        return assistant_turn(gen, gen.text, gen.reasoning or "", calls)
 
     def answered(self, ctx: CallContext, plan: PromptPlan, state: TurnState, tools) -> None:
         """Nothing to prepare for the next call."""
@@ -185,6 +184,17 @@ MODES: dict[UpstreamMode, type[TokenMode] | type[ChatMode]] = {
     UpstreamMode.TOKEN: TokenMode,
     UpstreamMode.CHAT: ChatMode,
 }
+
+
+def assistant_turn(gen: Generation, text: str, reasoning: str, calls: list[ToolCall]):
+    """The turn the harness is answered with; a turn that calls tools finishes as such."""
+    finish = gen.finish_reason
+    if calls and finish == "stop":
+        finish = "tool_calls"
+    usage = Usage(prompt_tokens=len(gen.prompt_ids), completion_tokens=len(gen.output_ids))
+    return AssistantTurn(
+        text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
+    )
 
 
 def rejected(exc: TemplateRenderError) -> ProtocolError:
