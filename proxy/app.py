@@ -32,7 +32,16 @@ from msgspec import Struct
 
 from proxy.conversation import AssistantTurn, Conversation, TextPart
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
-from proxy.io.serving import SSE, BodyTooLarge, ClientGone, HotRoutes, ProxyApp, Reply
+from proxy.io.serving import (
+    SSE,
+    BodyTooLarge,
+    CallRequest,
+    ClientGone,
+    HotRoutes,
+    ProxyApp,
+    Reply,
+    RequestHead,
+)
 from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
 from proxy.protocols import models as generic
 from proxy.sse import encode_all
@@ -47,9 +56,15 @@ QUICK_SECONDS = 0.05  # most answers are back sooner: no disconnect watcher for 
 
 
 class SessionInfo(Struct, frozen=True, kw_only=True):
+    """A session as its lookup found it for one request (``proxy.sessions`` fills it):
+    what the completion handler needs of the session for the call."""
+
     session_id: str
     model: str = ""  # the model name the harness was configured with
-    data: Any = None  # anything the resolver wants the completion handler to get
+    attempt: int = 0
+    task_id: str = ""
+    states: list[bytes] = []  # the attempt's stored TITO states, raw, newest first
+    seq: int | None = None  # the call's number, when the lookup took one
 
 
 # token, and whether the lookup is for a model call (the resolver may number it then)
@@ -148,13 +163,25 @@ class _Proxy:
         self.keepalive = keepalive
 
     def route_handler(self, spec: ProtocolSpec, r: Route, prefix: str) -> Any:
+        """A protocol's GET route, served by litestar (its request is a ``RequestHead``)."""
+
         async def endpoint(request: Request) -> Response[Any]:
-            return to_litestar(await self.serve(spec, r, request))
+            return to_litestar(await self.serve_head(spec, r, request))
 
         name = f"{spec.name}:{r.method}:{prefix}{r.path}"
         return route(prefix + r.path, http_method=[r.method], name=name)(endpoint)
 
-    async def serve(self, spec: ProtocolSpec, r: Route, request: Request) -> Reply:
+    async def serve_head(self, spec: ProtocolSpec, r: Route, request: RequestHead) -> Reply:
+        """A route that reads no body (the models list, one model)."""
+        try:
+            return await self.models(spec, await self.session(self.lookup(request, False)), request)
+        except ProxyError as e:
+            return error_response(spec, e.kind, e.message, e.param)
+        except Exception:
+            log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
+            return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
+
+    async def serve(self, spec: ProtocolSpec, r: Route, request: CallRequest) -> Reply:
         unread = False  # a body over the limit is left unread
         try:
             endpoint = (
@@ -199,7 +226,7 @@ class _Proxy:
             log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
             return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
 
-    def lookup(self, request: Request, for_call: bool) -> Awaitable[SessionInfo | None]:
+    def lookup(self, request: RequestHead, for_call: bool) -> Awaitable[SessionInfo | None]:
         token = (
             request.path_params.get("token")
             or token_from_headers(request.headers)
@@ -225,7 +252,7 @@ class _Proxy:
         return session
 
     async def conversation(
-        self, spec: ProtocolSpec, request: Request
+        self, spec: ProtocolSpec, request: CallRequest
     ) -> tuple[Conversation, bytes]:
         try:
             raw = await request.read(self.max_body)
@@ -248,7 +275,12 @@ class _Proxy:
         return conv, raw
 
     async def generate(
-        self, spec: ProtocolSpec, session: SessionInfo, conv: Conversation, call: ModelCall, request
+        self,
+        spec: ProtocolSpec,
+        session: SessionInfo,
+        conv: Conversation,
+        call: ModelCall,
+        request: CallRequest,
     ) -> Reply:
         ids = ReplyIds.new()
         if not conv.stream:
@@ -263,7 +295,12 @@ class _Proxy:
         return await self.stream(spec, conv, ids, answer, request)
 
     async def stream(
-        self, spec: ProtocolSpec, conv, ids: ReplyIds, answer: Awaitable[bytes], request
+        self,
+        spec: ProtocolSpec,
+        conv,
+        ids: ReplyIds,
+        answer: Awaitable[bytes],
+        request: CallRequest,
     ) -> Reply:
         """Streamed: the whole event sequence once the answer is there. Past
         ``keepalive`` seconds a pump starts the stream and sends keep-alives until then;
@@ -307,7 +344,7 @@ class _Proxy:
         assert spec.render_count_tokens is not None
         return json_response(200, spec.render_count_tokens(n))
 
-    async def models(self, spec: ProtocolSpec, session: SessionInfo, request: Request) -> Reply:
+    async def models(self, spec: ProtocolSpec, session: SessionInfo, request: RequestHead) -> Reply:
         assert spec.render_models is not None
         return json_response(200, spec.render_models(session.model, request.path_params))
 
@@ -331,7 +368,7 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key") or headers.get("x-goog-api-key") or None
 
 
-async def answer_unless_gone(call: Awaitable[T], request: Request) -> T:
+async def answer_unless_gone(call: Awaitable[T], request: CallRequest) -> T:
     """Run the handler in this request's own task (no task of its own: most answers are
     back within ``QUICK_SECONDS``); past that, a client that disconnects cancels it."""
     me = asyncio.current_task()
@@ -375,7 +412,7 @@ def stream_body(
         )
 
 
-async def keep_alive(request: Any, frame: bytes, every: float) -> None:
+async def keep_alive(request: CallRequest, frame: bytes, every: float) -> None:
     """Start the stream (200) and send ``frame`` every ``every`` seconds until cancelled."""
     await request.start_stream()
     while True:

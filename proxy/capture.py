@@ -7,6 +7,7 @@ states) lives in Redis, so proxy replicas stay stateless.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
@@ -16,13 +17,16 @@ import msgspec
 import orjson
 
 from proxy.backends.base import Generation
-from proxy.errors import ErrorKind, UpstreamError
+from proxy.errors import ErrorKind, ProxyError, UpstreamError
 from proxy.io.jspub import JetStreamPublisher
-from proxy.io.resp import Resp, Script
+from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Session, Timings, UpstreamMode, encode
 from schemas import subjects as S
 from schemas.completion import delta_encode
+from services.common.registry import SESSION_FOR_CALL, session_from_flat
+
+log = logging.getLogger("polar.proxy")
 
 STATE_TTL_SECONDS = 7 * 24 * 3600
 _encoder = msgspec.msgpack.Encoder()
@@ -30,20 +34,10 @@ _decoder = msgspec.msgpack.Decoder(TurnState)
 SEQ_KEY = S.key_call_seq("")  # + session id
 TITO_KEY = S.KEY_TITO_PREFIX
 
-# Token -> session (the registry's GET, then HGETALL) and that attempt's TITO states: all
-# a call needs before it goes to the engine, in one round trip. For a model call
-# (ARGV[4] "1") to a RUNNING session it also takes the call's number.
-_OPEN = Script(
-    "local sid = redis.call('GET', KEYS[1]) "
-    "if not sid then return false end "
-    "local key = ARGV[1] .. sid "
-    "local attempt = redis.call('HGET', key, 'attempt') or '0' "
-    "local states = redis.call('LRANGE', ARGV[2] .. sid .. ':' .. attempt, 0, ARGV[3]) "
-    "local seq = -1 "
-    "if ARGV[4] == '1' and redis.call('HGET', key, 'state') == 'RUNNING' then "
-    "seq = redis.call('INCR', ARGV[5] .. sid) - 1 end "
-    "return {redis.call('HGETALL', key), states, seq}"
-)
+# Token -> session and that attempt's TITO states, numbering a model call to a RUNNING
+# session: all a call needs before it goes to the engine, in one round trip. The script
+# is the registry's (it owns the session hash); the keys it touches for us are ours.
+_OPEN = Script(SESSION_FOR_CALL)
 # Remember a numbered call's state (stored as "<seq>:<msgpack>", newest first).
 _REMEMBER = Script(
     "redis.call('LPUSH', KEYS[1], ARGV[1]) "
@@ -80,26 +74,70 @@ class Opened:
     seq: int | None  # the call's number, when the lookup took one
 
 
-class Reservation:
-    """A call's number: ``await`` it (as often as needed) once the INCR is back."""
+class CallNumber:
+    """A call's number, and its life. ``await`` it (as often as needed) once the lookup
+    or the INCR that took it is back. Every number taken ends in one of three ways: its
+    record committed (``commit``, ``start_commit``), or ``settle``: given back when no
+    later call took one, else filled with a void record, so builders see no lost call."""
 
-    __slots__ = ("_reply", "_seq_now")
+    __slots__ = ("_numbering", "_reply", "_seq")
 
-    def __init__(self, reply: Awaitable[int] | None, seq: int | None = None) -> None:
-        self._reply, self._seq_now = reply, seq
-
-    @classmethod
-    def taken(cls, seq: int) -> Reservation:
-        """A number the session lookup already took."""
-        return cls(None, seq)
+    def __init__(
+        self, numbering: Numbering, reply: Awaitable[int] | None, seq: int | None = None
+    ) -> None:
+        self._numbering, self._reply, self._seq = numbering, reply, seq
 
     def __await__(self):
-        return self._seq().__await__()
+        return self._value().__await__()
 
-    async def _seq(self) -> int:
-        if self._seq_now is None:
-            self._seq_now = int(await self._reply) - 1  # INCR answers how many are taken
-        return self._seq_now
+    async def _value(self) -> int:
+        if self._seq is None:
+            self._seq = int(await self._reply) - 1  # INCR answers how many are taken
+        return self._seq
+
+    async def commit(self, record: CompletionRecord) -> None:
+        """Publish the call's record (numbered by this) and wait for its ack."""
+        await commit(self._numbering.publisher, record)
+
+    def start_commit(self, record: CompletionRecord) -> Coroutine:
+        """``commit`` with the publish written at once (await the coroutine, or close it)."""
+        return start_commit(self._numbering.publisher, record)
+
+    async def settle(self, ctx: CallContext, reason: str, *, void: bool = True) -> None:
+        """This call will have no record: the number is given back if no later call took
+        one, else filled with a void record (``void``) so builders see no lost call."""
+        try:
+            seq = await self
+        except (RedisUnavailable, RedisReplyError):
+            return  # no number was taken
+        try:
+            if await self._numbering.store.release_seq(ctx.session_id, seq) or not void:
+                return
+            await commit(self._numbering.publisher, void_record(ctx, seq, reason))
+        except (ProxyError, RedisUnavailable, RedisReplyError) as exc:
+            log.warning("call %d of %s left a gap (%s): %s", seq, ctx.session_id, reason, exc)
+
+
+class Numbering:
+    """Hands out ``CallNumber``s: the one a session lookup took, or one taken now."""
+
+    __slots__ = ("store", "publisher")
+
+    def __init__(self, store: SessionStore, publisher: JetStreamPublisher) -> None:
+        self.store, self.publisher = store, publisher
+
+    def taken(self, seq: int) -> CallNumber:
+        """A number the session lookup already took."""
+        return CallNumber(self, None, seq)
+
+    def reserve(self, session_id: str) -> CallNumber:
+        """A number asked for now (a call in the grace window), awaited later."""
+        return CallNumber(self, self.store.reserve(session_id))
+
+    def of(self, session_id: str, seq: int | None) -> CallNumber:
+        """The number the session lookup took, else one asked for now: it is back while
+        the engine answers."""
+        return CallNumber(self, None, seq) if seq is not None else self.reserve(session_id)
 
 
 class SessionStore:
@@ -122,7 +160,7 @@ class SessionStore:
         sent = self.redis.start_script(
             _OPEN,
             [S.key_token(token)],
-            [S.key_session(""), TITO_KEY, MAX_STATES - 1, "1" if number else "0", SEQ_KEY],
+            [TITO_KEY, MAX_STATES - 1, "1" if number else "0", SEQ_KEY],
         )
         return self._opened(sent)
 
@@ -131,15 +169,12 @@ class SessionStore:
         if not reply:
             return None
         row, states, seq = reply
-        fields = {k.decode(): v.decode() for k, v in zip(row[::2], row[1::2], strict=True)}
-        session = msgspec.convert(fields, Session, strict=False)
-        return Opened(session, states, None if seq < 0 else seq)
+        return Opened(session_from_flat(row), states, None if seq < 0 else seq)
 
-    def reserve(self, session_id: str) -> Reservation:
-        """The call's number, asked for now and awaited later. Every number taken ends
-        in a committed record, or is given back (``release_seq``), or is filled with a
-        void record (``void_record``): builders see every gap as a lost call."""
-        return Reservation(self.redis.start("INCR", SEQ_KEY + session_id))
+    def reserve(self, session_id: str) -> Awaitable[int]:
+        """INCR the session's call counter: sent now, its reply (how many numbers are
+        taken) awaited later (``CallNumber``)."""
+        return self.redis.start("INCR", SEQ_KEY + session_id)
 
     def remember(self, session_id: str, attempt: int, state: TurnState) -> tuple[bytes, Awaitable]:
         """Store ``state`` (numbered: its ``seq`` is set) as the session's newest: what was

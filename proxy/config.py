@@ -5,13 +5,13 @@ from typing import Any
 import msgspec
 
 from schemas.engine import DEFAULT_MODEL_DIR
-from schemas.topology import Backend
+from schemas.topology import EMBEDDED_URL, Backend
 from services.common.settings import ServiceSettings
 
 
 class BackendConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: str = "embedded"  # sglang | vllm | embedded (SGLang surface)
-    urls: list[str] = msgspec.field(default_factory=lambda: ["http://127.0.0.1:30000"])
+    urls: list[str] = msgspec.field(default_factory=lambda: [EMBEDDED_URL])
     model: str = "default"
     # the kind's client and pool settings (proxy/backends/factory.py), e.g. a vLLM
     # deployment's reload_path or SGLang's pause_mode; an unknown name refuses the start

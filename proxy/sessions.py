@@ -19,8 +19,8 @@ from schemas import SessionState
 
 
 class SessionResolver:
-    """Token -> SessionInfo whose ``data`` carries the attempt, the task and the raw TITO
-    states (``proxy.capture.decode_states``) for the completion handler."""
+    """Token -> SessionInfo with the attempt, the task, the raw TITO states
+    (``proxy.capture.decode_states``) and the call's number for the completion handler."""
 
     def __init__(self, store: SessionStore):
         self.store = store
@@ -30,7 +30,7 @@ class SessionResolver:
     ) -> Coroutine[Any, Any, SessionInfo | None]:
         """The lookup is sent now; the coroutine returned waits for it (the proxy reads
         and parses the request body meanwhile). ``for_call``: a model call, numbered in
-        the same round trip when the session is RUNNING (``data["seq"]``)."""
+        the same round trip when the session is RUNNING (``SessionInfo.seq``)."""
         return self._resolve(self.store.open(token, number=for_call))
 
     async def _resolve(self, opening: Awaitable[Opened | None]) -> SessionInfo | None:
@@ -40,10 +40,10 @@ class SessionResolver:
         session = opened.session
         if session.state != SessionState.RUNNING:
             return None  # not RUNNING: no number was taken
-        data = {
-            "attempt": session.attempt,
-            "task_id": session.task_id,
-            "states": opened.states,
-            "seq": opened.seq,
-        }
-        return SessionInfo(session_id=session.session_id, data=data)
+        return SessionInfo(
+            session_id=session.session_id,
+            attempt=session.attempt,
+            task_id=session.task_id,
+            states=opened.states,
+            seq=opened.seq,
+        )

@@ -10,6 +10,9 @@ request's body is one call and its answer another, ~35 µs less per call than AS
 messages; litestar's routes through ``proxy.io.rsgi``), and ASGI (litestar's
 test client, any ASGI server). ``AsgiRequest`` and ``RsgiRequest`` give the routes the
 same few operations: read the body under a limit, wait for a disconnect, stream, answer.
+What a route may rely on is typed once: ``RequestHead`` (path params, headers, query),
+which these two and litestar's ``Request`` (the protocols' GET routes) all offer, and
+``CallRequest``, the head plus those operations, which only the hot routes' requests have.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl
 
 from litestar import Litestar
@@ -49,6 +52,40 @@ class Reply:
         if self.close:
             return CLOSE
         return SSE_HEADERS if self.media_type == SSE else {}
+
+
+@runtime_checkable
+class RequestHead(Protocol):
+    """What every request a protocol route gets offers: ``AsgiRequest``, ``RsgiRequest``
+    and litestar's ``Request`` (the protocols' GET routes, served by litestar)."""
+
+    @property
+    def path_params(self) -> Mapping[str, Any]: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def query_params(self) -> Mapping[str, str]: ...
+
+
+@runtime_checkable
+class CallRequest(RequestHead, Protocol):
+    """A hot route's request (``AsgiRequest``, ``RsgiRequest``): its head, and its body
+    read under a limit, a wait for a disconnect, a stream of keep-alives, the answer.
+    ``started``: the stream has begun (the answer then only ends it)."""
+
+    started: bool
+
+    async def read(self, limit: int) -> bytes: ...
+
+    async def disconnected(self) -> None: ...
+
+    async def start_stream(self) -> None: ...
+
+    async def send_chunk(self, data: bytes) -> None: ...
+
+    async def finish(self, reply: Reply) -> None: ...
 
 
 class BodyTooLarge(Exception):
@@ -194,8 +231,7 @@ def _headers(reply: Reply) -> list[tuple[str, str]]:
     return [("content-type", reply.media_type), *reply.headers.items()]
 
 
-Request = AsgiRequest | RsgiRequest
-Serve = Callable[[Any, Any, Any], Awaitable[Reply]]
+Serve = Callable[[Any, Any, CallRequest], Awaitable[Reply]]
 
 
 class HotRoutes:
@@ -280,7 +316,9 @@ class ProxyApp(Litestar):
         if self._lifespan is not None:
             self._lifespan.shutdown(loop)
 
-    async def _answer(self, hit: tuple[Any, Any, dict[str, str]] | Reply, request: Request) -> None:
+    async def _answer(
+        self, hit: tuple[Any, Any, dict[str, str]] | Reply, request: CallRequest
+    ) -> None:
         if isinstance(hit, Reply):
             await request.finish(hit)
             return

@@ -16,6 +16,7 @@ import time
 
 from nats.aio.msg import Msg
 
+from proxy.callcount import numbered_calls
 from schemas import (
     BuilderSpec,
     ContractError,
@@ -129,8 +130,7 @@ class Builder:
             records, problems = await read_completions(
                 self.bus, session_id, batch=cfg.read_batch, timeout=cfg.read_timeout_seconds
             )
-            raw = await self.registry.redis.get(S.key_call_seq(session_id))
-            numbered = int(raw or 0)
+            numbered = await numbered_calls(self.registry.redis, session_id)
             if logic.all_numbered_present(records, numbered) or time.monotonic() > deadline:
                 return records, problems
             await asyncio.sleep(0.1)

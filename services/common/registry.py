@@ -51,6 +51,24 @@ return 0
 
 REDACTED_FIELDS = ("reason", "eval_reason")
 
+# The proxy's per-call session lookup, one round trip (sent through the proxy's own RESP
+# client, proxy/capture.py): the token (KEYS[1]) -> its session's hash, and for the
+# caller's own keys, whose prefixes it names: the first ARGV[2] + 1 items of the list
+# ARGV[1] .. sid .. ':' .. attempt, and, when ARGV[3] is '1' and the session is RUNNING,
+# INCR ARGV[4] .. sid (the number taken: the count before it, else -1). Reply: false for
+# an unknown token, else {the hash as a flat list (``session_from_flat``), list, number}.
+SESSION_FOR_CALL = (
+    "local sid = redis.call('GET', KEYS[1]) "
+    "if not sid then return false end "
+    f"local key = '{S.key_session('')}' .. sid "
+    "local attempt = redis.call('HGET', key, 'attempt') or '0' "
+    "local items = redis.call('LRANGE', ARGV[1] .. sid .. ':' .. attempt, 0, ARGV[2]) "
+    "local seq = -1 "
+    "if ARGV[3] == '1' and redis.call('HGET', key, 'state') == 'RUNNING' then "
+    "seq = redis.call('INCR', ARGV[4] .. sid) - 1 end "
+    "return {redis.call('HGETALL', key), items, seq}"
+)
+
 
 def _script(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text()
@@ -166,6 +184,28 @@ class Registry:
             await self.redis.hset(key, "status", status)
             return result
         return await self.redis.hget(key, "result")
+
+    async def callback_status(self, task_id: str) -> str | None:
+        """The task's result callback: ``done``, ``failed``, or None (not delivered yet)."""
+        raw = await self.redis.hget(S.key_task(task_id), "callback")
+        return raw.decode() if raw else None
+
+    async def set_callback_status(self, task_id: str, status: str) -> None:
+        await self.redis.hset(S.key_task(task_id), "callback", status)
+
+    async def task_ids(self) -> list[str]:
+        """Every task in the registry, finished or not (a scan: for readers, not loops)."""
+        ids = []
+        async for key in self.redis.scan_iter(match=S.key_task("*"), count=1000):
+            task_id = key.decode().removeprefix(S.key_task(""))
+            if ":" not in task_id:  # the task's hash, not its :sessions / :counts
+                ids.append(task_id)
+        return ids
+
+    async def runtime_id(self, session_id: str) -> str | None:
+        """The runtime the pool prepared for the session (set as it became READY)."""
+        raw = await self.redis.hget(S.key_session(session_id), "runtime_id")
+        return raw.decode() if raw else None
 
     async def retire_task(self, task_id: str) -> None:
         """Nothing more to do for the task: stop reconciling it."""
@@ -350,6 +390,12 @@ class Registry:
 
 def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
+
+
+def session_from_flat(row: list[bytes]) -> Session:
+    """A session's hash as a flat ``[field, value, ...]`` reply (``SESSION_FOR_CALL``'s)."""
+    fields = {k.decode(): v.decode() for k, v in zip(row[::2], row[1::2], strict=True)}
+    return msgspec.convert(fields, Session, strict=False)
 
 
 def _session(row: dict[bytes, bytes]) -> Session:

@@ -125,7 +125,7 @@ class StackReader:
         while True:
             try:
                 sub = await self.bus.js.subscribe(
-                    "polar.events.session.>",
+                    S.SESSION_EVENTS,
                     ordered_consumer=True,
                     deliver_policy=DeliverPolicy.ALL,
                     cb=self._on_event,
@@ -169,11 +169,7 @@ class StackReader:
 
     async def load(self) -> None:
         """Every task and session in the registry, once (then the events keep it)."""
-        keys = []
-        async for key in self.registry.redis.scan_iter(match="polar:task:*", count=1000):
-            parts = key.decode().split(":")
-            if len(parts) == 3:  # polar:task:<id>, not its :sessions / :counts
-                keys.append(parts[2])
+        keys = await self.registry.task_ids()
         for i in range(0, len(keys), TASK_BATCH):
             await self._read_tasks(keys[i : i + TASK_BATCH])
         self.loaded = True

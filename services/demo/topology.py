@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from infra import localservers
+from schemas.topology import NODE_DEFAULTS
 
 SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator", "dashboard")
 MODEL_NAME = "polar-stars"
@@ -61,7 +62,14 @@ def stack_topology(
         "redis_url": f"redis://127.0.0.1:{ports['redis']}/0",
         "state_dir": str(state_dir),
         "startup_timeout_seconds": 180,
-        "nodes": [{"name": "node0", "max_init": 4, "ready_buffer": max_run, "max_run": max_run}],
+        "nodes": [
+            {
+                "name": "node0",
+                "max_init": NODE_DEFAULTS.max_init,
+                "ready_buffer": max_run,
+                "max_run": max_run,
+            }
+        ],
         "backends": [
             {
                 "name": "embedded",

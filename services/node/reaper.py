@@ -124,8 +124,7 @@ class Reaper:
             await fail_before_run(self.registry, self.bus, session, reason, [session.state])
 
     async def _stop_runtime(self, task, sid: str) -> None:
-        raw = await self.registry.redis.hget(S.key_session(sid), "runtime_id")
-        ids = [raw.decode() if raw else f"{sid}-main"]
+        ids = [await self.registry.runtime_id(sid) or f"{sid}-main"]
         # A dead executor may have left an eval runtime prewarming; nothing was handed
         # over (the session never finished), so it is stopped before any retry or finish.
         if eval_id := prewarm_runtime_id(task.spec, sid):

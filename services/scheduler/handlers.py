@@ -202,14 +202,13 @@ class Scheduler:
     async def deliver_callback(self, task_id: str, url: str, payload: bytes) -> bool:
         """POST the result with bounded retries, once per task; False if someone else
         is delivering it right now."""
-        key = S.key_task(task_id)
-        if await self.registry.redis.hget(key, "callback") in (b"done", b"failed"):
+        if await self.registry.callback_status(task_id) in ("done", "failed"):
             return True
         budget = self.config.callback_attempts * (self.config.callback_timeout_seconds + 1) * 2
         if not await self.registry.claim(f"callback:{task_id}", self.id, budget):
             return False
         outcome = await self._post_with_retries(url, payload)
-        await self.registry.redis.hset(key, "callback", "done" if outcome else "failed")
+        await self.registry.set_callback_status(task_id, "done" if outcome else "failed")
         if not outcome:
             log.warning("callback for task %s to %s failed", task_id, url)
         return True

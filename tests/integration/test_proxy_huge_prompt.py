@@ -62,7 +62,7 @@ async def test_a_small_call_is_not_stalled_by_a_concurrent_huge_prompt(
 ):
     tokenizer = ChatTokenizer.load(tiny_model_dir())
     async with handler_on(nats_url, redis_url, bus, tokenizer) as (handler, _, resolver):
-        handler.backend = InstantEngine()
+        handler.upstream.backend = InstantEngine()
         small, big = (
             await new_session(redis_client, "huge-small"),
             await new_session(redis_client, "huge-big"),

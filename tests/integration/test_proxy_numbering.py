@@ -198,7 +198,7 @@ async def test_a_refused_request_gives_back_the_number_its_lookup_took(stack, bu
     engine.release("one", answer(1))
     await call(handler, resolver, s.token, "one")
     refused = await resolver(s.token, True)  # its body then turned out malformed
-    assert refused.data["seq"] == 1
+    assert refused.seq == 1
     await handler.unused(refused, "openai_chat", "request body is not valid JSON")
     engine.release("two", answer(2))
     await call(handler, resolver, s.token, "two")
@@ -251,12 +251,12 @@ async def test_a_request_the_chat_template_rejects_is_a_400_and_gives_its_number
             Conversation(model="m", messages=[image]), "openai_chat", b"{}", {}
         )
         session = await resolver(s.token, True)
-        assert session.data["seq"] == 0
+        assert session.seq == 0
         with pytest.raises(ProtocolError) as refused:
             await prepared(session, as_is)
         assert refused.value.status == 400 and "template rejects" in refused.value.message
         again = await resolver(s.token, True)
-        assert again.data["seq"] == 0  # given back: no gap in the numbering
+        assert again.seq == 0  # given back: no gap in the numbering
         await handler.unused(again, "openai_chat", "test done")
 
 
@@ -279,7 +279,7 @@ async def test_a_request_whose_preparation_breaks_fails_and_gives_its_number_bac
     with pytest.raises(RuntimeError, match="conversion bug"):
         await prepared(session, as_is)
     again = await resolver(s.token, True)
-    assert again.data["seq"] == 0
+    assert again.seq == 0
     await handler.unused(again, "openai_chat", "test done")
 
 
@@ -292,5 +292,5 @@ async def test_a_count_that_breaks_fails_and_gives_its_number_back(stack, redis_
     with pytest.raises(RuntimeError, match="conversion bug"):
         await handler.count(session, BrokenConversation(), "anthropic_messages", b"{}", {})
     again = await resolver(s.token, True)
-    assert again.data["seq"] == 0
+    assert again.seq == 0
     await handler.unused(again, "openai_chat", "test done")

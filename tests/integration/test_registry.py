@@ -113,3 +113,22 @@ async def test_node_stage_sets_and_global_order(redis_client):
     await reg.transition(a, SessionState.CANCELLED)
     assert await reg.node_sessions("nX", SessionState.READY) == []
     assert t1.ok and t2.ok
+
+
+async def test_readers_of_task_and_session_fields_go_through_the_registry(redis_client):
+    """The callback status, every task id, a session's runtime: functions of the
+    registry (the scheduler, the dashboard and the reaper read no raw hash)."""
+    reg = Registry(redis_client)
+    await reg.create_task(task("reg-fields", 2))
+    await reg.create_task(task("reg-fields-b", 1))
+    ids = await reg.task_ids()
+    assert {"reg-fields", "reg-fields-b"} <= set(ids)
+    assert not any(":" in i for i in ids)  # not the tasks' :sessions / :counts keys
+    assert await reg.callback_status("reg-fields") is None
+    await reg.set_callback_status("reg-fields", "failed")
+    assert await reg.callback_status("reg-fields") == "failed"
+    sid = "reg-fields-0000"
+    assert await reg.runtime_id(sid) is None
+    await reg.transition(sid, SessionState.INITIALIZING)
+    await reg.transition(sid, SessionState.READY, runtime_id="rt-7")
+    assert await reg.runtime_id(sid) == "rt-7"

@@ -17,8 +17,9 @@ LAYERS: list[set[str]] = [
     {"schemas"},  # the contract: imports nothing of Polar
     {"services.common"},  # bus, registry, consumer, settings, tokenization, HTTP host
     {"services.runtimes", "services.engine", "services.client", "evaluators"},
-    {"proxy", "services.node", "services.builder", "services.export"},
+    {"proxy", "services.node", "services.export"},
     {
+        "services.builder",  # waits for every call the proxy numbered (proxy.callcount)
         "services.pool",
         "services.executor",
         "services.evaluator",
@@ -38,21 +39,35 @@ def package_of(module: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "services" and len(parts) > 1 else parts[0]
 
 
+def imported_modules(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """The modules an import statement in ``module`` names, absolute: a relative import
+    is resolved against the file's package, and ``from services import pool`` names
+    ``services.pool`` (the package it imports), not the namespace ``services``."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        up = package[: len(package) - (node.level - 1)]
+        base = ".".join([*up, base] if base else up)
+    if base in TOP:  # from services import pool: each name may be a package of its own
+        return [f"{base}.{a.name}" for a in node.names]
+    return [base]
+
+
 def imports_between_packages(root: Path = ROOT) -> set[tuple[str, str, str]]:
     """(importing package, imported package, file) for every import across packages."""
     found = set()
     for top in TOP:
         for path in (root / top).rglob("*.py"):
             rel = path.relative_to(root)
-            src = package_of(".".join(rel.with_suffix("").parts))
+            is_package = path.name == "__init__.py"
+            module = ".".join(rel.parent.parts if is_package else rel.with_suffix("").parts)
+            src = package_of(module)
             for node in ast.walk(ast.parse(path.read_text(), str(rel))):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
-                for name in names:
+                for name in imported_modules(node, module, is_package):
                     if name.split(".")[0] in TOP and name != "services":
                         dst = package_of(name)
                         if dst != src:
@@ -85,11 +100,18 @@ def test_the_checker_reports_upward_and_same_layer_imports(tmp_path):
         "schemas/a.py": "from services.pool import config\n",  # upward
         "services/pool/b.py": "def f():\n    import services.executor.handlers\n",  # same layer
         "services/node/c.py": "from schemas import Session\n",  # fine
+        "services/node/d.py": "from services import executor\n",  # upward, via the namespace
+        "services/builder/e.py": "from ..scheduler import logic\n",  # same layer, relative
+        "services/builder/f.py": "from . import logic\nfrom .logic import g\n",  # own package
+        "proxy/io/__init__.py": "from ...services import cli\n",  # relative from a package
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert wrong_way(imports_between_packages(tmp_path)) == [
+        "proxy/io/__init__.py: proxy (layer 3) imports services.cli (layer 7)",
         "schemas/a.py: schemas (layer 0) imports services.pool (layer 4)",
+        "services/builder/e.py: services.builder (layer 4) imports services.scheduler (layer 4)",
+        "services/node/d.py: services.node (layer 3) imports services.executor (layer 4)",
         "services/pool/b.py: services.pool (layer 4) imports services.executor (layer 4)",
     ]

@@ -7,7 +7,8 @@ import pytest
 
 from proxy.conversation import Conversation, Message, TextPart
 from proxy.gate import WeightGate
-from proxy.handler import RENDER_AHEAD_MAX_BYTES, CompletionHandler
+from proxy.handler import CompletionHandler
+from proxy.modes import RENDER_AHEAD_MAX_BYTES
 from schemas import UpstreamMode
 from services.common.tokenization import ChatTokenizer
 from tests.unit.engine.tiny import tiny_model_dir

@@ -1,0 +1,206 @@
+"""The upstream modes: one object per way of calling the engine, which the completion
+handler delegates to (``MODES[mode](...)``, no if-chains on the mode).
+
+Token mode (TITO, ``TokenMode``): the proxy renders the chat template itself, extends
+the session's previous prompt + sampled output token for token (``proxy.tito``), calls
+the engine with ``input_ids`` and parses tool calls itself. Chat mode (``ChatMode``): the
+engine templates and parses; the proxy records whether each prompt still extended the
+previous call, and why not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import TYPE_CHECKING
+
+from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRequest
+from proxy.capture import CallContext
+from proxy.conversation import AssistantTurn, ToolCall, Usage
+from proxy.errors import ProtocolError
+from proxy.io.serving import after_reply
+from proxy.tito import PromptPlan, TurnState, head_text, judge_chat_prompt, plan_token_prompt
+from schemas import UpstreamMode
+from services.common.tokenization import ChatTokenizer, TemplateRenderError
+from services.common.tokenization.lru import SizedLRU
+
+if TYPE_CHECKING:
+    from proxy.handler import _Request
+
+HEAD_CACHE_CHARS = 64_000_000  # ~64 MB of rendered conversations
+# Shorter conversations render in tens of µs: not worth rendering ahead for a next call
+# that may never come (a long one costs ~0.5 ms per render at 20k tokens).
+HEAD_AHEAD_MIN_TOKENS = 2048
+# Rendering a first call's prompt while its lookup is out saves at most that round trip
+# (~0.1 ms): worth it for short requests only, and a longer one is then not rendered
+# before its token is known to be valid.
+RENDER_AHEAD_MAX_BYTES = 64 * 1024
+# A longer request is planned (templated and tokenized, seconds for megabytes) in a
+# worker thread, a few at a time, so the event loop keeps serving every other session's
+# calls meanwhile; a shorter one is cheaper than the hand-off to a thread.
+PLAN_OFF_LOOP_BYTES = RENDER_AHEAD_MAX_BYTES
+PLANS_OFF_LOOP_AT_ONCE = 2
+
+
+class TokenMode:
+    """TITO: the proxy templates and tokenizes, the engine samples from ids."""
+
+    mode = UpstreamMode.TOKEN
+
+    def __init__(self, backend, tokenizer: ChatTokenizer | None) -> None:
+        if tokenizer is None:
+            raise ValueError("token mode needs the model's tokenizer (model_dir)")
+        self.backend, self.tok = backend, tokenizer
+        # the engine sees ids, so the template's end-of-turn ids stop it
+        self.stop_ids = sorted(set(tokenizer.eos_token_ids))
+        # each answered call's head text, rendered once the answer is out, so the call
+        # that continues it renders its conversation once instead of twice
+        self.heads: SizedLRU[tuple[str, int, int], str] = SizedLRU(
+            HEAD_CACHE_CHARS, lambda _key, text: len(text)
+        )
+        self._heavy_plans = asyncio.Semaphore(PLANS_OFF_LOOP_AT_ONCE)
+
+    def render_ahead(self, request: _Request) -> None:
+        """A short request without an assistant turn continues no state (continuing one
+        means echoing its answer): its prompt is rendered in full while its lookup is out."""
+        if len(request.raw) > RENDER_AHEAD_MAX_BYTES:
+            return
+        if any(m.get("role") == "assistant" for m in request.messages):
+            return
+        try:
+            request.prompt_ids = self.tok.render_ids(request.messages, request.tools)
+        except TemplateRenderError as exc:
+            request.rejected = rejected(exc)
+
+    async def generate(
+        self, ctx: CallContext, request: _Request, states: list[TurnState], sampling: SamplingParams
+    ) -> tuple[PromptPlan, Generation]:
+        sid = ctx.session_id
+        if len(request.raw) > PLAN_OFF_LOOP_BYTES:
+            async with self._heavy_plans:
+                plan = await asyncio.to_thread(self.plan, request, states, sid, ctx.attempt)
+        else:
+            plan = self.plan(request, states, sid, ctx.attempt)
+        gen = await self.backend.generate(
+            TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
+        )
+        return plan, gen
+
+    def plan(
+        self, request: _Request, states: list[TurnState], sid: str, attempt: int
+    ) -> PromptPlan:
+        if request.rejected is not None:
+            raise request.rejected
+
+        def heads(state: TurnState) -> str | None:
+            return self.heads.get((sid, attempt, state.seq))
+
+        try:
+            return plan_token_prompt(
+                self.tok,
+                request.messages,
+                request.tools,
+                states,
+                request.key,
+                heads,
+                rendered=request.prompt_ids,
+            )
+        except TemplateRenderError as exc:
+            raise rejected(exc) from exc
+
+    def aborted_plan(
+        self, request: _Request, states: list[TurnState], sid: str, attempt: int
+    ) -> PromptPlan:
+        """The prompt of a call the harness left before its answer."""
+        return self.plan(request, states, sid, attempt)
+
+    def turn(self, gen: Generation, tools) -> AssistantTurn:
+        """The answer, parsed here from the sampled ids (tool calls get new ids)."""
+        parsed = self.tok.parse_reply(gen.output_ids, tools)
+        calls = [
+            ToolCall(id=call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls
+        ]
+        return assistant_turn(gen, parsed.content, parsed.reasoning or "", calls)
+
+    def answered(self, ctx: CallContext, plan: PromptPlan, state: TurnState, tools) -> None:
+        """A long conversation's head is rendered once its answer is with the server."""
+        if len(plan.prompt_ids) >= HEAD_AHEAD_MIN_TOKENS:
+            after_reply(self._prepare_head, (ctx.session_id, ctx.attempt, state.seq), state, tools)
+
+    def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools) -> None:
+        # a template that refuses it: the continuing call renders it and reports why
+        with contextlib.suppress(TemplateRenderError):
+            self.heads.put(key, head_text(self.tok, state, tools))
+
+
+class ChatMode:
+    """The engine templates and parses; the proxy judges whether the prompt extended."""
+
+    mode = UpstreamMode.CHAT
+    stop_ids: list[int] = []
+
+    def __init__(self, backend, tokenizer: ChatTokenizer | None) -> None:
+        self.backend = backend
+
+    def render_ahead(self, request: _Request) -> None:
+        """Nothing: the engine renders the prompt."""
+
+    async def generate(
+        self, ctx: CallContext, request: _Request, states: list[TurnState], sampling: SamplingParams
+    ) -> tuple[PromptPlan, Generation]:
+        messages, tools = request.messages, request.tools
+        gen = await self.backend.chat(
+            ChatRequest(
+                session_id=ctx.session_id,
+                messages=messages,
+                tools=tools,
+                sampling=sampling,
+                model=ctx.model,
+            )
+        )
+        return judge_chat_prompt(gen.prompt_ids, messages, tools, states, request.key), gen
+
+    def aborted_plan(
+        self, request: _Request, states: list[TurnState], sid: str, attempt: int
+    ) -> PromptPlan:
+        """Nothing: the engine templates the prompt and only says what it was when done."""
+        return PromptPlan([], None, None, None)
+
+    def turn(self, gen: Generation, tools) -> AssistantTurn:
+        """The answer as the engine parsed it (its tool call ids kept)."""
+        calls = [
+            ToolCall(id=c.id or call_id(), name=c.name, arguments=c.arguments)
+            for c in gen.tool_calls
+        ]
+        return assistant_turn(gen, gen.text, gen.reasoning or "", calls)
+
+    def answered(self, ctx: CallContext, plan: PromptPlan, state: TurnState, tools) -> None:
+        """Nothing to prepare for the next call."""
+
+
+Upstream = TokenMode | ChatMode
+MODES: dict[UpstreamMode, type[TokenMode] | type[ChatMode]] = {
+    UpstreamMode.TOKEN: TokenMode,
+    UpstreamMode.CHAT: ChatMode,
+}
+
+
+def assistant_turn(gen: Generation, text: str, reasoning: str, calls: list[ToolCall]):
+    """The turn the harness is answered with; a turn that calls tools finishes as such."""
+    finish = gen.finish_reason
+    if calls and finish == "stop":
+        finish = "tool_calls"
+    usage = Usage(prompt_tokens=len(gen.prompt_ids), completion_tokens=len(gen.output_ids))
+    return AssistantTurn(
+        text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
+    )
+
+
+def rejected(exc: TemplateRenderError) -> ProtocolError:
+    # e.g. image parts for a text-only template
+    return ProtocolError(400, f"the model's chat template rejects this request: {exc}")
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
