@@ -4,7 +4,10 @@ The executor finishes the sessions it ran. A session that fails before it ever r
 (INIT failed, its holder died in INITIALIZING or READY, its deadline passed while it
 waited) is finished the same way with outcome ERROR and no artifacts: the builder turns
 its (empty) capture into a trajectory and the evaluator delivers it with reward 0, so a
-trainer's group of ``num_samples`` is always whole.
+trainer's group of ``num_samples`` is always whole. A cancelled session (by the user,
+or by early stop) is finished the same way too, from before or during its run, with
+outcome CANCELLED and whatever its capture holds: its final state is CANCELLED once its
+trajectory is delivered.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from services.common.registry import Registry
 
 ST = SessionState
 BEFORE_RUN = (ST.REGISTERED, ST.INITIALIZING, ST.READY)
+CANCELLABLE = (*BEFORE_RUN, ST.RUNNING)  # later, the session is already ending
 
 # Faults of the system, not of the task: the bus or the registry unreachable, a timeout
 # talking to them. (A holder lost, its lease expired, is one too: see ``may_retry``.)
@@ -99,4 +103,15 @@ async def fail_before_run(
     return await finish_session(
         registry, bus, session, session.attempt, Outcome.ERROR, reason, Artifacts(), None,
         from_=from_,
+    )  # fmt: skip
+
+
+async def cancel_session(registry: Registry, bus: Bus, session, reason: str) -> bool:
+    """End a session that has not run yet or is running as CANCELLED, through POSTRUN:
+    its token dies with the change (no call is served or captured after it) and it still
+    yields its trajectory, built from what was captured (empty if nothing was), so its
+    group is whole. Fenced by state and attempt: False if it moved on meanwhile."""
+    return await finish_session(
+        registry, bus, session, session.attempt, Outcome.CANCELLED, reason, Artifacts(), None,
+        from_=CANCELLABLE,
     )  # fmt: skip
