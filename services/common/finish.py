@@ -12,6 +12,7 @@ trajectory is delivered.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 
@@ -37,6 +38,10 @@ TRANSIENT = (
     ConnectionError,
     TimeoutError,
 )
+
+
+REGISTRY_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+FINISH_RETRY_S = 30.0  # longer than a registry restart; the holder's lease is renewed meanwhile
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -67,17 +72,7 @@ async def finish_session(
     """POSTRUN (from one of ``from_``) and the SessionFinished event; False when the
     session was no longer there to finish (cancelled or ended meanwhile)."""
     reason = redact(reason)
-    # fenced by attempt: a holder cut off past its lease, back after the session was
-    # retried elsewhere, must not finish the new attempt with the old one's results
-    t = await registry.transition(
-        session.session_id,
-        ST.POSTRUN,
-        from_=list(from_),
-        expect_attempt=attempt,
-        outcome=outcome.value,
-        reason=reason,
-    )
-    if not t.ok:
+    if not await _to_postrun(registry, session.session_id, attempt, outcome, reason, from_):
         return False
     event = SessionFinished(
         ts=time.time(),
@@ -93,6 +88,48 @@ async def finish_session(
         S.SESSIONS_FINISHED, encode(event), msg_id=f"finished:{session.session_id}:{attempt}"
     )
     return True
+
+
+async def _to_postrun(
+    registry: Registry,
+    session_id: str,
+    attempt: int,
+    outcome: Outcome,
+    reason: str | None,
+    from_: Iterable[SessionState],
+) -> bool:
+    """The POSTRUN transition, tried again while the registry is unreachable (a restart,
+    an outage: up to ``FINISH_RETRY_S``) instead of losing a finished run to ERROR."""
+    deadline, delay, tried = time.monotonic() + FINISH_RETRY_S, 0.2, False
+    while True:
+        try:
+            # fenced by attempt: a holder cut off past its lease, back after the session
+            # was retried elsewhere, must not finish the new attempt with the old one's
+            t = await registry.transition(
+                session_id,
+                ST.POSTRUN,
+                from_=list(from_),
+                expect_attempt=attempt,
+                outcome=outcome.value,
+                reason=reason,
+            )
+        except REGISTRY_DOWN:
+            if time.monotonic() > deadline:
+                raise
+            tried = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            continue
+        if t.ok or not tried:
+            return t.ok
+        # an earlier try may have been applied, its reply lost with the connection
+        now = await registry.get_session(session_id)
+        return now is not None and (now.state, now.attempt, now.outcome, now.reason) == (
+            ST.POSTRUN,
+            attempt,
+            outcome,
+            reason,
+        )
 
 
 async def fail_before_run(
