@@ -16,36 +16,19 @@ import asyncio
 import time
 from collections.abc import Iterable
 
-import nats.errors
-import redis.exceptions
-
 from schemas import Artifacts, Outcome, SessionFinished, SessionState, encode
 from schemas import subjects as S
 from services.common.bus import Bus
+from services.common.faults import REGISTRY_DOWN, TRANSIENT, is_transient
 from services.common.redact import redact
 from services.common.registry import Registry
 
+__all__ = ["TRANSIENT", "is_transient"]  # where the pool has them from
 ST = SessionState
 BEFORE_RUN = (ST.REGISTERED, ST.INITIALIZING, ST.READY)
 CANCELLABLE = (*BEFORE_RUN, ST.RUNNING)  # later, the session is already ending
 
-# Faults of the system, not of the task: the bus or the registry unreachable, a timeout
-# talking to them. (A holder lost, its lease expired, is one too: see ``may_retry``.)
-TRANSIENT = (
-    nats.errors.Error,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    ConnectionError,
-    TimeoutError,
-)
-
-
-REGISTRY_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 FINISH_RETRY_S = 30.0  # longer than a registry restart; the holder's lease is renewed meanwhile
-
-
-def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, TRANSIENT)
 
 
 def may_retry(session, spec, *, transient: bool) -> bool:
