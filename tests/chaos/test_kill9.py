@@ -212,7 +212,7 @@ def task(task_id: str) -> bytes:
             "task_id": task_id,
             "instruction": "chaos",
             "num_samples": SESSIONS,
-            "timeout_seconds": 120,
+            "timeout_seconds": 600,  # longer than the whole run: sessions wait out every round
             "runtime": {"backend": "local", "prepare": prepare},
             "agent": {"command": f"{sys.executable} {AGENT} {CALLS}"},
         }
