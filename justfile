@@ -54,9 +54,10 @@ test *ARGS: setup
 test-cluster *ARGS:
     {{py}} -m pytest -q -s -rs tests/cluster {{ARGS}}
 
-# The kill -9 chaos test at full strength: every fault three times (`just test` runs one round).
+# The kill -9 chaos test alone, longer: every fault 5 times (`just test` runs it with each
+# fault 3 times); POLAR_CHAOS_ROUNDS=N to choose, CHAOS_FAULTS=proxy,valkey for a subset.
 test-chaos *ARGS: setup
-    POLAR_CHAOS_ROUNDS=3 {{py}} -m pytest -q -s -rs tests/chaos {{ARGS}}
+    POLAR_CHAOS_ROUNDS=${POLAR_CHAOS_ROUNDS:-5} {{py}} -m pytest -q -s -rs tests/chaos {{ARGS}}
 
 # The real CLIs over every protocol each supports (`just test` runs every CLI and protocol once).
 test-harness *ARGS: setup

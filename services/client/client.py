@@ -14,9 +14,10 @@ again. Claim-checked payloads are fetched from the object store; a trajectory se
 Groups never wait forever: a group that got no new member for ``group_timeout`` seconds
 (default 900) is settled by ``on_partial``: ``"yield"`` hands it out with
 ``complete=False`` (the trainer decides), ``"drop"`` commits its members untrained and
-counts them in ``client.dropped``. Every session yields a trajectory, even one that failed
-before its first model call (an empty ERROR one), so a group is short only when sessions
-were cancelled (early stop) or are still running past the timeout.
+counts them in ``client.dropped``. Every session that ends yields a trajectory, even one
+that failed before its first model call (an empty ERROR one) or was cancelled (outcome
+``cancelled``, with what it captured: by the user or by early stop), so a group is short
+only when sessions are still running past the timeout.
 """
 
 from __future__ import annotations

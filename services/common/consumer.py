@@ -22,9 +22,13 @@ from nats.js.api import ConsumerConfig
 
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer
+from services.common.faults import is_transient
 from services.common.metrics import HANDLER_SECONDS, INFLIGHT, MESSAGES
 
 log = logging.getLogger(__name__)
+# how long a handler failing on a fault of the system (``faults.is_transient``) is run
+# again in place before the failure counts as a delivery: longer than a registry restart
+TRANSIENT_WAIT_S = 30.0
 
 Handler = Callable[[Msg], Awaitable[None]]
 
@@ -116,7 +120,7 @@ class Consumer:
         INFLIGHT.labels(self.name).inc()
         result = "ack"
         try:
-            await self.handler(msg)
+            await self._run_handler(msg)
             if not msg._ackd:
                 await msg.ack()
         except Retry as r:
@@ -138,6 +142,22 @@ class Consumer:
             INFLIGHT.labels(self.name).dec()
             HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - start)
             MESSAGES.labels(self.name, result).inc()
+
+    async def _run_handler(self, msg: Msg) -> None:
+        """The handler, run again here (the message kept in progress) while it fails on a
+        fault of the system, up to ``TRANSIENT_WAIT_S``: a registry restart or a bus
+        blip must not use up ``max_deliver`` and dead-letter good work (a READY hand-off
+        lost that way left its session READY forever)."""
+        deadline, delay = time.monotonic() + TRANSIENT_WAIT_S, 0.25
+        while True:
+            try:
+                return await self.handler(msg)
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("%s: %r; trying again in %.2fs", self.name, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 4.0)
 
     def _last_delivery(self, msg: Msg) -> bool:
         max_deliver = self.config.max_deliver or -1

@@ -4,39 +4,31 @@ The executor finishes the sessions it ran. A session that fails before it ever r
 (INIT failed, its holder died in INITIALIZING or READY, its deadline passed while it
 waited) is finished the same way with outcome ERROR and no artifacts: the builder turns
 its (empty) capture into a trajectory and the evaluator delivers it with reward 0, so a
-trainer's group of ``num_samples`` is always whole.
+trainer's group of ``num_samples`` is always whole. A cancelled session (by the user,
+or by early stop) is finished the same way too, from before or during its run, with
+outcome CANCELLED and whatever its capture holds: its final state is CANCELLED once its
+trajectory is delivered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
-
-import nats.errors
-import redis.exceptions
 
 from schemas import Artifacts, Outcome, SessionFinished, SessionState, encode
 from schemas import subjects as S
 from services.common.bus import Bus
+from services.common.faults import REGISTRY_DOWN, TRANSIENT, is_transient
 from services.common.redact import redact
 from services.common.registry import Registry
 
+__all__ = ["TRANSIENT", "is_transient"]  # where the pool has them from
 ST = SessionState
 BEFORE_RUN = (ST.REGISTERED, ST.INITIALIZING, ST.READY)
+CANCELLABLE = (*BEFORE_RUN, ST.RUNNING)  # later, the session is already ending
 
-# Faults of the system, not of the task: the bus or the registry unreachable, a timeout
-# talking to them. (A holder lost, its lease expired, is one too: see ``may_retry``.)
-TRANSIENT = (
-    nats.errors.Error,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    ConnectionError,
-    TimeoutError,
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, TRANSIENT)
+FINISH_RETRY_S = 30.0  # longer than a registry restart; the holder's lease is renewed meanwhile
 
 
 def may_retry(session, spec, *, transient: bool) -> bool:
@@ -63,17 +55,7 @@ async def finish_session(
     """POSTRUN (from one of ``from_``) and the SessionFinished event; False when the
     session was no longer there to finish (cancelled or ended meanwhile)."""
     reason = redact(reason)
-    # fenced by attempt: a holder cut off past its lease, back after the session was
-    # retried elsewhere, must not finish the new attempt with the old one's results
-    t = await registry.transition(
-        session.session_id,
-        ST.POSTRUN,
-        from_=list(from_),
-        expect_attempt=attempt,
-        outcome=outcome.value,
-        reason=reason,
-    )
-    if not t.ok:
+    if not await _to_postrun(registry, session.session_id, attempt, outcome, reason, from_):
         return False
     event = SessionFinished(
         ts=time.time(),
@@ -91,6 +73,48 @@ async def finish_session(
     return True
 
 
+async def _to_postrun(
+    registry: Registry,
+    session_id: str,
+    attempt: int,
+    outcome: Outcome,
+    reason: str | None,
+    from_: Iterable[SessionState],
+) -> bool:
+    """The POSTRUN transition, tried again while the registry is unreachable (a restart,
+    an outage: up to ``FINISH_RETRY_S``) instead of losing a finished run to ERROR."""
+    deadline, delay, tried = time.monotonic() + FINISH_RETRY_S, 0.2, False
+    while True:
+        try:
+            # fenced by attempt: a holder cut off past its lease, back after the session
+            # was retried elsewhere, must not finish the new attempt with the old one's
+            t = await registry.transition(
+                session_id,
+                ST.POSTRUN,
+                from_=list(from_),
+                expect_attempt=attempt,
+                outcome=outcome.value,
+                reason=reason,
+            )
+        except REGISTRY_DOWN:
+            if time.monotonic() > deadline:
+                raise
+            tried = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            continue
+        if t.ok or not tried:
+            return t.ok
+        # an earlier try may have been applied, its reply lost with the connection
+        now = await registry.get_session(session_id)
+        return now is not None and (now.state, now.attempt, now.outcome, now.reason) == (
+            ST.POSTRUN,
+            attempt,
+            outcome,
+            reason,
+        )
+
+
 async def fail_before_run(
     registry: Registry, bus: Bus, session, reason: str, from_: Iterable[SessionState]
 ) -> bool:
@@ -99,4 +123,15 @@ async def fail_before_run(
     return await finish_session(
         registry, bus, session, session.attempt, Outcome.ERROR, reason, Artifacts(), None,
         from_=from_,
+    )  # fmt: skip
+
+
+async def cancel_session(registry: Registry, bus: Bus, session, reason: str) -> bool:
+    """End a session that has not run yet or is running as CANCELLED, through POSTRUN:
+    its token dies with the change (no call is served or captured after it) and it still
+    yields its trajectory, built from what was captured (empty if nothing was), so its
+    group is whole. Fenced by state and attempt: False if it moved on meanwhile."""
+    return await finish_session(
+        registry, bus, session, session.attempt, Outcome.CANCELLED, reason, Artifacts(), None,
+        from_=CANCELLABLE,
     )  # fmt: skip

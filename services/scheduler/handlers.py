@@ -27,7 +27,8 @@ from schemas import (
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.consumer import Poison
-from services.common.finish import fail_before_run
+from services.common.finish import CANCELLABLE, fail_before_run
+from services.common.finish import cancel_session as finish_cancelled
 from services.common.registry import Registry
 from services.scheduler import logic
 from services.scheduler.config import SchedulerConfig
@@ -157,10 +158,18 @@ class Scheduler:
         return cancelled
 
     async def cancel_session(self, session_id: str, reason: str) -> bool:
-        t = await self.registry.transition(session_id, SessionState.CANCELLED, reason=reason)
-        if t.ok:  # whoever holds the runtime stops it
-            await self.bus.nc.publish(S.session_cancel(session_id), reason.encode())
-        return t.ok
+        """Cancel a session that has not run yet or is running: it ends through POSTRUN
+        with outcome CANCELLED, so it still yields its trajectory and its group is whole.
+        One already past its run is left to deliver (it is ending anyway): False."""
+        for _ in range(3):  # it may move under us (READY -> RUNNING, a retry): read again
+            s = await self.registry.get_session(session_id)
+            if s is None or s.state not in CANCELLABLE:
+                return False
+            if await finish_cancelled(self.registry, self.bus, s, reason):
+                # whoever holds the runtime stops it
+                await self.bus.nc.publish(S.session_cancel(session_id), reason.encode())
+                return True
+        return False
 
     # -- tracking to the end ----------------------------------------------------------
     async def on_session_event(self, msg: Msg) -> None:

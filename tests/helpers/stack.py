@@ -21,8 +21,10 @@ POLICIES = Path(__file__).resolve().parents[1] / "fixtures" / "policies"
 
 
 class EmbeddedServer:
-    def __init__(self, model_dir: Path, *, policy: Path | None = None, log_dir: Path) -> None:
-        self.port = localservers.free_port()
+    def __init__(
+        self, model_dir: Path, *, policy: Path | None = None, log_dir: Path, port: int = 0
+    ) -> None:
+        self.port = port or localservers.free_port()  # a port: restarted where it was
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [
             sys.executable,

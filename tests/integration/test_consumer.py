@@ -60,3 +60,48 @@ async def test_handler_longer_than_ack_wait_is_not_redelivered(bus):
 async def test_without_keepalive_the_same_job_is_redelivered(bus):
     deliveries, _ = await run_long_job(bus, NoKeepalive)
     assert len(deliveries) >= 2 and deliveries[:2] == [1, 2]
+
+
+async def test_a_registry_outage_does_not_use_up_max_deliver(bus, tmp_path):
+    """The handler reads a Valkey that is down for 3 s (killed, started again on its
+    AOF): it is run again in place until the registry is back, so the message is handled
+    once and not dead-lettered (before: 2 deliveries failed within 1 s, then the dead-
+    letter stream; a READY hand-off lost that way left its session READY forever)."""
+    import redis.asyncio as aioredis
+
+    from infra import localservers
+    from schemas import subjects as S
+
+    port = localservers.free_port()
+    valkey = localservers.start_valkey(port, tmp_path / "valkey")
+    client = aioredis.from_url(f"redis://127.0.0.1:{port}/0")
+    name = f"TEST_OUT_{uuid.uuid4().hex[:8].upper()}"
+    await ensure_streams(
+        bus.js, (StreamConfig(name=name, subjects=[f"{name}.>"], storage=StorageType.FILE),)
+    )
+    dead = await bus.nc.subscribe(S.dead_letter(name))
+    handled: list[int] = []
+
+    async def reads_the_registry(msg) -> None:
+        await client.set("outage-test", b"1")
+        handled.append(msg.metadata.num_delivered)
+
+    try:
+        await client.set("outage-test", b"0")
+        valkey.kill()
+        valkey.wait(10)
+        await bus.js.publish(f"{name}.job", b"job")
+        cfg = work_consumer("outage", f"{name}.job", ack_wait=ACK_WAIT, max_deliver=2)
+        c = Consumer(bus, name, cfg, reads_the_registry, concurrency=1)
+        running = asyncio.create_task(c.run(drain=True))
+        await asyncio.sleep(3.0)
+        valkey = localservers.start_valkey(port, tmp_path / "valkey")
+        await asyncio.wait_for(running, 40)
+        assert handled == [1]  # once, on its first delivery
+        with pytest.raises(asyncio.TimeoutError):
+            await dead.next_msg(timeout=0.5)
+    finally:
+        await dead.unsubscribe()
+        await client.aclose()
+        await bus.js.delete_stream(name)
+        localservers.stop_process(valkey.pid)

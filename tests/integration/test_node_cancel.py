@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import SessionState
+from schemas import Outcome, SessionState
 from services.scheduler import logic
 from tests.helpers.node import (
     Node,
@@ -85,11 +85,11 @@ async def test_cancel_in_init(node_of, tmp_path, backend):
     assert await node.scheduler.cancel_task("cx-init", "test cancel") == 1
 
     await wait_until(lambda: gone(node, work, [s.session_id]), CLEAN_SECONDS, "INIT cleanup")
-    assert await state_of(node, s.session_id) == ST.CANCELLED
+    assert await state_of(node, s.session_id) == ST.POSTRUN  # to yield its trajectory
     await wait_until(lambda: not node.pool.initializing, 5, "the INIT job to end")
     events = [e.to_state for e in await node.events() if e.session_id == s.session_id]
-    assert events == [ST.INITIALIZING, ST.CANCELLED]  # never handed over
-    assert not node.finished
+    assert events == [ST.INITIALIZING, ST.POSTRUN]  # never handed over
+    assert finished_as_cancelled(node, [s.session_id])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -119,9 +119,18 @@ async def test_cancel_in_ready_and_running(node_of, tmp_path, backend):
     assert await node.scheduler.cancel_session(running, "cancel in RUNNING")
     await wait_until(lambda: gone(node, work, [running]), CLEAN_SECONDS, "RUNNING cleanup")
     await wait_until(lambda: not node.executor.running, 5, "the run to end")
-    assert [await state_of(node, sid) for sid in sids] == [ST.CANCELLED, ST.CANCELLED]
-    assert not node.finished  # a cancelled run is not finished (nor built)
+    assert [await state_of(node, sid) for sid in sids] == [ST.POSTRUN, ST.POSTRUN]
+    assert finished_as_cancelled(node, sids)  # finished by the canceller, not by the executor
     assert await left_behind(node, work, sids) == []
+
+
+def finished_as_cancelled(node: Node, sids: list[str]) -> bool:
+    """Each session finished, as cancelled and with nothing handed over: its
+    (empty or partial) trajectory is built from its capture, and no runtime is kept."""
+    got = {sid: ev for sid, ev in node.finished.items() if sid in sids}
+    return sorted(got) == sorted(sids) and all(
+        ev.outcome == Outcome.CANCELLED and ev.eval_runtime_id is None for ev in got.values()
+    )
 
 
 async def _both(states, wanted: set) -> dict | None:
@@ -159,7 +168,7 @@ async def test_cancel_in_running_stops_the_prewarmed_eval_runtime(node_of, tmp_p
     assert await node.scheduler.cancel_session(sid, "cancel with a prewarm")
     await wait_until(lambda: gone(node, work, [sid]), CLEAN_SECONDS, "run + prewarm cleanup")
     await wait_until(lambda: not node.executor.running, 5, "the run to end")
-    assert await state_of(node, sid) == ST.CANCELLED and not node.finished
+    assert await state_of(node, sid) == ST.POSTRUN and finished_as_cancelled(node, [sid])
 
 
 async def test_finish_that_loses_a_race_stops_the_prewarmed_eval_runtime(node_of, tmp_path):

@@ -13,6 +13,7 @@ from services.common.registry import Registry
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.handlers import Scheduler
 from services.scheduler.main import consumers, create_app
+from tests.helpers.delivery import deliver
 from tests.helpers.http_sink import HttpSink
 from tests.unit.scheduler.test_logic import BAD
 
@@ -118,7 +119,10 @@ async def test_task_result_and_callback_with_retry(bus, scheduler):
     assert task.status == "completed"
 
 
-async def test_cancel_by_subject_and_early_stop(bus, scheduler):
+async def test_cancel_by_subject_and_early_stop(bus, scheduler, tmp_path):
+    """A cancelled session (by the user, or by early stop) ends through POSTRUN with
+    outcome cancelled: the builder and evaluator deliver its trajectory, then it is
+    CANCELLED and the task's result says why."""
     await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-cancel", 3))
     await bus.js.publish(S.TASKS_SUBMIT, task_json("sch-early", 4, early_stop=2))
     await drain(scheduler)
@@ -128,6 +132,10 @@ async def test_cancel_by_subject_and_early_stop(bus, scheduler):
     sessions = await reg.task_sessions("sch-early")
     await finish_all_one(reg, sessions[0].session_id)
     await finish_all_one(reg, sessions[1].session_id)
+    await drain(scheduler)
+    ended = await reg.task_sessions("sch-cancel")
+    assert {(s.state, s.outcome) for s in ended} == {(SessionState.POSTRUN, "cancelled")}
+    await deliver(bus, reg, tmp_path)
     await drain(scheduler)
     assert {s.state for s in await reg.task_sessions("sch-cancel")} == {SessionState.CANCELLED}
     got = {(await cancels.next_msg(timeout=2)).subject for _ in range(5)}
@@ -162,7 +170,7 @@ async def test_poison_cancel_goes_to_dead_letter(bus, scheduler):
     await sub.unsubscribe()
 
 
-async def test_http_api(nats_url, redis_url, monkeypatch):
+async def test_http_api(nats_url, redis_url, monkeypatch, bus, redis_client, tmp_path):
     cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url, admin_token="adm-http-api")
     async with AsyncTestClient(create_app(cfg)) as client:
         client.headers["authorization"] = "Bearer adm-http-api"
@@ -180,6 +188,8 @@ async def test_http_api(nats_url, redis_url, monkeypatch):
         assert (await client.get("/sessions/nope")).status_code == 404
         d = await client.delete("/tasks/sch-http")
         assert d.json()["cancelled_sessions"] == 2
+        reg = Registry(redis_client, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+        await deliver(bus, reg, tmp_path)  # each cancelled session's trajectory, then final
         for _ in range(50):
             got = (await client.get("/tasks/sch-http")).json()
             if got["result"]:
