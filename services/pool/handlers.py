@@ -31,7 +31,7 @@ from services.common.bus import Bus, ensure_consumer, work_consumer
 from services.common.finish import fail_before_run, is_transient, may_retry
 from services.common.plugins import Registry as PluginRegistry
 from services.common.registry import Registry
-from services.node.artifacts import baseline_command
+from services.node.artifacts import baseline_command, takes_diff
 from services.node.harnesses import Harness
 from services.node.heartbeat import (
     STAGE_RESULTS,
@@ -281,6 +281,8 @@ class RuntimePool:
         ctx = harness_context(session, spec, runtime, self.config.proxy_url, paths)
         await harness.install(runtime, ctx)
         await harness.configure(runtime, ctx)
+        if not takes_diff(spec):
+            return
         baseline = await runtime.exec(baseline_command(), timeout=120)
         if not baseline.ok:  # no git in the image: the session just has no diff
             log.info("no diff baseline for %s: %s", runtime.session_id, baseline.stderr[-300:])
