@@ -26,6 +26,7 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
 
 from schemas import subjects as S
 from services.common.endpoints import nats_servers
@@ -198,6 +199,7 @@ class Bus:
     # ``publish_retrying``: tries, and the first pause (doubling): ~8 s in all
     publish_tries: int = 6
     publish_backoff: float = 0.25
+    _stores: dict[str, ObjectStore] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     async def open(
@@ -214,6 +216,14 @@ class Bus:
         if declare:
             await ensure_streams(js, replicas=replicas, retention=retention)
         return cls(nc, js)
+
+    async def blobs(self) -> ObjectStore:
+        """The object store, one handle per bus: ``js.object_store`` asks the server for
+        the store's stream info on every call (a round trip per trajectory)."""
+        store = self._stores.get(S.OBJECT_STORE)
+        if store is None:
+            store = self._stores[S.OBJECT_STORE] = await self.js.object_store(S.OBJECT_STORE)
+        return store
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -233,8 +243,7 @@ class Bus:
             hdrs["Nats-Msg-Id"] = msg_id
         if len(payload) > CLAIM_THRESHOLD:
             name = f"{subject}/{msg_id or uuid.uuid4().hex}"
-            store = await self.js.object_store(S.OBJECT_STORE)
-            await store.put(name, payload)
+            await (await self.blobs()).put(name, payload)
             hdrs[CLAIM_HEADER] = name
             payload = b""
         return await self.js.publish(subject, payload, headers=hdrs or None)
@@ -261,7 +270,7 @@ class Bus:
         name = (msg.headers or {}).get(CLAIM_HEADER)
         if not name:
             return msg.data
-        store = await self.js.object_store(S.OBJECT_STORE)
+        store = await self.blobs()
         try:
             return (await store.get(name)).data
         except ObjectNotFoundError as exc:
