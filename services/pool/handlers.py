@@ -211,7 +211,7 @@ class RuntimePool:
             spec = task.spec
             runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
             self.initializing[sid] = runtime
-            await self._prepare(runtime, task.spec, session, paths)
+            await self._prepare(runtime, task.spec, session, paths, item.attempt == 0)
             if not await self._become_ready(sid, runtime):  # cancelled while preparing
                 result = "cancelled"
                 await runtime.cancel()
@@ -265,8 +265,10 @@ class RuntimePool:
             with contextlib.suppress(TimeoutError):  # the wake-up is a hint; poll anyway
                 await asyncio.wait_for(self._ready_freed.wait(), READY_POLL_SECONDS)
 
-    async def _prepare(self, runtime: Runtime, spec, session, paths: SessionPaths) -> None:
-        await runtime.start()
+    async def _prepare(
+        self, runtime: Runtime, spec, session, paths: SessionPaths, first_attempt: bool
+    ) -> None:
+        await runtime.start(first_attempt=first_attempt)
         logs = await run_prepare(runtime, spec.runtime.prepare)
         paths.logs.mkdir(parents=True, exist_ok=True)
         (paths.logs / "prepare.json").write_bytes(encode(logs))

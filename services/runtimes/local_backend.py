@@ -85,7 +85,8 @@ class LocalSandboxRuntime(Runtime):
     async def _start(self) -> None:
         if self._bwrap and shutil.which("bwrap") is None:
             raise SandboxUnavailable("bwrap is not installed (apt-get install bubblewrap)")
-        await kill_tree(None, (TAG_RUNTIME, self.runtime_id), 0.0)  # leftovers of a crash
+        if not self.first_attempt:  # an earlier attempt's processes, after a crash
+            await kill_tree(None, (TAG_RUNTIME, self.runtime_id), 0.0)
         shutil.rmtree(self.session_dir, ignore_errors=True)
         for sub in SESSION_SUBDIRS:
             (self.session_dir / sub).mkdir(parents=True, exist_ok=True)
