@@ -27,16 +27,30 @@ log = logging.getLogger(__name__)
 EvaluatorRegistry = Registry[Evaluator]
 
 
+BUILTINS: dict[str, type[Evaluator]] = {
+    "session_completed": SessionCompleted,
+    "test_on_output": TestOnOutput,
+    "swebench": SweBench,
+    "command": CommandEvaluator,
+    "exact_answer": ExactAnswer,
+    "rubric": Rubric,
+    "harbor": Harbor,
+}
+
+
 def default_registry() -> EvaluatorRegistry:
     reg: EvaluatorRegistry = Registry("evaluator")
-    reg.register("session_completed", SessionCompleted)
-    reg.register("test_on_output", TestOnOutput)
-    reg.register("swebench", SweBench)
-    reg.register("command", CommandEvaluator)
-    reg.register("exact_answer", ExactAnswer)
-    reg.register("rubric", Rubric)
-    reg.register("harbor", Harbor)
+    for name, cls in BUILTINS.items():
+        reg.register(name, cls)
     return reg
+
+
+def may_read_workspace(name: str) -> bool:
+    """Whether the evaluator ``name`` may look at the session's workspace (a runtime, the
+    diff): False only for a built-in that says it needs no runtime. A custom one is not
+    loaded here (the node need not have its module): it may."""
+    cls = BUILTINS.get(name)
+    return cls is None or cls.needs_runtime != "none"
 
 
 def create_evaluator(registry: EvaluatorRegistry, name: str) -> Evaluator:

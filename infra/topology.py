@@ -14,7 +14,7 @@ import yaml
 
 from infra.catalog import NODE_FIELDS, SERVICES, ServiceKind
 from schemas.topology import Backend, NodeBounds
-from services.common.settings import DEFAULT_NATS_URL, DEFAULT_REDIS_URL
+from services.common.settings import DEFAULT_NATS_URL, DEFAULT_REDIS_URL, Retention
 
 DEFAULT_FILE = "topology.yaml"
 
@@ -41,6 +41,7 @@ class Topology(_Strict):
     nats_url: str = DEFAULT_NATS_URL
     redis_url: str = DEFAULT_REDIS_URL
     nats_replicas: int = 1  # each stream's copies: 3 on a 3-node JetStream cluster
+    retention: Retention = Retention()  # what is kept how long (docs/configuration.md)
     state_dir: str = ".state"  # relative paths are under the current directory
     host: str = "127.0.0.1"  # where services listen
     startup_timeout_seconds: float = 60.0
@@ -127,6 +128,7 @@ def service_config(
         "nats_url": topo.nats_url,
         "redis_url": topo.redis_url,
         "nats_replicas": topo.nats_replicas,
+        "retention": msgspec.to_builtins(topo.retention),
         "host": topo.host,
         "port": port,
         "node": node.name,

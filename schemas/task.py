@@ -116,6 +116,10 @@ class AgentSpec(_Spec):
     env: dict[str, str] = {}
     settings: dict[str, object] = {}
     output_files: list[str] = []  # workdir files collected as artifacts after the run
+    # The workdir's diff (a git baseline in INIT, ``git diff`` after the run): None takes it
+    # when the evaluator may read the workspace (services/node/artifacts.py `takes_diff`);
+    # true/false always/never (e.g. true to see it on the dashboard under session_completed).
+    collect_diff: bool | None = None
 
     def __post_init__(self) -> None:
         if self.harness == "shell" and not self.command:

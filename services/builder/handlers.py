@@ -142,7 +142,7 @@ class Builder:
         return task.spec.builder
 
     async def store(self, trajectory: Trajectory) -> None:
-        store = await self.bus.js.object_store(S.OBJECT_STORE)
+        store = await self.bus.blobs()
         name = S.trajectory_object(trajectory.session_id, trajectory.attempt)
         await store.put(name, encode(trajectory))
 

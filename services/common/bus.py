@@ -26,23 +26,24 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
 
 from schemas import subjects as S
 from services.common.endpoints import nats_servers
 from services.common.redact import redact
+from services.common.settings import OBJECT_STREAM, Retention
 
 log = logging.getLogger(__name__)
 
-DAY = 24 * 3600.0
 CLAIM_HEADER = "Polar-Claim"  # the payload is in the object store under this name
 CLAIM_THRESHOLD = 768 * 1024  # leave headroom under the default 1 MiB max_payload
 
+# Age and size limits come from the retention policy (``declared``), not from here.
 STREAMS: tuple[StreamConfig, ...] = (
     StreamConfig(
         name=S.STREAM_TASKS,
         subjects=[S.ALL_TASKS],
         storage=StorageType.FILE,
-        max_age=7 * DAY,
         duplicate_window=3600.0,
     ),
     StreamConfig(
@@ -56,28 +57,24 @@ STREAMS: tuple[StreamConfig, ...] = (
         name=S.STREAM_EVENTS,
         subjects=[S.ALL_EVENTS],
         storage=StorageType.FILE,
-        max_age=3 * DAY,
         duplicate_window=600.0,
     ),
     StreamConfig(
         name=S.STREAM_COMPLETIONS,
         subjects=[S.ALL_COMPLETIONS],
         storage=StorageType.FILE,
-        max_age=7 * DAY,
         duplicate_window=600.0,
     ),
     StreamConfig(
         name=S.STREAM_TRAJECTORIES,
         subjects=[S.ALL_TRAJECTORIES],
         storage=StorageType.FILE,
-        max_age=14 * DAY,
         duplicate_window=3 * 3600.0,
     ),
     StreamConfig(
         name=S.STREAM_DLQ,
         subjects=[S.ALL_DEAD_LETTERS],
         storage=StorageType.FILE,
-        max_age=14 * DAY,
     ),
 )
 
@@ -125,24 +122,51 @@ def replicated(streams: tuple[StreamConfig, ...], replicas: int) -> tuple[Stream
     return tuple(dataclasses.replace(cfg, num_replicas=replicas) for cfg in streams)
 
 
+def declared(streams: tuple[StreamConfig, ...], retention: Retention) -> tuple[StreamConfig, ...]:
+    """The streams with the retention policy's age and size limits."""
+    out = []
+    for cfg in streams:
+        limits = retention.limits(cfg.name or "")
+        if limits is not None:
+            cfg = dataclasses.replace(
+                cfg, max_age=limits.max_age_seconds, max_bytes=limits.max_bytes
+            )
+        out.append(cfg)
+    return tuple(out)
+
+
 async def ensure_streams(
-    js: JetStreamContext, streams: tuple[StreamConfig, ...] = STREAMS, *, replicas: int = 1
+    js: JetStreamContext,
+    streams: tuple[StreamConfig, ...] = STREAMS,
+    *,
+    replicas: int = 1,
+    retention: Retention = Retention(),
 ) -> None:
-    for cfg in replicated(streams, replicas):
+    for cfg in replicated(declared(streams, retention), replicas):
         try:
             await js.add_stream(cfg)
         except BadRequestError:  # exists with another config: bring it up to date
             await js.update_stream(cfg)
+    blobs = retention.limits(OBJECT_STREAM)
     try:
         await js.object_store(S.OBJECT_STORE)
     except (NotFoundError, BadRequestError):
         # (nats-py 2.16 overwrites config.bucket with the bucket argument: pass both)
-        await js.create_object_store(S.OBJECT_STORE, config=ObjectStoreConfig(replicas=replicas))
+        config = ObjectStoreConfig(
+            replicas=replicas, ttl=blobs.max_age_seconds or None, max_bytes=blobs.max_bytes
+        )
+        await js.create_object_store(S.OBJECT_STORE, config=config)
         return
-    stream = f"OBJ_{S.OBJECT_STORE}"  # an older store: bring its copies up to date
-    info = await js.stream_info(stream)
-    if (info.config.num_replicas or 1) != replicas:
-        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+    # an older store, or another policy: bring its copies and limits up to date
+    info = await js.stream_info(OBJECT_STREAM)
+    wanted = dataclasses.replace(
+        info.config,
+        num_replicas=replicas,
+        max_age=blobs.max_age_seconds,
+        max_bytes=blobs.max_bytes,
+    )
+    if wanted != info.config:
+        await js.update_stream(wanted)
 
 
 def work_consumer(
@@ -175,14 +199,31 @@ class Bus:
     # ``publish_retrying``: tries, and the first pause (doubling): ~8 s in all
     publish_tries: int = 6
     publish_backoff: float = 0.25
+    _stores: dict[str, ObjectStore] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
-    async def open(cls, url: str, name: str, *, declare: bool = True, replicas: int = 1) -> Bus:
+    async def open(
+        cls,
+        url: str,
+        name: str,
+        *,
+        declare: bool = True,
+        replicas: int = 1,
+        retention: Retention = Retention(),
+    ) -> Bus:
         nc = await connect(url, name)
         js = nc.jetstream(timeout=10)
         if declare:
-            await ensure_streams(js, replicas=replicas)
+            await ensure_streams(js, replicas=replicas, retention=retention)
         return cls(nc, js)
+
+    async def blobs(self) -> ObjectStore:
+        """The object store, one handle per bus: ``js.object_store`` asks the server for
+        the store's stream info on every call (a round trip per trajectory)."""
+        store = self._stores.get(S.OBJECT_STORE)
+        if store is None:
+            store = self._stores[S.OBJECT_STORE] = await self.js.object_store(S.OBJECT_STORE)
+        return store
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -202,8 +243,7 @@ class Bus:
             hdrs["Nats-Msg-Id"] = msg_id
         if len(payload) > CLAIM_THRESHOLD:
             name = f"{subject}/{msg_id or uuid.uuid4().hex}"
-            store = await self.js.object_store(S.OBJECT_STORE)
-            await store.put(name, payload)
+            await (await self.blobs()).put(name, payload)
             hdrs[CLAIM_HEADER] = name
             payload = b""
         return await self.js.publish(subject, payload, headers=hdrs or None)
@@ -230,7 +270,7 @@ class Bus:
         name = (msg.headers or {}).get(CLAIM_HEADER)
         if not name:
             return msg.data
-        store = await self.js.object_store(S.OBJECT_STORE)
+        store = await self.blobs()
         try:
             return (await store.get(name)).data
         except ObjectNotFoundError as exc:

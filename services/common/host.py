@@ -66,7 +66,10 @@ class ServiceHost:
 
     async def start(self, *, with_registry: bool = True) -> None:
         self.bus = await Bus.open(
-            self.settings.nats_url, f"polar-{self.name}", replicas=self.settings.nats_replicas
+            self.settings.nats_url,
+            f"polar-{self.name}",
+            replicas=self.settings.nats_replicas,
+            retention=self.settings.retention,
         )
         if with_registry:
             self.registry = Registry.from_url(self.settings.redis_url, publish=self.publish)

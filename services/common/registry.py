@@ -207,9 +207,16 @@ class Registry:
         raw = await self.redis.hget(S.key_session(session_id), "runtime_id")
         return raw.decode() if raw else None
 
-    async def retire_task(self, task_id: str) -> None:
-        """Nothing more to do for the task: stop reconciling it."""
+    async def retire_task(self, task_id: str, keep_seconds: float = 0.0) -> list[str]:
+        """Nothing more to do for the task: stop reconciling it; with ``keep_seconds``
+        (the retention policy) its keys and its sessions' expire that long from now.
+        Returns its session ids (their other owners' keys expire with them)."""
+        ids = await self.task_session_ids(task_id)
+        if keep_seconds > 0:
+            keys = [S.key_task(task_id), S.key_task_sessions(task_id), S.key_task_counts(task_id)]
+            await expire(self.redis, [*keys, *map(S.key_session, ids)], keep_seconds)
         await self.redis.srem(S.KEY_TASKS_ACTIVE, task_id)
+        return ids
 
     async def claim(self, name: str, owner: str, ttl_seconds: float) -> bool:
         """A short exclusive claim on a one-off job (expires if its owner dies)."""
@@ -401,3 +408,12 @@ def session_from_flat(row: list[bytes]) -> Session:
 def _session(row: dict[bytes, bytes]) -> Session:
     data = {k.decode(): v.decode() for k, v in row.items()}
     return msgspec.convert(data, Session, strict=False)
+
+
+async def expire(redis, keys: list[str], seconds: float) -> None:
+    """Give ``keys`` a time to live (one round trip)."""
+    ms = max(1, int(seconds * 1000))
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.pexpire(key, ms)
+        await pipe.execute()

@@ -13,6 +13,8 @@ from typing import TypeVar
 
 import msgspec
 
+from schemas import subjects as S
+
 T = TypeVar("T")
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -21,6 +23,58 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 class ConfigError(ValueError):
     pass
+
+
+DAY = 24 * 3600.0
+
+
+class StreamLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One JetStream stream's retention: the oldest messages go past either limit."""
+
+    max_age_seconds: float = 0.0  # 0: no age limit
+    max_bytes: int = -1  # -1: no size limit
+
+
+# The stated default policy (docs/configuration.md "Retention"): the streams are bounded
+# in age; a size limit is opt-in, since JetStream reserves each stream's max_bytes against
+# the server's storage at creation (and refuses a stream that does not fit). The object
+# store (claim-checks, built trajectories) has both, and refuses new objects when full
+# rather than dropping ones not yet read. POLAR_SESSIONS is a work queue (a message goes
+# when acked) and takes no limit: dropping one would lose work.
+OBJECT_STREAM = f"OBJ_{S.OBJECT_STORE}"  # the object store's stream
+DEFAULT_STREAM_LIMITS: dict[str, StreamLimits] = {
+    S.STREAM_TASKS: StreamLimits(max_age_seconds=7 * DAY),
+    S.STREAM_EVENTS: StreamLimits(max_age_seconds=3 * DAY),
+    S.STREAM_COMPLETIONS: StreamLimits(max_age_seconds=7 * DAY),
+    S.STREAM_TRAJECTORIES: StreamLimits(max_age_seconds=14 * DAY),
+    S.STREAM_DLQ: StreamLimits(max_age_seconds=14 * DAY),
+    OBJECT_STREAM: StreamLimits(max_age_seconds=14 * DAY, max_bytes=4 << 30),
+}
+
+
+class Retention(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the stack keeps, for how long: one policy for every service (the topology's
+    ``retention``), since each service declares the streams at its start."""
+
+    # a task's Redis keys (its record, counts, session list) and its sessions' (record,
+    # call numbers) expire this long after the task ended; 0 keeps them forever
+    finished_seconds: float = 7 * DAY
+    # per stream (POLAR_EVENTS, ..., OBJ_polar-blobs: the object store): overrides of
+    # DEFAULT_STREAM_LIMITS, whole entries
+    streams: dict[str, StreamLimits] = {}
+
+    def __post_init__(self) -> None:
+        if self.finished_seconds < 0:
+            raise ValueError("retention.finished_seconds must be >= 0 (0: kept forever)")
+        unknown = sorted(set(self.streams) - set(DEFAULT_STREAM_LIMITS))
+        if unknown:
+            raise ValueError(
+                f"retention.streams: no stream {', '.join(unknown)} "
+                f"(limits apply to {', '.join(DEFAULT_STREAM_LIMITS)})"
+            )
+
+    def limits(self, stream: str) -> StreamLimits | None:
+        return self.streams.get(stream) or DEFAULT_STREAM_LIMITS.get(stream)
 
 
 class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -32,6 +86,7 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # how often a service checks that the registry still holds its epoch marker
     registry_check_seconds: float = 1.0
     nats_replicas: int = 1  # copies of each stream / store (3 on a 3-node JetStream cluster)
+    retention: Retention = Retention()
 
 
 def load(cls: type[T], env: dict[str, str] | None = None) -> T:

@@ -16,6 +16,7 @@ _STACK_KEYS = (
     "nats_url",
     "redis_url",
     "nats_replicas",
+    "retention",
     "node",
 )  # every stack service gets these; unused here
 

@@ -89,7 +89,7 @@ class EvaluatorService:
         return task.spec
 
     async def load(self, event: TrajectoryBuilt) -> Trajectory:
-        store = await self.bus.js.object_store(S.OBJECT_STORE)
+        store = await self.bus.blobs()
         name = S.trajectory_object(event.session_id, event.attempt)
         try:
             raw = (await store.get(name)).data

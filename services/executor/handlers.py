@@ -261,10 +261,11 @@ class Executor:
         (paths.logs / "stdout.log").write_bytes(result.stdout)  # scrubbed already
         (paths.logs / "stderr.log").write_bytes(result.stderr)
         diff, logs, files = "", {}, {}
-        with contextlib.suppress(Exception):
-            d = await runtime.exec(A.diff_command(harness), timeout=120)
-            if d.ok:
-                diff = d.stdout[: cfg.max_diff_bytes].decode("utf-8", "replace")
+        if A.takes_diff(spec):
+            with contextlib.suppress(Exception):
+                d = await runtime.exec(A.diff_command(harness), timeout=120)
+                if d.ok:
+                    diff = d.stdout[: cfg.max_diff_bytes].decode("utf-8", "replace")
         for path in A.log_paths(harness, ctx):
             with contextlib.suppress(Exception):
                 for name, text in A.untar_texts(

@@ -8,9 +8,21 @@ import tarfile
 
 import orjson
 
+from evaluators.registry import may_read_workspace
+from schemas import TaskRequest
 from services.node.harnesses.base import Harness, HarnessContext
 
 GIT = "git -c user.name=polar -c user.email=polar@localhost -c core.hooksPath=/dev/null"
+
+
+def takes_diff(spec: TaskRequest) -> bool:
+    """Whether a session of this task gets a diff: a git baseline of the prepared workdir in
+    INIT and ``git diff`` after the run (~15 ms of git per session). ``agent.collect_diff``
+    decides when set; by default the diff is taken only when the evaluator may read the
+    workspace, since nothing else needs it (the dashboard then shows no diff, the
+    trajectory never carries one)."""
+    asked = spec.agent.collect_diff
+    return may_read_workspace(spec.evaluator.name) if asked is None else asked
 
 
 def baseline_command() -> str:

@@ -31,7 +31,7 @@ from services.common.bus import Bus, ensure_consumer, work_consumer
 from services.common.finish import fail_before_run, is_transient, may_retry
 from services.common.plugins import Registry as PluginRegistry
 from services.common.registry import Registry
-from services.node.artifacts import baseline_command
+from services.node.artifacts import baseline_command, takes_diff
 from services.node.harnesses import Harness
 from services.node.heartbeat import (
     STAGE_RESULTS,
@@ -211,7 +211,7 @@ class RuntimePool:
             spec = task.spec
             runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
             self.initializing[sid] = runtime
-            await self._prepare(runtime, task.spec, session, paths)
+            await self._prepare(runtime, task.spec, session, paths, item.attempt == 0)
             if not await self._become_ready(sid, runtime):  # cancelled while preparing
                 result = "cancelled"
                 await runtime.cancel()
@@ -265,8 +265,10 @@ class RuntimePool:
             with contextlib.suppress(TimeoutError):  # the wake-up is a hint; poll anyway
                 await asyncio.wait_for(self._ready_freed.wait(), READY_POLL_SECONDS)
 
-    async def _prepare(self, runtime: Runtime, spec, session, paths: SessionPaths) -> None:
-        await runtime.start()
+    async def _prepare(
+        self, runtime: Runtime, spec, session, paths: SessionPaths, first_attempt: bool
+    ) -> None:
+        await runtime.start(first_attempt=first_attempt)
         logs = await run_prepare(runtime, spec.runtime.prepare)
         paths.logs.mkdir(parents=True, exist_ok=True)
         (paths.logs / "prepare.json").write_bytes(encode(logs))
@@ -281,6 +283,8 @@ class RuntimePool:
         ctx = harness_context(session, spec, runtime, self.config.proxy_url, paths)
         await harness.install(runtime, ctx)
         await harness.configure(runtime, ctx)
+        if not takes_diff(spec):
+            return
         baseline = await runtime.exec(baseline_command(), timeout=120)
         if not baseline.ok:  # no git in the image: the session just has no diff
             log.info("no diff baseline for %s: %s", runtime.session_id, baseline.stderr[-300:])

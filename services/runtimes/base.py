@@ -115,9 +115,14 @@ class Runtime(ABC):
         self.state = "new"
         self._procs: set[Process] = set()
         self._lock = asyncio.Lock()
+        self.first_attempt = False
 
     # -- lifecycle ------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, *, first_attempt: bool = False) -> None:
+        """``first_attempt``: no process of this runtime id can exist yet (its session's
+        first attempt starts it, once), so a backend need not look for a crashed run's
+        leftovers (the local one skips its /proc scan)."""
+        self.first_attempt = first_attempt
         async with self._lock:
             if self.state != "new":
                 raise SandboxError(

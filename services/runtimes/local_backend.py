@@ -23,7 +23,7 @@ from services.runtimes.bwrap import bridge_prefix, bwrap_argv
 from services.runtimes.errors import SandboxConfigError, SandboxUnavailable
 from services.runtimes.hostfs import confined, read_file, read_node_file, write_file
 from services.runtimes.local_process import LocalProcess, spawn_local
-from services.runtimes.procs import TAG_RUNTIME, kill_tree
+from services.runtimes.procs import TAG_RUNTIME, kill_tree, kill_trees
 
 SESSION_SUBDIRS = ("workdir", "home", "tmp", "logs", "artifacts")
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -85,7 +85,8 @@ class LocalSandboxRuntime(Runtime):
     async def _start(self) -> None:
         if self._bwrap and shutil.which("bwrap") is None:
             raise SandboxUnavailable("bwrap is not installed (apt-get install bubblewrap)")
-        await kill_tree(None, (TAG_RUNTIME, self.runtime_id), 0.0)  # leftovers of a crash
+        if not self.first_attempt:  # an earlier attempt's processes, after a crash
+            await kill_tree(None, (TAG_RUNTIME, self.runtime_id), 0.0)
         shutil.rmtree(self.session_dir, ignore_errors=True)
         for sub in SESSION_SUBDIRS:
             (self.session_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -114,9 +115,13 @@ class LocalSandboxRuntime(Runtime):
             self._bridge_dir = None
 
     async def _teardown(self, grace: float) -> None:
+        # Every process of this runtime carries its tag: one kill of all their groups and
+        # tagged processes (one /proc scan when all have exited) instead of one per exec.
         procs = [p for p in self._procs if isinstance(p, LocalProcess)]
-        await asyncio.gather(*(p.kill(grace) for p in procs))
-        await kill_tree(None, (TAG_RUNTIME, self.runtime_id), grace)
+        for p in procs:
+            p.mark_killed()
+        await kill_trees([p.pid for p in procs], (TAG_RUNTIME, self.runtime_id), grace)
+        await asyncio.gather(*(p.reap() for p in procs))
         await self._release()
         if not self.keep_files:  # in a thread: removing a tree is slow on some disks
             await asyncio.to_thread(shutil.rmtree, self.session_dir, ignore_errors=True)

@@ -95,8 +95,16 @@ class LocalProcess(Process):
         return ExitStatus(code, timed_out, time.monotonic() - self._started, self._killed)
 
     async def kill(self, grace: float = 0.0) -> None:
-        self._killed = self._killed or self._popen.returncode is None
+        self.mark_killed()
         await kill_tree(self._popen.pid, (TAG_EXEC, self._exec_id), grace)
+        await self.reap()
+
+    def mark_killed(self) -> None:
+        """Before its tree is killed (here or by the runtime, all processes at once)."""
+        self._killed = self._killed or self._popen.returncode is None
+
+    async def reap(self) -> None:
+        """After its tree was killed: its exit seen, its pipes closed."""
         if not self._exited.done():
             await self._exited
         self.close_pipes()

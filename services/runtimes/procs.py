@@ -69,31 +69,42 @@ def signal_pids(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def signal_group(pgid: int | None, sig: int) -> None:
-    if pgid is None:
-        return
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def signal_groups(pgids: Iterable[int], sig: int) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 async def kill_tree(pgid: int | None, tag: tuple[str, str], grace: float) -> list[int]:
-    """SIGTERM the group and every tagged process, wait up to `grace`, then SIGKILL
+    """``kill_trees`` of one group (or of the tagged processes alone: ``pgid`` None)."""
+    return await kill_trees(() if pgid is None else (pgid,), tag, grace)
+
+
+async def kill_trees(pgids: Iterable[int], tag: tuple[str, str], grace: float) -> list[int]:
+    """SIGTERM the groups and every tagged process, wait up to `grace`, then SIGKILL
     (at once when `grace` is 0).
 
-    Returns the pids still found alive after the kill sweeps (normally none).
+    A scan that finds no tagged process ends it: only a tagged process could start
+    another one (the tag is inherited), so when everything has exited already, the
+    common case, it costs one scan of /proc. Returns the pids still found alive after
+    the kill sweeps (normally none).
     """
     name, value = tag
+    pgids = tuple(pgids)
     if grace > 0:
-        signal_group(pgid, signal.SIGTERM)
+        signal_groups(pgids, signal.SIGTERM)
         pids = tagged_pids(name, value)
         signal_pids(pids, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while pids and time.monotonic() < deadline:  # nothing found: nothing to wait for
             await asyncio.sleep(_POLL_SECONDS)
             pids = tagged_pids(name, value)
-    signal_group(pgid, signal.SIGKILL)
+        if not pids:
+            signal_groups(pgids, signal.SIGKILL)  # an untagged member (env -i) included
+            return []
+    signal_groups(pgids, signal.SIGKILL)
     # A process may fork between a scan and a kill: sweep until nothing is left.
     deadline = time.monotonic() + _KILL_SWEEP_SECONDS
     while (left := tagged_pids(name, value)) and time.monotonic() < deadline:

@@ -11,6 +11,7 @@ import uuid
 import httpx
 from nats.aio.msg import Msg
 
+from proxy.callcount import forget_calls
 from schemas import (
     LIVE_STATES,
     CancelTask,
@@ -205,7 +206,10 @@ class Scheduler:
             done = await self.deliver_callback(task_id, task.spec.callback_url, stored)
             if not done:
                 return True  # another delivery is under way; reconcile retries if it dies
-        await self.registry.retire_task(task_id)
+        keep = self.config.retention.finished_seconds
+        ended = await self.registry.retire_task(task_id, keep)
+        if keep > 0:
+            await forget_calls(self.registry.redis, ended, keep)
         return True
 
     async def deliver_callback(self, task_id: str, url: str, payload: bytes) -> bool:

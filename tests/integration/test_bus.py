@@ -5,7 +5,7 @@ import uuid
 import pytest
 from nats.js.api import StorageType, StreamConfig
 
-from services.common.bus import ensure_consumer, ensure_streams, work_consumer
+from services.common.bus import CLAIM_THRESHOLD, ensure_consumer, ensure_streams, work_consumer
 
 pytestmark = pytest.mark.asyncio
 
@@ -60,3 +60,14 @@ async def test_changed_consumer_config_updates_the_existing_durable(bus):
     await msg.ack()
     await sub.unsubscribe()
     await bus.js.delete_stream(name)
+
+
+async def test_one_object_store_handle_serves_every_claim_check(bus):
+    """``Bus.blobs`` asks the server for the store once, not per trajectory or claim."""
+    store = await bus.blobs()
+    assert await bus.blobs() is store
+    big = b"x" * (CLAIM_THRESHOLD + 1)
+    sub = await bus.nc.subscribe("polar.tasks.bus-claim")
+    await bus.publish("polar.tasks.bus-claim", big, msg_id=f"claim-{uuid.uuid4().hex}")
+    assert await bus.payload(await sub.next_msg(timeout=5)) == big
+    await sub.unsubscribe()

@@ -91,6 +91,7 @@ def markup_task(task_id: str) -> dict:
             "harness": "shell",
             "command": f"{sys.executable} agent.py",
             "model": "polar-tiny",
+            "collect_diff": True,  # session_completed reads none: shown on the page
         },
         "builder": {"name": "prefix_merging"},
     }

@@ -12,6 +12,7 @@ from tests.helpers.node import Node
 
 pytestmark = pytest.mark.asyncio
 LIMITS = dict(max_init=3, ready_buffer=2, max_run=5)
+HIGH_AGENT = {"harness": "shell", "collect_diff": True}
 
 
 def shell_task(task_id: str, n: int, command: str, **kw) -> TaskRequest:
@@ -62,7 +63,9 @@ async def test_200_sessions_flow_within_bounds_and_priority(fresh_servers, tmp_p
             logic.with_task_id(shell_task("low", 100, cmd, priority=0))
         )
         high = await node.scheduler.accept(
-            logic.with_task_id(shell_task("high", 100, cmd, priority=5))
+            logic.with_task_id(
+                shell_task("high", 100, cmd, priority=5, agent=HIGH_AGENT | {"command": cmd})
+            )
         )
         node.pool._stopping.clear()
         node.tasks[0] = asyncio.create_task(node.pool.run())
@@ -72,6 +75,8 @@ async def test_200_sessions_flow_within_bounds_and_priority(fresh_servers, tmp_p
         assert outcomes == {Outcome.COMPLETED}
         diff = node.finished[high[0].session_id].artifacts.diff
         assert "out.txt" in diff and high[0].session_id in diff  # the agent's change only
+        # session_completed reads no workspace: no baseline, no diff unless asked
+        assert node.finished[low[0].session_id].artifacts.diff == ""
         events = await node.events()
         peak = check_bounds(events, "node0", LIMITS)
         assert peak["RUNNING"] == LIMITS["max_run"] and peak["INITIALIZING"] == LIMITS["max_init"]

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from schemas import SessionStateChanged, decode
@@ -110,7 +109,7 @@ async def first_entered(bus: Bus, state: str, prefix: str) -> dict[str, float]:
         while True:
             try:
                 msgs = await sub.fetch(1000, timeout=2)
-            except NatsTimeout:
+            except TimeoutError:  # nats-py's, or asyncio's when its deadline runs out first
                 return out
             for msg in msgs:
                 ev = decode(msg.data, SessionStateChanged)

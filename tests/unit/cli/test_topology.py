@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from infra.catalog import SERVICES, ServiceKind, check_catalog
@@ -13,7 +14,12 @@ from infra.topology import (
     plan_services,
 )
 from infra.wiring import cannot_work
-from services.common.settings import DEFAULT_NATS_URL, DEFAULT_REDIS_URL
+from services.common.settings import (
+    DEFAULT_NATS_URL,
+    DEFAULT_REDIS_URL,
+    Retention,
+    StreamLimits,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -135,6 +141,7 @@ services:
         "nats_url": "nats://127.0.0.1:1",
         "redis_url": "redis://127.0.0.1:2/0",
         "nats_replicas": 1,
+        "retention": {"finished_seconds": 7 * 24 * 3600.0, "streams": {}},
         "host": "127.0.0.1",
         "port": 9000,
         "node": "node0",
@@ -143,6 +150,21 @@ services:
     assert plans["proxy"].config["backends"] == [
         {"name": "gpu", "kind": "sglang", "url": "http://h:3", "model": None, "settings": {}}
     ]
+
+
+def test_the_retention_policy_reaches_every_service_and_is_checked():
+    topo = parse_topology(
+        "retention: {finished_seconds: 60, streams: {POLAR_EVENTS: {max_bytes: 1000}}}\n",
+        catalog=CATALOG,
+    )
+    plans = plan_services(topo, CATALOG)
+    assert plans and all(
+        msgspec.convert(p.config["retention"], Retention).limits("POLAR_EVENTS")
+        == StreamLimits(max_bytes=1000)
+        for p in plans
+    )
+    with pytest.raises(Exception, match="no stream POLAR_EVENT"):
+        parse_topology("retention: {streams: {POLAR_EVENT: {max_bytes: 1}}}\n", catalog=CATALOG)
 
 
 def test_catalog_rows_are_well_formed():

@@ -8,9 +8,10 @@ import dataclasses
 import posixpath
 import shutil
 
+import msgspec
 import pytest
 
-from schemas.task import LocalRuntime
+from schemas.task import LocalRuntime, TaskRequest
 from services.node import artifacts as A
 from services.node.harnesses import CLI_PRESETS, default_registry
 from services.runtimes.local_backend import LocalSandboxRuntime
@@ -77,3 +78,30 @@ def test_the_installed_version_is_read_from_the_collected_record():
     assert A.installed_version({}) is None  # no CLI install (shell), or nothing collected
     assert A.installed_version({"logs/harness.json": "{not json"}) is None
     assert A.installed_version({"logs/harness.json": "[1, 2]"}) is None
+
+
+def task_of(**raw) -> TaskRequest:
+    return msgspec.convert({"instruction": "x", **raw}, TaskRequest)
+
+
+@pytest.mark.parametrize(
+    ("raw", "taken"),
+    [
+        ({}, False),  # session_completed judges the outcome alone
+        ({"evaluator": {"name": "exact_answer"}}, False),
+        ({"evaluator": {"name": "test_on_output"}}, True),  # reads the workspace
+        ({"evaluator": {"name": "command", "runtime": "fresh"}}, True),  # applies the diff
+        ({"evaluator": {"name": "rubric"}}, True),  # its base evaluator may
+        ({"evaluator": {"name": "tests.unit.evaluators.plugins:Jitter"}}, True),  # unknown
+        ({"agent": {"harness": "noop", "collect_diff": True}}, True),
+        (
+            {
+                "agent": {"harness": "noop", "collect_diff": False},
+                "evaluator": {"name": "swebench"},
+            },
+            False,
+        ),
+    ],
+)
+def test_the_diff_is_taken_when_something_reads_it(raw, taken):
+    assert A.takes_diff(task_of(**raw)) is taken

@@ -111,6 +111,32 @@ async def test_stop_kills_everything_removes_dir_and_is_idempotent(tmp_path):
         await rt.exec("true")
 
 
+async def test_stopping_after_a_run_scans_proc_once(tmp_path, monkeypatch):
+    """The stop of a runtime whose processes all exited (the harness spawned, waited for)
+    reads /proc once for all of them; one with a live setsid escapee still kills it. A
+    first attempt's start reads it not at all."""
+    from services.runtimes import procs
+
+    scans: list[str] = []
+    scan = procs.tagged_pids
+    monkeypatch.setattr(procs, "tagged_pids", lambda n, v: scans.append(v) or scan(n, v))
+    rt = create_runtime(LocalRuntime(), "s-2b", base_dir=tmp_path)
+    await rt.start(first_attempt=True)  # nothing of this id can be left: no scan
+    assert scans == []
+    proc = await rt.spawn("true")
+    await proc.wait(5)
+    scans.clear()
+    await rt.stop(grace=0.5)
+    assert scans == [rt.runtime_id]
+    escaped = create_runtime(LocalRuntime(), "s-2c", base_dir=tmp_path)
+    await escaped.start()  # a retry's: a crashed attempt's processes are looked for
+    assert scans[-1] == escaped.runtime_id
+    proc = await escaped.spawn("setsid sleep 1000 & echo go; wait")
+    assert len(await settled_leftovers(escaped.runtime_id, 2)) == 2
+    await escaped.stop(grace=0.2)
+    assert leftovers(escaped.runtime_id) == [] and (await proc.wait(5)).killed
+
+
 async def test_cancel_during_exec(tmp_path):
     rt = create_runtime(LocalRuntime(), "s-3", base_dir=tmp_path)
     await rt.start()
