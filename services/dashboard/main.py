@@ -311,16 +311,17 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
         async def changes() -> AsyncIterator[dict[str, Any]]:
             LIVE_CLIENTS.inc()
             try:
-                seen, quiet = -1, 0.0
+                seen, seen_log, quiet = -1, None, 0.0
                 while True:
-                    v = reader.index.version
-                    if v != seen or quiet >= 15.0:
-                        seen, quiet = v, 0.0
+                    v, log = reader.index.version, reader.trainer_log_stamp()
+                    if v != seen or log != seen_log or quiet >= 15.0:
+                        seen, seen_log, quiet = v, log, 0.0
                         yield {
                             "event": "change",
                             "data": _json(
                                 {
                                     "version": v,
+                                    "trainer_log": log,  # the training page follows it
                                     "ts": time.time(),
                                     "states": reader.index.state_counts(),
                                     "problems": reader.problems(),

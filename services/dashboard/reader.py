@@ -310,6 +310,17 @@ class StackReader:
         except OSError:
             return []
 
+    def trainer_log_stamp(self) -> list[int] | None:
+        """The trainer log's (size, mtime): it changes as each step is logged, so the live
+        stream tells the training page to re-read it; None: no log (yet)."""
+        if not self.cfg.trainer_log:
+            return None
+        try:
+            st = Path(self.cfg.trainer_log).stat()
+        except OSError:
+            return None
+        return [st.st_size, st.st_mtime_ns]
+
     @functools.cached_property
     def decoder(self):
         """One token id -> its text, with the stack's tokenizer; None without one."""

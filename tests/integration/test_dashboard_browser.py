@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -27,11 +26,11 @@ from schemas import subjects as S
 from services.cli.demo import demo_task, demo_topology
 from services.common.bus import Bus
 from services.common.registry import Registry
+from tests.helpers.browser import CHROMIUM, DRIVER, new_browser
 from tests.helpers.procs import ServiceProcess
 
 pytestmark = [pytest.mark.timeout(420)]
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 if not (CHROMIUM and DRIVER):
     pytest.skip(
         "needs chromium and chromium-driver (`just setup` as root: apt-get install -y "
@@ -122,21 +121,6 @@ def stack():
     devstack.up(topo)
     yield topo, f"http://127.0.0.1:{topo.services['dashboard'].port}"
     devstack.down(state_dir)
-
-
-def new_browser():
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--window-size=1400,1000",
-        "--disable-dev-shm-usage",
-    ):
-        opts.add_argument(arg)
-    service = webdriver.ChromeService(executable_path=DRIVER)
-    return webdriver.Chrome(options=opts, service=service)
 
 
 @pytest.fixture(scope="module")

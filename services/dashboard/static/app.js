@@ -24,6 +24,7 @@ function el(tag, attrs, ...children) {
   return node;
 }
 const fmt = (x, d = 3) => (x === null || x === undefined ? "–" : typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(d)) : String(x));
+const num = (x) => (typeof x === "number" && x !== 0 && Math.abs(x) < 0.01 ? x.toExponential(2) : fmt(x)); // a logprob mismatch is ~1e-5
 const secs = (x) => (x === null || x === undefined ? "–" : x < 1 ? `${(x * 1000).toFixed(0)} ms` : `${x.toFixed(2)} s`);
 const stateTag = (s) => el("span", { class: `state st-${s}` }, s);
 const link = (href, text) => el("a", { href }, text);
@@ -318,21 +319,27 @@ pages.trajectory = async function () {
 };
 
 function chart(name, points) {
-  const W = 360, H = 160, P = 28;
+  const W = 360, H = 160, P = 28, L = 60; // L: room for the value labels left of the plot
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("class", "chart");
-  const fig = el("figure", { "data-curve": name }, el("figcaption", {}, `${name} (${points.length} points)`), svg);
+  const fig = el("figure", { "data-curve": name }, el("figcaption", {}, points.length ? `${name}: ${num(points[points.length - 1][1])} at step ${points[points.length - 1][0]} (${points.length} ${points.length === 1 ? "point" : "points"})` : `${name} (no points)`), svg);
   if (!points.length) return fig;
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
-  const sx = (x) => P + ((x - x0) / Math.max(x1 - x0, 1e-9)) * (W - 2 * P);
+  const sx = (x) => L + ((x - x0) / Math.max(x1 - x0, 1e-9)) * (W - L - P);
   const sy = (y) => H - P - ((y - y0) / Math.max(y1 - y0, 1e-9)) * (H - 2 * P);
   const path = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   path.setAttribute("points", points.map((p) => `${sx(p[0])},${sy(p[1])}`).join(" "));
   path.setAttribute("class", "line");
   svg.append(path);
-  for (const [txt, x, y] of [[fmt(y1), 2, P], [fmt(y0), 2, H - P], [`step ${x1}`, W - P - 30, H - 6]]) {
+  for (const p of points) {
+    const dot = document.createElementNS("http://www.w3.org/2000/svg", "circle");
+    dot.setAttribute("cx", sx(p[0])); dot.setAttribute("cy", sy(p[1])); dot.setAttribute("r", 2.5);
+    dot.setAttribute("class", "dot");
+    svg.append(dot);
+  }
+  for (const [txt, x, y] of [[num(y1), 2, P + 4], [num(y0), 2, H - P + 4], [`step ${x0}`, L - 10, H - 6], [`step ${x1}`, W - P - 30, H - 6]]) {
     const t = document.createElementNS("http://www.w3.org/2000/svg", "text");
     t.setAttribute("x", x); t.setAttribute("y", y); t.textContent = txt;
     svg.append(t);
@@ -346,7 +353,7 @@ pages.training = async function () {
     main.replaceChildren(el("h1", {}, "Training"), el("p", { class: "muted", id: "no-trainer" }, "no trainer in this stack (its JSONL log is not configured)"));
     return;
   }
-  main.replaceChildren(el("h1", {}, "Training"), el("p", {}, `${d.steps} steps`),
+  main.replaceChildren(el("h1", {}, "Training"), el("p", { id: "train-steps" }, `${d.steps} steps`),
     el("div", { class: "charts", id: "charts" }, Object.entries(d.curves).map(([k, v]) => chart(k, v))));
 };
 
@@ -369,7 +376,7 @@ pages.notfound = async function () {
 };
 
 // -- live updates ---------------------------------------------------------------------
-const LIVE_PAGES = { overview: 1000, task: 1000, session: 3000 }; // least ms between re-renders
+const LIVE_PAGES = { overview: 1000, task: 1000, session: 3000, training: 1000 }; // least ms between re-renders
 let rendering = false, again = false, lastRender = 0;
 let settled = false; // the page shows something final: live changes elsewhere leave it be
 
@@ -393,7 +400,7 @@ async function render() {
   }
 }
 
-let version = null, lastMessage = 0, reconnects = 0;
+let version = null, lastTrainerLog = null, lastMessage = 0, reconnects = 0;
 
 function follow() {
   const live = document.getElementById("live");
@@ -417,11 +424,15 @@ function follow() {
     live.textContent = `live · ${new Date(d.ts * 1000).toLocaleTimeString()}`;
     live.className = "on";
     body.dataset.liveVersion = String(d.version);
-    if (version !== null && d.version !== version && PAGE in LIVE_PAGES && !settled) {
+    const trainerLog = JSON.stringify(d.trainer_log);
+    const changed = PAGE === "training" ? trainerLog !== lastTrainerLog && lastTrainerLog !== null
+      : version !== null && d.version !== version;
+    if (changed && PAGE in LIVE_PAGES && !settled) {
       const wait = LIVE_PAGES[PAGE] - (Date.now() - lastRender);
       setTimeout(render, Math.max(wait, 0));
     }
     version = d.version;
+    lastTrainerLog = trainerLog;
   });
   source.onerror = () => { live.textContent = "live updates lost: reconnecting…"; live.className = "off"; };
 }
