@@ -11,6 +11,10 @@ batch sampled ``lag`` versions earlier, as the demo's pipeline does.
 
     python tests/bench/sim_stars.py --seeds 0 1 2 --steps 120 --eval-every 10
     python tests/bench/sim_stars.py --seeds 2 --epochs 1 --lr 3e-3   # another recipe
+    python tests/bench/sim_stars.py --partial-credit 0 --eps-high 0.2  # exact reward only
+
+The reward is the demo's: ``exact_answer`` with the Recipe's ``partial_credit`` (a near
+miss earns part of a reward) unless ``--partial-credit 0``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from evaluators.exact_answer import near_miss
 from services.common.tokenization.tokenizer import ChatTokenizer
 from services.demo import stars
 from services.demo.run import Recipe
@@ -94,11 +99,11 @@ def heldout_accuracy(policy: Policy, prompts: Prompts, lines: list[str]) -> floa
     return right / len(lines)
 
 
-def settings(objective: str = "grpo") -> StepSettings:
+def settings(objective: str = "grpo", eps_high: float = 0.2) -> StepSettings:
     return StepSettings(
         objective=objective,
         eps_low=0.2,
-        eps_high=0.2,
+        eps_high=eps_high,
         ratio_cap=3.0,
         kl_coef=0.0,
         max_staleness=4,
@@ -111,13 +116,22 @@ def settings(objective: str = "grpo") -> StepSettings:
     )
 
 
-def batch(policy, prompts, lines, group, version, gen, objective, temperature) -> list[Sample]:
+def reward(text: str, line: str, credit: tuple[float, int] | None) -> float:
+    """``exact_answer``'s reward for one answer (its near-miss credit when given)."""
+    if text.strip() == stars.answer(line):
+        return 1.0
+    return near_miss(text, stars.answer(line), credit) if credit else 0.0
+
+
+def batch(
+    policy, prompts, lines, group, version, gen, objective, temperature, credit
+) -> list[Sample]:
     flat = [x for x in lines for _ in range(group)]
     outs, lps = generate(
         policy.model(), [prompts.prompt(x) for x in flat], prompts.end, temperature, gen
     )
     rewards = [
-        float(text_of(prompts.tok, o, prompts.end).strip() == stars.answer(x))
+        reward(text_of(prompts.tok, o, prompts.end), x, credit)
         for o, x in zip(outs, flat, strict=True)
     ]
     samples = []
@@ -162,7 +176,10 @@ def run_seed(seed: int, args, work: Path) -> dict:
     train, heldout = stars.split()
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    s = settings(args.objective)
+    s = settings(args.objective, args.eps_high or recipe.clip_eps_high)
+    credit = recipe.partial_credit if args.partial_credit is None else None
+    if args.partial_credit:
+        credit = (args.partial_credit, args.credit_window)
     questions = args.questions or recipe.questions
     group = args.group or recipe.group_size
     curve, pending = [], []
@@ -175,7 +192,9 @@ def run_seed(seed: int, args, work: Path) -> dict:
             break
         lines = stars.training_lines(rng, questions, train)
         pending.append(
-            batch(policy, prompts, lines, group, step, gen, args.objective, args.temperature)
+            batch(
+                policy, prompts, lines, group, step, gen, args.objective, args.temperature, credit
+            )
         )
         if len(pending) <= args.lag:
             continue
@@ -213,6 +232,11 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=0, help="updates per batch (the Recipe's)")
     ap.add_argument("--target", type=float, default=0.6)
+    ap.add_argument("--eps-high", type=float, default=0.0, help="upper clip (the Recipe's)")
+    ap.add_argument(
+        "--partial-credit", type=float, default=None, help="near-miss weight; 0: exact only"
+    )
+    ap.add_argument("--credit-window", type=int, default=3)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
