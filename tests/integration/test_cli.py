@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -144,14 +145,16 @@ def test_submit_yaml_over_the_bus_and_wait(polar, tmp_path):
     assert "already exists with a different spec" in conflict.stdout
 
 
-def settled(polar, task_id: str) -> dict:
-    """The task as the scheduler's HTTP API shows it, once no longer active (50 polls)."""
-    for _ in range(50):
+def settled(polar, task_id: str, timeout: float = 30.0) -> dict:
+    """The task as the scheduler's HTTP API shows it, once no longer active (a cancelled
+    session still goes through the builder and the evaluator before it is final)."""
+    deadline = time.monotonic() + timeout
+    while True:
         url = f"{polar.scheduler}/tasks/{task_id}"
         body = httpx.get(url, headers=polar.admin, trust_env=False).json()
-        if body["status"] != "active":
-            break
-    return body
+        if body["status"] != "active" or time.monotonic() > deadline:
+            return body
+        time.sleep(0.1)
 
 
 def test_cancel_over_the_bus_and_http(polar, tmp_path):
