@@ -364,8 +364,10 @@ async def test_weight_update_versions_every_record(proxy, redis_client, bus):
         await new_session(redis_client, "w-late"),
     )
     sdk = openai.AsyncOpenAI(base_url=f"{proxy.url}/s/{early.token}/v1", api_key="x")
+    # 1,500 tokens: long enough to be seen in flight (300 took ~0.12 s on a quiet CPU and
+    # could finish between two polls of wait_in_flight)
     in_flight = asyncio.create_task(
-        sdk.chat.completions.create(model="m", messages=SLOW, max_tokens=300)
+        sdk.chat.completions.create(model="m", messages=SLOW, max_tokens=1500)
     )
     await wait_in_flight(proxy.url)
     body = {"model_path": str(second_checkpoint()), "version": "2"}
