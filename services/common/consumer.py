@@ -22,7 +22,7 @@ from nats.js.api import ConsumerConfig
 
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer
-from services.common.faults import is_transient
+from services.common.faults import retry_faults
 from services.common.metrics import HANDLER_SECONDS, INFLIGHT, MESSAGES
 
 log = logging.getLogger(__name__)
@@ -148,16 +148,13 @@ class Consumer:
         fault of the system, up to ``TRANSIENT_WAIT_S``: a registry restart or a bus
         blip must not use up ``max_deliver`` and dead-letter good work (a READY hand-off
         lost that way left its session READY forever)."""
-        deadline, delay = time.monotonic() + TRANSIENT_WAIT_S, 0.25
-        while True:
-            try:
-                return await self.handler(msg)
-            except Exception as exc:
-                if not is_transient(exc) or time.monotonic() + delay > deadline:
-                    raise
-                log.warning("%s: %r; trying again in %.2fs", self.name, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 4.0)
+        return await retry_faults(
+            lambda: self.handler(msg),
+            seconds=TRANSIENT_WAIT_S,
+            on_retry=lambda exc, delay: log.warning(
+                "%s: %r; trying again in %.2fs", self.name, exc, delay
+            ),
+        )
 
     def _last_delivery(self, msg: Msg) -> bool:
         max_deliver = self.config.max_deliver or -1

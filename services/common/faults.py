@@ -5,8 +5,15 @@ message."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import nats.errors
 import redis.exceptions
+
+T = TypeVar("T")
 
 REGISTRY_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 TRANSIENT = (nats.errors.Error, *REGISTRY_DOWN, ConnectionError, TimeoutError)
@@ -14,3 +21,28 @@ TRANSIENT = (nats.errors.Error, *REGISTRY_DOWN, ConnectionError, TimeoutError)
 
 def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT)
+
+
+async def retry_faults(
+    call: Callable[[], Awaitable[T]],
+    *,
+    seconds: float,
+    faults: tuple[type[BaseException], ...] = TRANSIENT,
+    first_delay: float = 0.25,
+    max_delay: float = 4.0,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+) -> T:
+    """``call()``, again while it raises one of ``faults``, backing off from
+    ``first_delay`` to ``max_delay``; past ``seconds`` the last fault is raised.
+    ``on_retry(exc, delay)`` is told before each wait."""
+    deadline, delay = time.monotonic() + seconds, first_delay
+    while True:
+        try:
+            return await call()
+        except faults as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            if on_retry is not None:
+                on_retry(exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)

@@ -12,14 +12,13 @@ trajectory is delivered.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable
 
 from schemas import Artifacts, Outcome, SessionFinished, SessionState, encode
 from schemas import subjects as S
 from services.common.bus import Bus
-from services.common.faults import REGISTRY_DOWN, TRANSIENT, is_transient
+from services.common.faults import REGISTRY_DOWN, TRANSIENT, is_transient, retry_faults
 from services.common.redact import redact
 from services.common.registry import Registry
 
@@ -83,36 +82,34 @@ async def _to_postrun(
 ) -> bool:
     """The POSTRUN transition, tried again while the registry is unreachable (a restart,
     an outage: up to ``FINISH_RETRY_S``) instead of losing a finished run to ERROR."""
-    deadline, delay, tried = time.monotonic() + FINISH_RETRY_S, 0.2, False
-    while True:
-        try:
-            # fenced by attempt: a holder cut off past its lease, back after the session
-            # was retried elsewhere, must not finish the new attempt with the old one's
-            t = await registry.transition(
-                session_id,
-                ST.POSTRUN,
-                from_=list(from_),
-                expect_attempt=attempt,
-                outcome=outcome.value,
-                reason=reason,
-            )
-        except REGISTRY_DOWN:
-            if time.monotonic() > deadline:
-                raise
-            tried = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-            continue
-        if t.ok or not tried:
-            return t.ok
-        # an earlier try may have been applied, its reply lost with the connection
-        now = await registry.get_session(session_id)
-        return now is not None and (now.state, now.attempt, now.outcome, now.reason) == (
+    failed: list[BaseException] = []  # the tries the registry did not answer
+    t = await retry_faults(
+        # fenced by attempt: a holder cut off past its lease, back after the session was
+        # retried elsewhere, must not finish the new attempt with the old one's results
+        lambda: registry.transition(
+            session_id,
             ST.POSTRUN,
-            attempt,
-            outcome,
-            reason,
-        )
+            from_=list(from_),
+            expect_attempt=attempt,
+            outcome=outcome.value,
+            reason=reason,
+        ),
+        seconds=FINISH_RETRY_S,
+        faults=REGISTRY_DOWN,
+        first_delay=0.2,
+        max_delay=2.0,
+        on_retry=lambda exc, _: failed.append(exc),
+    )
+    if t.ok or not failed:
+        return t.ok
+    # an earlier try may have been applied, its reply lost with the connection
+    now = await registry.get_session(session_id)
+    return now is not None and (now.state, now.attempt, now.outcome, now.reason) == (
+        ST.POSTRUN,
+        attempt,
+        outcome,
+        reason,
+    )
 
 
 async def fail_before_run(
