@@ -22,13 +22,10 @@ from nats.js.api import ConsumerConfig
 
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer
-from services.common.faults import retry_faults
+from services.common.faults import TRANSIENT_WAIT_S, retry_faults
 from services.common.metrics import HANDLER_SECONDS, INFLIGHT, MESSAGES
 
 log = logging.getLogger(__name__)
-# how long a handler failing on a fault of the system (``faults.is_transient``) is run
-# again in place before the failure counts as a delivery: longer than a registry restart
-TRANSIENT_WAIT_S = 30.0
 
 Handler = Callable[[Msg], Awaitable[None]]
 

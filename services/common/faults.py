@@ -17,6 +17,9 @@ T = TypeVar("T")
 
 REGISTRY_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 TRANSIENT = (nats.errors.Error, *REGISTRY_DOWN, ConnectionError, TimeoutError)
+# how long work failing on a fault of the system is run again in place before the
+# failure counts (as a delivery, or as an attempt): longer than a registry restart
+TRANSIENT_WAIT_S = 30.0
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -262,6 +262,10 @@ class Registry:
         else:
             await self._release_own(keys=[S.KEY_LEASES, S.key_session(session_id)], args=[owner])
 
+    async def server_uptime(self) -> float:
+        """Seconds since the registry's server (re)started."""
+        return float((await self.redis.info("server"))["uptime_in_seconds"])
+
     async def expired_leases(self, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
         return [m.decode() for m in await self.redis.zrangebyscore(S.KEY_LEASES, "-inf", now)]

@@ -32,6 +32,7 @@ from schemas import Artifacts, InitWork, Outcome, SessionState, encode
 from schemas import subjects as S
 from schemas.task import LocalRuntime
 from services.common.bus import Bus
+from services.common.faults import REGISTRY_DOWN
 from services.common.finish import fail_before_run, finish_session, may_retry
 from services.common.registry import Registry
 from services.node.prewarm import ROLE as EVAL_ROLE
@@ -78,8 +79,33 @@ class Reaper:
         # A held-state session with no lease at all, unchanged this long, is an orphan
         # (the holders' lease period: a live holder has taken its lease long before).
         self.orphan_after = orphan_after
+        self._unreachable = False  # the last reap could not reach the registry
+        self._quiet_until = 0.0  # monotonic: judge no lease before this
 
     async def reap(self) -> int:
+        try:
+            if await self._registry_just_back():
+                return 0
+            return await self._reap_expired()
+        except REGISTRY_DOWN:
+            self._unreachable = True
+            raise
+
+    async def _registry_just_back(self) -> bool:
+        """Whether the registry was away (restarted, or out of this process's reach)
+        less than a lease period ago. No holder could renew meanwhile, so every lease may
+        have lapsed with its holder alive: reaping then would retry live sessions and
+        use up their ``infra_retries`` (the chaos test's lease-expiry ERRORs). Live
+        holders renew every third of a period, so after one period what is expired is
+        truly lost."""
+        now = time.monotonic()
+        if self._unreachable:
+            self._unreachable, self._quiet_until = False, now + self.orphan_after
+        if now < self._quiet_until:
+            return True
+        return await self.registry.server_uptime() < self.orphan_after
+
+    async def _reap_expired(self) -> int:
         orphans = await self.registry.expire_unleased(HELD, self.orphan_after)
         if orphans:
             log.warning("sessions held by nobody (no lease): %s", ", ".join(orphans))

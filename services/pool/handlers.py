@@ -28,6 +28,7 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer, work_consumer
+from services.common.faults import TRANSIENT, TRANSIENT_WAIT_S, retry_faults
 from services.common.finish import fail_before_run, is_transient, may_retry
 from services.common.plugins import Registry as PluginRegistry
 from services.common.registry import Registry
@@ -202,39 +203,19 @@ class RuntimePool:
     async def _init(self, item: InitWork, msg: Msg) -> None:
         sid = item.session_id
         keepalive = asyncio.create_task(_keep_alive(msg, self.ack_wait / 3))
-        runtime, result, started = None, "failed", time.monotonic()
-        spec = None
+        result, started = "failed", time.monotonic()
+        in_place_until = started + TRANSIENT_WAIT_S
         try:
-            task = await self.registry.get_task(item.task_id)
-            session = await self.registry.get_session(sid)
-            paths = SessionPaths.of(self.config.work_dir, sid)
-            spec = task.spec
-            runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
-            self.initializing[sid] = runtime
-            await self._prepare(runtime, task.spec, session, paths, item.attempt == 0)
-            if not await self._become_ready(sid, runtime):  # cancelled while preparing
-                result = "cancelled"
-                await runtime.cancel()
-                return
-            work = ReadyWork(
-                ts=time.time(),
-                session_id=sid,
-                task_id=item.task_id,
-                node=self.node,
-                runtime_id=runtime.runtime_id,
-                priority=item.priority,
-                attempt=item.attempt,
-            )
-            await runtime.detach()  # the executor adopts it; this process lets go
-            # A fresh handle on the detached sandbox, to stop it if the hand-off fails.
-            runtime = node_runtime(self.config, spec.runtime, sid, runtime.runtime_id)
-            await self.bus.publish_retrying(
-                S.sessions_ready(self.node), encode(work), msg_id=f"ready:{sid}:{item.attempt}"
-            )
-            self.handed_off.add(sid)
-            result = "ready"
-        except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
-            await self._init_failed(item, runtime, exc)
+            while True:
+                try:
+                    result = await self._init_once(item)
+                    return
+                except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
+                    runtime = self.initializing.get(sid)
+                    if await self._rerun_in_place(item, runtime, exc, in_place_until):
+                        continue
+                    await self._init_failed(item, runtime, exc)
+                    return
         finally:
             keepalive.cancel()
             self.initializing.pop(sid, None)
@@ -243,6 +224,60 @@ class RuntimePool:
             with contextlib.suppress(Exception):
                 await msg.ack()
             await self.dispatch()
+
+    async def _init_once(self, item: InitWork) -> str:
+        """One try at INIT: prepare the sandbox, go READY, hand it to the executor."""
+        sid = item.session_id
+        task = await self.registry.get_task(item.task_id)
+        session = await self.registry.get_session(sid)
+        paths = SessionPaths.of(self.config.work_dir, sid)
+        spec = task.spec
+        runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
+        self.initializing[sid] = runtime
+        await self._prepare(runtime, task.spec, session, paths, item.attempt == 0)
+        if not await self._become_ready(sid, runtime):  # cancelled while preparing
+            await runtime.cancel()
+            return "cancelled"
+        work = ReadyWork(
+            ts=time.time(),
+            session_id=sid,
+            task_id=item.task_id,
+            node=self.node,
+            runtime_id=runtime.runtime_id,
+            priority=item.priority,
+            attempt=item.attempt,
+        )
+        await runtime.detach()  # the executor adopts it; this process lets go
+        # A fresh handle on the detached sandbox, to stop it if the hand-off fails.
+        self.initializing[sid] = node_runtime(self.config, spec.runtime, sid, runtime.runtime_id)
+        await self.bus.publish_retrying(
+            S.sessions_ready(self.node), encode(work), msg_id=f"ready:{sid}:{item.attempt}"
+        )
+        self.handed_off.add(sid)
+        return "ready"
+
+    async def _rerun_in_place(
+        self, item: InitWork, runtime: Runtime | None, exc: Exception, until: float
+    ) -> bool:
+        """Whether an INIT that failed on a fault of the system (the registry or the bus
+        away) is tried again here, in the same attempt: the holder is alive and the task
+        did nothing wrong, so it must not use up the session's ``infra_retries`` (three
+        such blips in one session's life ended it ERROR under the chaos test). Only while
+        the session is still INITIALIZING under this attempt, and up to ``until``."""
+        if not is_transient(exc) or time.monotonic() >= until:
+            return False
+        log.warning("INIT of %s hit a fault of the system (%r); again in place", item.session_id, exc)
+        if runtime is not None:
+            with contextlib.suppress(Exception):
+                await runtime.cancel()
+        try:
+            now = await retry_faults(
+                lambda: self.registry.get_session(item.session_id),
+                seconds=max(0.0, until - time.monotonic()),
+            )
+        except TRANSIENT:
+            return False
+        return now is not None and now.state == ST.INITIALIZING and now.attempt == item.attempt
 
     async def _become_ready(self, sid: str, runtime: Runtime) -> bool:
         """INITIALIZING -> READY once the READY buffer has room; False if the session

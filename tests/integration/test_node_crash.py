@@ -10,9 +10,11 @@ the node's restarted pool and executor sweep what the dead ones left on the node
 """
 
 import asyncio
+import os
 import time
 
 import pytest
+import redis.exceptions
 
 from schemas import Outcome, SessionFinished, SessionState, decode
 from schemas import subjects as S
@@ -188,7 +190,7 @@ async def test_kill_9_whole_node_then_restart_sweeps(fresh_servers, tmp_path):
         killed_at = time.monotonic()
         # Noticed elsewhere: a reaper on another host ends both sessions within the
         # lease time; it cannot stop their runtimes, so they live on here.
-        elsewhere = Reaper(h.reg, h.bus, unreachable, keep=lambda sid: False)
+        elsewhere = Reaper(h.reg, h.bus, unreachable, keep=lambda sid: False, orphan_after=LEASE)
 
         async def ended() -> bool:
             await elsewhere.reap()
@@ -250,3 +252,49 @@ async def test_kill_9_whole_node_restarted_before_anyone_notices(fresh_servers, 
         assert sorted(f.session_id for f in h.finished) == sorted([init_id, run_id])
     finally:
         await h.close()
+
+
+async def test_leases_lapsed_while_the_registry_was_down_are_not_reaped(tmp_path, nats_url):
+    """A Valkey restart longer than a lease lets every lease lapse with its holder alive.
+    The reaper waits one lease period after the registry is back (live holders renew
+    within a third of one), then reaps only what nobody renewed. Before: every held
+    session was retried at once, and a third such fault ended it ERROR (the chaos
+    test's "holder lost (lease expired" sessions)."""
+    import signal
+
+    from infra import localservers
+
+    port = localservers.free_port()
+    valkey = localservers.start_valkey(port, tmp_path / "valkey")
+    url = f"redis://127.0.0.1:{port}/0"
+    bus = await Bus.open(nats_url, "test-lease-outage")
+    reg = Registry.from_url(url)
+    lease = 1.0
+    try:
+        _, sessions = await reg.create_task(task("outage", 2))
+        live, dead = (s.session_id for s in sessions)
+        for sid in (live, dead):
+            t = await reg.transition(sid, ST.INITIALIZING, node="outage-node", lease=("holder", lease))
+            assert t.ok
+        reaper = Reaper(reg, bus, lambda *a: None, keep=lambda sid: False, orphan_after=lease)
+        await asyncio.sleep(lease + 0.2)  # let the registry's uptime pass one lease
+        os.killpg(valkey.pid, signal.SIGKILL)  # down for longer than a lease
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await reaper.reap()
+        await asyncio.sleep(lease + 0.5)
+        valkey = localservers.start_valkey(port, tmp_path / "valkey")
+        assert set(await reg.expired_leases()) == {live, dead}  # both lapsed meanwhile
+        assert await reaper.reap() == 0  # just back: nobody could renew
+        unaware = Reaper(reg, bus, lambda *a: None, keep=lambda sid: False, orphan_after=lease)
+        assert await unaware.reap() == 0  # one that never saw it down: the server's uptime
+        await reg.hold([live], "holder", lease)  # the live holder renews
+        await asyncio.sleep(lease + 0.1)
+        await reg.hold([live], "holder", lease)
+        assert await reaper.reap() == 1  # only the dead holder's session
+        got = {s.session_id: s for s in await reg.get_sessions([live, dead])}
+        assert got[live].state == ST.INITIALIZING and got[live].attempt == 0
+        assert got[dead].state == ST.REGISTERED and got[dead].attempt == 1
+    finally:
+        await reg.close()
+        await bus.close()
+        localservers.stop_process(valkey.pid)

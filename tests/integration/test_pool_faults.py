@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 import nats.errors
+import redis.exceptions
 import pytest
 
 from schemas import InitWork, Outcome, SessionState
@@ -55,10 +56,12 @@ class Ack:
         pass
 
 
-async def open_pool(nats_url, redis_url, tmp_path, bus_type=Bus, lease: float = 2.0):
+async def open_pool(
+    nats_url, redis_url, tmp_path, bus_type=Bus, lease: float = 2.0, registry_type=Registry
+):
     bus = await Bus.open(nats_url, "test-pool-faults")
     bus = bus_type(bus.nc, bus.js, publish_tries=2, publish_backoff=0.05)
-    reg = Registry.from_url(redis_url, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+    reg = registry_type.from_url(redis_url, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
     cfg = PoolConfig(
         nats_url=nats_url,
         redis_url=redis_url,
@@ -169,5 +172,38 @@ async def test_an_earlier_attempts_init_work_redelivered_is_not_admitted(fresh_s
         assert not await pool._admit(item, Ack())  # attempt 0's work
         s = await pool.registry.get_session(sid)
         assert (s.state, s.attempt) == (ST.REGISTERED, 1)
+    finally:
+        await close_pool(pool)
+
+
+class RegistryBlinks(Registry):
+    """The real registry, except that its first two admission counts fail as they do
+    while Valkey restarts ("Connection closed by server.")."""
+
+    blinks = 2
+
+    async def node_stage_counts(self, node, states):
+        if self.blinks:
+            self.blinks -= 1
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return await super().node_stage_counts(node, states)
+
+
+async def test_a_registry_blip_during_init_is_run_again_in_place(fresh_servers, tmp_path):
+    """A fault of the system during INIT re-runs it in the same attempt: before, each
+    blip used one of the session's ``infra_retries`` and a third ended it ERROR (the
+    chaos test's pool row, CI of 2026-12-02)."""
+    pool = await open_pool(*fresh_servers, tmp_path, registry_type=RegistryBlinks)
+    try:
+        item = await registered(pool, "blip", infra_retries=0)
+        sid = item.session_id
+        assert await pool._admit(item, Ack())
+
+        async def handed_off():
+            s = await pool.registry.get_session(sid)
+            return s if s.state == ST.READY and sid in pool.handed_off else None
+
+        s = await wait_until(handed_off, 20, "the session READY and handed off")
+        assert s.attempt == 0 and pool.registry.blinks == 0
     finally:
         await close_pool(pool)
