@@ -73,8 +73,8 @@ Network = Literal["none", "bridge", "host"]
 
 # -- runtimes (discriminated by `backend`) ---------------------------------------------
 class LocalRuntime(_Spec, tag="local", tag_field="backend"):
-    # auto: bubblewrap for a harness preset (a coding-agent CLI) where it is installed,
-    # with a loud warning where not; none for the shell and noop harnesses
+    # auto: bubblewrap for every harness that runs something (the CLIs, shell, a custom
+    # class) where it is installed, with a loud warning where not; none for noop
     # (services/runtimes/factory.py `with_default_sandbox`)
     sandbox: Literal["auto", "none", "bwrap"] = "auto"
     network: Network = "host"

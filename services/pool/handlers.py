@@ -204,15 +204,16 @@ class RuntimePool:
         sid = item.session_id
         keepalive = asyncio.create_task(_keep_alive(msg, self.ack_wait / 3))
         result, started = "failed", time.monotonic()
-        in_place_until = started + TRANSIENT_WAIT_S
+        in_place_until, fresh = started + TRANSIENT_WAIT_S, item.attempt == 0
         try:
             while True:
                 try:
-                    result = await self._init_once(item)
+                    result = await self._init_once(item, fresh)
                     return
                 except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
                     runtime = self.initializing.get(sid)
                     if await self._rerun_in_place(item, runtime, exc, in_place_until):
+                        fresh = False  # the try just cancelled may have left processes
                         continue
                     await self._init_failed(item, runtime, exc)
                     return
@@ -225,8 +226,9 @@ class RuntimePool:
                 await msg.ack()
             await self.dispatch()
 
-    async def _init_once(self, item: InitWork) -> str:
-        """One try at INIT: prepare the sandbox, go READY, hand it to the executor."""
+    async def _init_once(self, item: InitWork, fresh: bool) -> str:
+        """One try at INIT: prepare the sandbox, go READY, hand it to the executor.
+        ``fresh``: no earlier try of this session can have left processes behind."""
         sid = item.session_id
         task = await self.registry.get_task(item.task_id)
         session = await self.registry.get_session(sid)
@@ -234,7 +236,7 @@ class RuntimePool:
         spec = task.spec
         runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
         self.initializing[sid] = runtime
-        await self._prepare(runtime, task.spec, session, paths, item.attempt == 0)
+        await self._prepare(runtime, task.spec, session, paths, fresh)
         if not await self._become_ready(sid, runtime):  # cancelled while preparing
             await runtime.cancel()
             return "cancelled"
@@ -266,7 +268,9 @@ class RuntimePool:
         the session is still INITIALIZING under this attempt, and up to ``until``."""
         if not is_transient(exc) or time.monotonic() >= until:
             return False
-        log.warning("INIT of %s hit a fault of the system (%r); again in place", item.session_id, exc)
+        log.warning(
+            "INIT of %s hit a fault of the system (%r); again in place", item.session_id, exc
+        )
         if runtime is not None:
             with contextlib.suppress(Exception):
                 await runtime.cancel()

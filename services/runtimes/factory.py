@@ -13,7 +13,6 @@ from typing import Any
 import msgspec
 
 from schemas.task import (
-    BUILTIN_HARNESSES,
     ApptainerRuntime,
     DockerRuntime,
     LocalRuntime,
@@ -27,30 +26,31 @@ from services.runtimes.local_backend import LocalSandboxRuntime
 
 _ROLE = re.compile(r"^[a-z0-9]{1,16}$")
 log = logging.getLogger(__name__)
-# The coding-agent CLIs Polar installs and runs: `sandbox: auto` puts them in bubblewrap.
-# The shell and noop harnesses and custom classes run what the task says, where it says.
-PRESETS = BUILTIN_HARNESSES - {"shell", "noop"}
+# Harnesses that run nothing in the sandbox: `sandbox: auto` needs no bubblewrap for them.
+# Every other one (the CLIs, the shell harness, a custom class) runs what the model and
+# the task say, which the threat model does not trust (docs/security.md).
+RUNS_NOTHING = frozenset({"noop"})
 _warned: set[str] = set()
 
 
 def default_sandbox(spec: Any, harness: str | None, bwrap_installed: bool) -> str | None:
-    """What ``sandbox: auto`` of a local runtime means here (pure): bubblewrap for a
-    harness preset or an isolated network, none otherwise; None when ``spec`` asks for
-    no default."""
+    """What ``sandbox: auto`` of a local runtime means here (pure): bubblewrap for any
+    harness that runs something, or an isolated network; none otherwise (the noop
+    harness, or no bubblewrap installed); None when ``spec`` asks for no default."""
     if not isinstance(spec, LocalRuntime) or spec.sandbox != "auto":
         return None
-    wants = spec.network == "none" or harness in PRESETS
+    wants = spec.network == "none" or harness not in RUNS_NOTHING
     return "bwrap" if wants and (bwrap_installed or spec.network == "none") else "none"
 
 
 def with_default_sandbox(spec: RuntimeSpec, harness: str | None) -> RuntimeSpec:
-    """``spec`` with ``sandbox: auto`` decided for this node; a harness preset that runs
-    without bubblewrap is warned about, loudly, once per process."""
+    """``spec`` with ``sandbox: auto`` decided for this node; a harness that runs
+    something without bubblewrap is warned about, loudly, once per process."""
     installed = shutil.which("bwrap") is not None
     chosen = default_sandbox(spec, harness, installed)
     if chosen is None:
         return spec
-    if chosen == "none" and harness in PRESETS and harness not in _warned:
+    if chosen == "none" and harness not in RUNS_NOTHING and harness not in _warned:
         _warned.add(harness)
         log.warning(
             "NO SANDBOX: harness %r runs with `sandbox: none` because bubblewrap is not "

@@ -34,10 +34,10 @@ BACKENDS = [
 CLEAN_SECONDS = 5.0  # a cancelled runtime is gone well within this
 
 
-def runtime(backend: str, prepare: list[dict]) -> dict:
+def runtime(backend: str, prepare: list[dict], sandbox: str = "auto") -> dict:
     if backend == "docker":
         return {"backend": "docker", "image": IMAGE, "network": "none", "prepare": prepare}
-    return {"backend": "local", "prepare": prepare}
+    return {"backend": "local", "sandbox": sandbox, "prepare": prepare}
 
 
 async def state_of(node: Node, sid: str) -> ST:
@@ -98,7 +98,10 @@ async def test_cancel_in_ready_and_running(node_of, tmp_path, backend):
     work = tmp_path / "work"
     prepare = [{"action": "exec", "command": "nohup sleep 400 >/dev/null 2>&1 &"}]
     harness = {"command": "sleep 500 >/dev/null 2>&1 & sleep 200"}
-    spec = task("cx-run", 2, runtime=runtime(backend, prepare), agent=harness)
+    # A process a prepare step leaves running outlives its command only without
+    # bubblewrap (there each command is a sandbox of its own, gone with it): the case
+    # whose clean-up is at stake here.
+    spec = task("cx-run", 2, runtime=runtime(backend, prepare, "none"), agent=harness)
     sids = [s.session_id for s in await node.scheduler.accept(logic.with_task_id(spec))]
 
     async def by_state() -> dict[ST, str]:

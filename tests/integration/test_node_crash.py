@@ -47,10 +47,15 @@ def node_config(nats_url: str, redis_url: str, work, node: str = "node0") -> dic
     }
 
 
+# These runs coordinate with the test through marker files on the node's /tmp, which
+# bubblewrap (the default sandbox) hides: they run the trusted way, with none.
+TRUSTED = {"backend": "local", "sandbox": "none"}
+
+
 def slow_once(marks) -> dict:
     """A prepare step that sleeps on a session's first INIT only (a marker on the node)."""
     cmd = f'm={marks}/"$POLAR_SESSION_ID"; [ -e "$m" ] && exit 0; touch "$m"; sleep 30'
-    return {"backend": "local", "prepare": [{"action": "exec", "command": cmd}]}
+    return {**TRUSTED, "prepare": [{"action": "exec", "command": cmd}]}
 
 
 async def start(target: str, config: dict, logs) -> ServiceProcess:
@@ -120,7 +125,7 @@ async def test_kill_9_pool_mid_init(fresh_servers, tmp_path):
         await h.start(EXECUTOR, cfg, logs)
         # A RUNNING session the pool's death and restart must leave alone.
         wait_go = f"while [ ! -e {marks}/go ]; do sleep 0.1; done; echo ran > out.txt"
-        [run_id] = await h.submit(task("pk-run", 1, agent={"command": wait_go}))
+        [run_id] = await h.submit(task("pk-run", 1, runtime=TRUSTED, agent={"command": wait_go}))
         await h.wait_state(run_id, ST.RUNNING, 20)
         harness = await wait_until(lambda: min(session_procs(run_id), default=0), 10, "harness")
         slow = slow_once(marks)
@@ -177,7 +182,9 @@ async def test_kill_9_whole_node_then_restart_sweeps(fresh_servers, tmp_path):
     try:
         pool = await h.start(POOL, cfg, logs)
         executor = await h.start(EXECUTOR, cfg, logs)
-        [run_id] = await h.submit(task("wn-run", 1, infra_retries=0, agent={"command": "sleep 60"}))
+        # without bubblewrap, whose sandbox would die with its executor: the sweep is at stake
+        run = task("wn-run", 1, infra_retries=0, runtime=TRUSTED, agent={"command": "sleep 60"})
+        [run_id] = await h.submit(run)
         await h.wait_state(run_id, ST.RUNNING, 20)
         [init_id] = await h.submit(task("wn-init", 1, infra_retries=0, runtime=slow_once(marks)))
         await h.wait_state(init_id, ST.INITIALIZING, 20)
@@ -274,7 +281,9 @@ async def test_leases_lapsed_while_the_registry_was_down_are_not_reaped(tmp_path
         _, sessions = await reg.create_task(task("outage", 2))
         live, dead = (s.session_id for s in sessions)
         for sid in (live, dead):
-            t = await reg.transition(sid, ST.INITIALIZING, node="outage-node", lease=("holder", lease))
+            t = await reg.transition(
+                sid, ST.INITIALIZING, node="outage-node", lease=("holder", lease)
+            )
             assert t.ok
         reaper = Reaper(reg, bus, lambda *a: None, keep=lambda sid: False, orphan_after=lease)
         await asyncio.sleep(lease + 0.2)  # let the registry's uptime pass one lease

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 
 import nats.errors
-import redis.exceptions
 import pytest
+import redis.exceptions
 
 from schemas import InitWork, Outcome, SessionState
 from schemas import subjects as S

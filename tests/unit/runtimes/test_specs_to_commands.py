@@ -201,16 +201,19 @@ def test_errors_carry_the_runtime_id():
     assert str(err) == "[s-1-main] boom" and not err.retryable
 
 
-def test_sandbox_auto_puts_harness_presets_in_bubblewrap():
-    """Issue 17: the default runtime ran every harness preset with `sandbox: none`."""
+def test_sandbox_auto_puts_every_harness_that_runs_something_in_bubblewrap():
+    """Issue 17: the default runtime ran harnesses with `sandbox: none` (point 11: the shell
+    harness one session poisoning another); now only the noop harness, which runs nothing."""
     from services.runtimes.factory import default_sandbox
 
     auto = LocalRuntime()
     assert auto.sandbox == "auto"
     assert default_sandbox(auto, "codex", bwrap_installed=True) == "bwrap"
     assert default_sandbox(auto, "claude_code", bwrap_installed=False) == "none"  # + warning
-    assert default_sandbox(auto, "shell", bwrap_installed=True) == "none"
-    assert default_sandbox(auto, "mypkg.h:Harness", bwrap_installed=True) == "none"
+    assert default_sandbox(auto, "shell", bwrap_installed=True) == "bwrap"
+    assert default_sandbox(auto, "mypkg.h:Harness", bwrap_installed=True) == "bwrap"
+    assert default_sandbox(auto, "noop", bwrap_installed=True) == "none"  # runs nothing
+    assert default_sandbox(auto, "shell", bwrap_installed=False) == "none"  # + warning
     assert default_sandbox(LocalRuntime(network="none"), "shell", bwrap_installed=True) == "bwrap"
     assert default_sandbox(LocalRuntime(sandbox="none"), "codex", bwrap_installed=True) is None
 
