@@ -323,6 +323,35 @@ def test_cancel_from_the_ui_ends_the_task(stack, browser):
     assert d.find_element(By.ID, "cancel").get_attribute("disabled") is not None
 
 
+def quick_task(task_id: str) -> dict:
+    return {
+        "task_id": task_id,
+        "instruction": "nothing",
+        "num_samples": 1,
+        "runtime": {"backend": "local"},
+        "agent": {"harness": "shell", "command": "true"},
+    }
+
+
+def test_pages_left_for_others_let_go_of_their_live_stream(stack, browser):
+    """Chromium keeps a page left for another in its back/forward cache; with its event
+    stream open each held one of the six connections it gives a host, and the sixth page's
+    reads waited 20 s and failed (found by tests/bench/bench_dashboard.py's page loads)."""
+    topo, url = stack
+    d = browser
+    asyncio.run(publish(topo, quick_task("dash-nav")))
+    for i in range(8):
+        goto(d, url + ("/" if i % 2 else "/tasks/dash-nav"))
+        wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#sessions-table tr[data-session]"), 10)
+    d.execute_script("window.__polarKept = 1")
+    goto(d, url + "/topology")
+    d.back()  # the overview again, from the cache: its stream opened again
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#sessions-table"), 10)
+    assert d.execute_script("return window.__polarKept") == 1  # restored, not reloaded
+    asyncio.run(publish(topo, quick_task("dash-back")))
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-task="dash-back"]'), 60)
+
+
 def test_unknown_ids_are_404_pages_and_cancel_needs_the_admin_token(stack, browser):
     _, url = stack
     for path in ("/tasks/no-such-task", "/sessions/no-such-session", "/sessions/nope/trajectory"):

@@ -401,17 +401,23 @@ async function render() {
 }
 
 let version = null, lastTrainerLog = null, lastMessage = 0, reconnects = 0;
+let source = null, watchdog = null; // the open event stream and its watchdog
+
+function unfollow() {
+  clearInterval(watchdog);
+  if (source) source.close();
+  source = null;
+}
 
 function follow() {
   const live = document.getElementById("live");
-  const source = new EventSource("/api/live");
+  source = new EventSource("/api/live");
   lastMessage = Date.now();
   // the server speaks at least every 15 s: a stream closed or silent for longer is
   // reopened (an EventSource gives up for good after some failures)
-  const watchdog = setInterval(() => {
+  watchdog = setInterval(() => {
     if (source.readyState === EventSource.CLOSED || Date.now() - lastMessage > 35000) {
-      clearInterval(watchdog);
-      source.close();
+      unfollow();
       reconnects += 1;
       body.dataset.reconnects = String(reconnects);
       follow();
@@ -438,4 +444,13 @@ function follow() {
 }
 
 render();
-if (PAGE !== "notfound") follow();
+if (PAGE !== "notfound") {
+  follow();
+  // A page left for another stays in the browser's back/forward cache: with its stream
+  // open it would hold one of the six connections a browser gives a host, and after five
+  // pages the next page's reads would wait (20 s, then "signal timed out"). Closed when
+  // the page is left; opened again if it is shown again (its first message re-renders
+  // the page if anything changed meanwhile).
+  window.addEventListener("pagehide", unfollow);
+  window.addEventListener("pageshow", (ev) => { if (ev.persisted && !source) follow(); });
+}
