@@ -340,6 +340,8 @@ def test_pages_left_for_others_let_go_of_their_live_stream(stack, browser):
     topo, url = stack
     d = browser
     asyncio.run(publish(topo, quick_task("dash-nav")))
+    # registered before its page is opened (a page of an unknown task says so and stays)
+    wait(d, lambda _: httpx.get(url + "/api/tasks/dash-nav").status_code == 200, 30)
     for i in range(8):
         goto(d, url + ("/" if i % 2 else "/tasks/dash-nav"))
         wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#sessions-table tr[data-session]"), 10)
