@@ -14,14 +14,23 @@
 
 Own nats-server and Valkey on free ports:
     python tests/bench/bench_node.py [--sessions 200] [--init 10] [--run 4] [--capacity 4]
+
+``--baseline REF [--after REF] [--ab-rounds 3]``: an A/B against another commit in one
+run. This script is run from a ``git worktree`` of REF and from this checkout (or of the
+``--after`` commit), alternately (the order
+flips each round, so both see the same load), each on its own servers; the medians of
+its throughputs and backend busy fractions are tabled side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from infra import localservers  # noqa: E402
 from services.scheduler import logic  # noqa: E402
+from tests.bench.trees import ROOT, baseline_tree, commit_of  # noqa: E402
 from tests.helpers.node import Node, task  # noqa: E402
 
 STAGES = ["REGISTERED", "INITIALIZING", "READY", "RUNNING", "POSTRUN"]
@@ -206,6 +216,58 @@ async def main(args) -> None:
         servers.close()
 
 
+# -- A/B against another commit -----------------------------------------------------------
+THROUGHPUT = re.compile(r"max_init/ready_buffer/max_run = (\S+)\nthroughput: \*\*([\d.]+) ")
+BUSY = re.compile(r"^\| (\d+) \| \d+ \| \*\*([\d.]+)%\*\* \|", re.M)
+
+
+def measures(report: str) -> dict[str, float]:
+    """What one run printed: sessions/s per bounds, backend busy % per READY buffer."""
+    got = {f"noop sessions/s, bounds {b}": float(v) for b, v in THROUGHPUT.findall(report)}
+    got |= {f"backend busy %, ready_buffer {b}": float(v) for b, v in BUSY.findall(report)}
+    return got
+
+
+def ab(args, passed: list[str]) -> None:
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    with (
+        tempfile.TemporaryDirectory(prefix="polar-bench-node-ab-") as tmp,
+        baseline_tree(args.baseline, Path(tmp)) as before,
+        contextlib.ExitStack() as more,
+    ):
+        after = (
+            more.enter_context(baseline_tree(args.after, Path(tmp), "after"))
+            if args.after
+            else ROOT
+        )
+        trees = [("before", before), ("after", after)]
+        for r in range(args.ab_rounds):
+            for label, tree in trees if r % 2 == 0 else trees[::-1]:
+                print(f"-- round {r + 1}: {label}", file=sys.stderr)
+                script = tree / "tests" / "bench" / "bench_node.py"
+                out = subprocess.run(
+                    [sys.executable, str(script), *passed],
+                    capture_output=True, text=True, check=True, cwd=tree,
+                ).stdout  # fmt: skip
+                runs[label].append(measures(out))
+        labels = {label: commit_of(tree) for label, tree in trees}
+    print(f"# Node benchmark A/B ({time.strftime('%Y-%m-%d %H:%M')}), "
+          f"medians of {args.ab_rounds} alternating runs each\n")  # fmt: skip
+    for label, commit in labels.items():
+        print(f"- {label}: {commit}")
+    print("\n| measure | before (runs) | after (runs) | after / before, medians |")
+    print("|---|---|---|---|")
+    for key in runs["after"][0]:
+        b = [run[key] for run in runs["before"] if key in run]
+        a = [run[key] for run in runs["after"]]
+        each = " ".join  # every run, in order, to show the spread beside the median
+        print(
+            f"| {key} | {statistics.median(b):.1f} ({each(f'{x:.1f}' for x in b)}) "
+            f"| {statistics.median(a):.1f} ({each(f'{x:.1f}' for x in a)}) "
+            f"| {statistics.median(a) / statistics.median(b):.2f} |"
+        )
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=200, help="noop pipeline sessions")
@@ -215,4 +277,21 @@ if __name__ == "__main__":
     ap.add_argument("--capacity", type=int, default=4, help="K: backend concurrency")
     ap.add_argument("--sim-sessions", type=int, default=16)
     ap.add_argument("--skip-throughput", action="store_true")
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument("--baseline", metavar="REF", help="A/B: also run this commit's bench")
+    ap.add_argument("--after", metavar="REF", help="A/B: this commit instead of this checkout")
+    ap.add_argument("--ab-rounds", type=int, default=3, help="A/B: runs of each checkout")
+    args = ap.parse_args()
+    if args.baseline:
+        ab_flags = {"--baseline", "--after", "--ab-rounds"}
+        argv, passed = sys.argv[1:], []
+        while argv:  # what each run gets: every flag but the A/B's own
+            flag = argv.pop(0)
+            name = flag.split("=", 1)[0]
+            if name in ab_flags:
+                if "=" not in flag:
+                    argv.pop(0)
+                continue
+            passed.append(flag)
+        ab(args, passed)
+    else:
+        asyncio.run(main(args))

@@ -30,11 +30,10 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -44,36 +43,7 @@ from tests.bench.pipeline_bench.run import AGENTS, Plan, measured, retention  # 
 from tests.bench.pipeline_bench.stack import TreeStack  # noqa: E402
 from tests.bench.proxy_bench.backend import CHAT_OUTPUT_IDS  # noqa: E402
 from tests.bench.proxy_bench.stack import ROOT, Stack  # noqa: E402
-
-
-@contextmanager
-def baseline_tree(ref: str, work: Path):
-    """A detached worktree of ``ref`` (removed after)."""
-    path = work / "baseline"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield path
-    finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
-            capture_output=True,
-        )
-
-
-def commit_of(tree: Path) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True
-    )
-    dirty = subprocess.run(
-        ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return out.stdout.strip()[:70] + (" (+ uncommitted changes)" if dirty else "")
+from tests.bench.trees import baseline_tree, commit_of  # noqa: E402
 
 
 async def bench(args, stacks: list[TreeStack]) -> list[dict]:
