@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import orjson
-from litestar import Litestar, Request, Response, route
+from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 from msgspec import Struct
 
@@ -37,7 +37,7 @@ from proxy.io.serving import (
     BodyTooLarge,
     CallRequest,
     ClientGone,
-    HotRoutes,
+    ProtocolRoutes,
     ProxyApp,
     Reply,
     RequestHead,
@@ -49,7 +49,6 @@ from services.common.logs import service_logging
 
 log = logging.getLogger("polar.proxy")
 
-SESSION_PREFIX = "/s/{token:str}"
 PROBE_PATHS = ("/", "/api/hello")
 T = TypeVar("T")
 QUICK_SECONDS = 0.05  # most answers are back sooner: no disconnect watcher for those
@@ -120,18 +119,8 @@ def create_app(
         max_body_bytes,
         keepalive_seconds,
     )
-    handlers = [  # the POST routes are answered by ``proxy.io.serving.HotRoutes``
-        proxy.route_handler(spec, r, prefix)
-        for spec in protocols
-        for r in spec.routes
-        if r.method != "POST"
-        for prefix in ("", SESSION_PREFIX)
-    ]
-    handlers += [
-        _probe_handler(prefix + path) for path in PROBE_PATHS for prefix in ("", SESSION_PREFIX)
-    ]
-    app = ProxyApp(
-        [*handlers, *route_handlers],
+    app = ProxyApp(  # the operator's routes; the harnesses' are ``ProtocolRoutes``
+        list(route_handlers),
         request_max_body_size=None,  # enforced here, so the 413 is in the caller's protocol
         openapi_config=None,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected_exception},
@@ -141,7 +130,14 @@ def create_app(
     wrong_method = json_response(
         *generic.error_body(ErrorKind.BAD_REQUEST, "Method Not Allowed", None, 405)
     )
-    app.hot = HotRoutes(proxy.serve, protocols, wrong_method)
+    app.hot = ProtocolRoutes(
+        proxy.serve,
+        proxy.serve_head,
+        protocols,
+        wrong_method,
+        probes=PROBE_PATHS,
+        probe_reply=Reply(200),  # as litestar answered them: empty, 200
+    )
     return app
 
 
@@ -161,15 +157,6 @@ class _Proxy:
         self.unused = unused
         self.max_body = max_body
         self.keepalive = keepalive
-
-    def route_handler(self, spec: ProtocolSpec, r: Route, prefix: str) -> Any:
-        """A protocol's GET route, served by litestar (its request is a ``RequestHead``)."""
-
-        async def endpoint(request: Request) -> Response[Any]:
-            return to_litestar(await self.serve_head(spec, r, request))
-
-        name = f"{spec.name}:{r.method}:{prefix}{r.path}"
-        return route(prefix + r.path, http_method=[r.method], name=name)(endpoint)
 
     async def serve_head(self, spec: ProtocolSpec, r: Route, request: RequestHead) -> Reply:
         """A route that reads no body (the models list, one model)."""
@@ -462,10 +449,3 @@ def _unexpected_exception(request: Request, exc: Exception) -> Response[Any]:
     log.error("unexpected error outside a protocol handler", exc_info=exc)
     status, body = generic.error_body(ErrorKind.INTERNAL, "internal error in the proxy", None)
     return to_litestar(json_response(status, body))
-
-
-def _probe_handler(path: str) -> Any:
-    async def probe() -> Response[Any]:
-        return Response(b"", status_code=200)
-
-    return route(path, http_method=["HEAD"], name=f"probe:{path}")(probe)

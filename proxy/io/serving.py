@@ -1,9 +1,11 @@
-"""The hot path: the protocols' POST routes served straight from the server, around litestar.
+"""The harnesses' routes served straight from the server, around litestar.
 
 Every model call is a POST to one of a handful of fixed paths. Litestar's routing,
 request and response layers cost more per call than the proxy's own work, so
-``ProxyApp`` answers those paths itself (same ``_Proxy.serve`` logic, same replies) and
-hands everything else (ops, admin, probes, unknown paths, lifespan) to litestar.
+``ProxyApp`` answers the harness-facing surface itself: ``ProtocolRoutes`` is its one
+router (every protocol route, GET and POST, and the probes), and hands the operator's
+surface (admin, health, metrics), unknown paths and the lifespan to litestar. No path
+is known to both.
 
 It speaks both server interfaces: RSGI, as ``polar serve proxy`` runs it (granian: a
 request's body is one call and its answer another, ~35 µs less per call than ASGI's
@@ -11,8 +13,8 @@ messages; litestar's routes through ``proxy.io.rsgi``), and ASGI (litestar's
 test client, any ASGI server). ``AsgiRequest`` and ``RsgiRequest`` give the routes the
 same few operations: read the body under a limit, wait for a disconnect, stream, answer.
 What a route may rely on is typed once: ``RequestHead`` (path params, headers, query),
-which these two and litestar's ``Request`` (the protocols' GET routes) all offer, and
-``CallRequest``, the head plus those operations, which only the hot routes' requests have.
+all a route that reads no body uses, and ``CallRequest``, the head plus those
+operations; both request classes are both.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ class Reply:
 
 @runtime_checkable
 class RequestHead(Protocol):
-    """What every request a protocol route gets offers: ``AsgiRequest``, ``RsgiRequest``
-    and litestar's ``Request`` (the protocols' GET routes, served by litestar)."""
+    """What a protocol route that reads no body (a models list) relies on; ``AsgiRequest``
+    and ``RsgiRequest`` offer it."""
 
     @property
     def path_params(self) -> Mapping[str, Any]: ...
@@ -71,7 +73,7 @@ class RequestHead(Protocol):
 
 @runtime_checkable
 class CallRequest(RequestHead, Protocol):
-    """A hot route's request (``AsgiRequest``, ``RsgiRequest``): its head, and its body
+    """A protocol route's request (``AsgiRequest``, ``RsgiRequest``): its head, and its body
     read under a limit, a wait for a disconnect, a stream of keep-alives, the answer.
     ``started``: the stream has begun (the answer then only ends it)."""
 
@@ -231,45 +233,84 @@ def _headers(reply: Reply) -> list[tuple[str, str]]:
     return [("content-type", reply.media_type), *reply.headers.items()]
 
 
-Serve = Callable[[Any, Any, CallRequest], Awaitable[Reply]]
+Serve = Callable[[Any, Any, CallRequest], Awaitable[Reply]]  # (protocol, route, request)
 
 
-class HotRoutes:
-    """POST routes of the protocols: fixed paths, or a prefix and one ``{name:path}``
-    tail; each at the root and under ``/s/{token}``. Another method on a fixed path gets
-    ``wrong_method`` (litestar only knows the protocols' GET routes)."""
+class _Table:
+    """One method's routes: fixed paths, or a prefix and one ``{name:path}`` tail."""
 
-    def __init__(self, serve: Serve, protocols: Sequence[Any], wrong_method: Reply) -> None:
-        self.serve, self.wrong_method = serve, wrong_method
+    def __init__(self) -> None:
         self.exact: dict[str, tuple[Any, Any]] = {}
         self.tails: list[tuple[str, str, Any, Any]] = []
+
+    def add(self, spec: Any, r: Any) -> None:
+        if "{" not in r.path:
+            self.exact[r.path] = (spec, r)
+        elif r.path.endswith(":path}") and r.path.count("{") == 1:
+            prefix, _, name = r.path[:-6].partition("{")
+            self.tails.append((prefix, name, spec, r))
+        else:
+            raise ValueError(f"route {r.method} {r.path}: a fixed path or one {{name:path}} tail")
+
+    def match(self, path: str, params: dict[str, str]) -> tuple[Any, Any] | None:
+        hit = self.exact.get(path)
+        if hit is not None:
+            return hit
+        for prefix, name, spec, r in self.tails:
+            if path.startswith(prefix) and len(path) > len(prefix):
+                params[name] = path[len(prefix) :]
+                return spec, r
+        return None
+
+
+class ProtocolRoutes:
+    """The router of the harness-facing surface: every route of every protocol (model
+    calls, token counts, model lists) and the probes some CLIs send first, each at the
+    root and under ``/s/{token}``. A model call is answered by ``serve`` (a
+    ``CallRequest``), a route that reads no body by ``serve_head``. A known path asked
+    with another method gets ``wrong_method``; anything else is not the harnesses'
+    (``None``): litestar serves the operator's routes (admin, health, metrics) and its 404.
+    """
+
+    def __init__(
+        self,
+        serve: Serve,
+        serve_head: Serve,
+        protocols: Sequence[Any],
+        wrong_method: Reply,
+        probes: Sequence[str] = (),
+        probe_reply: Reply | None = None,
+    ) -> None:
+        self.serve, self.serve_head, self.wrong_method = serve, serve_head, wrong_method
+        self.tables: dict[str, _Table] = {}
         for spec in protocols:
             for r in spec.routes:
-                if r.method != "POST":
-                    continue
-                if "{" not in r.path:
-                    self.exact[r.path] = (spec, r)
-                elif r.path.endswith(":path}") and r.path.count("{") == 1:
-                    prefix, _, name = r.path[:-6].partition("{")
-                    self.tails.append((prefix, name, spec, r))
+                self.tables.setdefault(r.method, _Table()).add(spec, r)
+        self.post = self.tables.get("POST", _Table())  # model calls: looked up first
+        self.probes, self.probe_reply = frozenset(probes), probe_reply
 
-    def match(self, method: str, path: str) -> tuple[Any, Any, dict[str, str]] | Reply | None:
+    def match(
+        self, method: str, path: str
+    ) -> tuple[Serve, Any, Any, dict[str, str]] | Reply | None:
         params: dict[str, str] = {}
         if path.startswith("/s/"):
             token, slash, rest = path[3:].partition("/")
             if not token or not slash:
                 return None
             params["token"], path = token, "/" + rest
-        hit = self.exact.get(path)
-        if method != "POST":
-            return self.wrong_method if hit is not None else None
-        if hit is not None:
-            return hit[0], hit[1], params
-        for prefix, name, spec, r in self.tails:
-            if path.startswith(prefix) and len(path) > len(prefix):
-                params[name] = path[len(prefix) :]
-                return spec, r, params
-        return None
+        if method == "POST":
+            hit = self.post.match(path, params)
+            if hit is not None:
+                return self.serve, hit[0], hit[1], params
+        else:
+            table = self.tables.get(method)
+            hit = table.match(path, params) if table is not None else None
+            if hit is not None:
+                return self.serve_head, hit[0], hit[1], params
+            if method == "HEAD" and path in self.probes and self.probe_reply is not None:
+                return self.probe_reply
+        known = any(t.match(path, {}) for m, t in self.tables.items() if m != method)
+        return self.wrong_method if known else None
 
 
 _AFTER_REPLY: ContextVar[list | None] = ContextVar("polar_after_reply", default=None)
@@ -286,10 +327,11 @@ def after_reply(fn: Callable[..., None], *args: Any) -> None:
 
 
 class ProxyApp(Litestar):
-    """Litestar, with the hot routes answered before its router sees them; served over
-    ASGI (``__call__``) or RSGI (``__rsgi__`` and its init/del hooks)."""
+    """Litestar, with the harnesses' routes (``ProtocolRoutes``) answered before its
+    router sees a request; served over ASGI (``__call__``) or RSGI (``__rsgi__`` and its
+    init/del hooks)."""
 
-    hot: HotRoutes | None = None
+    hot: ProtocolRoutes | None = None
     _lifespan: Lifespan | None = None
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
@@ -317,17 +359,16 @@ class ProxyApp(Litestar):
             self._lifespan.shutdown(loop)
 
     async def _answer(
-        self, hit: tuple[Any, Any, dict[str, str]] | Reply, request: CallRequest
+        self, hit: tuple[Serve, Any, Any, dict[str, str]] | Reply, request: CallRequest
     ) -> None:
         if isinstance(hit, Reply):
             await request.finish(hit)
             return
-        assert self.hot is not None
-        spec, route, request.path_params = hit
+        serve, spec, route, request.path_params = hit
         pending: list = []
         context = _AFTER_REPLY.set(pending)
         try:
-            await request.finish(await self.hot.serve(spec, route, request))
+            await request.finish(await serve(spec, route, request))
         finally:
             _AFTER_REPLY.reset(context)
             _run(pending)
