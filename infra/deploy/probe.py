@@ -84,7 +84,7 @@ async def probe(
                 raise TimeoutError(f"{task_id}: {len(got)} of {samples} trajectories in {timeout}s")
             try:
                 msg = await sub.next_msg(timeout=min(left, 5.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             got.append(decode(await bus.payload(msg), Trajectory))
         return got
