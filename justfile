@@ -63,6 +63,23 @@ test-chaos *ARGS: setup
 test-harness *ARGS: setup
     POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rs tests/integration/test_harness_presets.py {{ARGS}}
 
+# Polar's container image, built offline (mmdebstrap base + a wheelhouse of this
+# checkout): localhost/polar:latest; prints the build times and sizes (infra/deploy).
+image:
+    PYTHON={{py}} infra/deploy/container/build.sh
+
+# The whole stack in podman containers (infra/deploy/compose/compose.yaml; `just image` first).
+compose-up:
+    CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar up -d
+
+compose-down:
+    CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar down -v
+
+# The deployments run for real (tests/deploy: compose in podman, Slurm on a one-machine
+# cluster; ~2 min; each skips saying what is missing). Not in `just test`.
+test-deploy *ARGS:
+    {{py}} -m pytest -q -s -rs tests/deploy {{ARGS}}
+
 # Fast tests only (no servers).
 unit:
     {{py}} -m pytest -q tests/unit
