@@ -141,3 +141,29 @@ def test_compose_every_service_config_loads():
 def test_deploy_scripts_parse(script):
     out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_podman_pods_play_each_replica_under_its_kubernetes_dns_names():
+    from infra.deploy.k8s.podman_pods import load, pod_commands
+
+    cmds = pod_commands(load(), "img", "t")
+    pods = {c[c.index("--name") + 1]: c for c in cmds if c[:3] == ["podman", "pod", "create"]}
+    assert [p for p in pods if p.startswith("t-nats-")] == ["t-nats-0", "t-nats-1", "t-nats-2"]
+    assert list(pods)[:3] == ["t-nats-0", "t-nats-1", "t-nats-2"]  # the backbone first
+
+    def alias(pod: str) -> list[str]:
+        args = pods[pod]
+        return [a for i, a in enumerate(args) if args[i - 1] == "--network-alias"]
+
+    assert alias("t-nats-1") == ["nats-1.nats"]
+    assert alias("t-proxy-0") == alias("t-proxy-1") == ["proxy"]  # a Service: every replica
+    runs = {c[c.index("--name") + 1]: c for c in cmds if c[:2] == ["podman", "run"]}
+    pool = runs["t-gateway-1-pool"]
+    config = next(a for a in pool if a.startswith("POLAR_CONFIG="))
+    assert '"node": "gateway-1"' in config  # $(POD_NAME) expanded
+    assert (
+        "t-gateway-1-work:/work" in pool
+        and "t-gateway-1-work:/work" in runs["t-gateway-1-executor"]
+    )
+    nats = runs["t-nats-2-nats"]
+    assert nats[nats.index("--server_name") + 1] == "nats-2"
