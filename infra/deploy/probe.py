@@ -68,7 +68,16 @@ async def probe(
     (TimeoutError with what did arrive when not within ``timeout``)."""
     task_id = f"probe-{uuid.uuid4().hex[:8]}"
     bus = await Bus.open(nats_url, "deploy-probe", declare=False)
+    deadline = time.monotonic() + timeout
     try:
+        while True:  # a stack just started: its scheduler declares the streams
+            try:
+                await bus.js.stream_info(S.STREAM_TRAJECTORIES)
+                break
+            except Exception:  # noqa: BLE001 - not there yet (or the cluster electing)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no {S.STREAM_TRAJECTORIES} stream in {timeout}s") from None
+                await asyncio.sleep(0.5)
         sub = await bus.js.subscribe(
             S.trajectories(task_id),
             config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
@@ -77,7 +86,6 @@ async def probe(
         spec = probe_task(task_id, samples, python, sandbox)
         await bus.publish(S.TASKS_SUBMIT, orjson.dumps(spec), msg_id=task_id)
         got: list[Trajectory] = []
-        deadline = time.monotonic() + timeout
         while len(got) < samples:
             left = deadline - time.monotonic()
             if left <= 0:

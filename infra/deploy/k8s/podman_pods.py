@@ -11,8 +11,8 @@ by the names Kubernetes DNS would give it (``<pod>.<service>`` for a StatefulSet
 headless Service, the Service's name for what a Service selects: podman network
 aliases); env as the kubelet builds it (ConfigMap ``envFrom``, Secret and pod-name
 refs, ``$(VAR)`` expansion, in commands too); a podman volume per volume claim and per
-``emptyDir``. Not played: probes, restarts, rolling updates, anything a controller does
-after the pods start.
+``emptyDir``; containers restarted when they exit. Not played: probes, rolling
+updates, rescheduling, anything else a controller does after the pods start.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def pod_commands(docs: list[dict], image: str, prefix: str) -> list[list[str]]:
             volumes = claims + [v["name"] for v in spec["template"]["spec"].get("volumes", [])]
             for c in spec["template"]["spec"]["containers"]:
                 env = container_env(c, pod, configmaps, secrets)
-                args = ["podman", "run", "-d", "--pod", f"{prefix}-{pod}",
+                # restarted when it exits, as the kubelet would (restartPolicy: Always)
+                args = ["podman", "run", "-d", "--pod", f"{prefix}-{pod}", "--restart", "always",
                         "--name", f"{prefix}-{pod}-{c['name']}"]  # fmt: skip
                 for k, v in env.items():
                     args += ["-e", f"{k}={v}"]
