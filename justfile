@@ -63,8 +63,8 @@ test-chaos *ARGS: setup
 test-harness *ARGS: setup
     POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rs tests/integration/test_harness_presets.py {{ARGS}}
 
-# Polar's container image, built offline (mmdebstrap base + a wheelhouse of this
-# checkout): localhost/polar:latest; prints the build times and sizes (infra/deploy).
+# Built offline: an mmdebstrap base + a wheelhouse of this checkout (infra/deploy/README.md).
+# Polar's container image localhost/polar:latest; prints build times and sizes.
 image:
     PYTHON={{py}} infra/deploy/container/build.sh
 
@@ -72,11 +72,13 @@ image:
 compose-up:
     CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar up -d
 
+# Stop the compose stack and delete its volumes.
 compose-down:
     CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar down -v
 
-# The deployments run for real (tests/deploy: compose in podman, Slurm on a one-machine
-# cluster; ~2 min; each skips saying what is missing). Not in `just test`.
+# tests/deploy: compose and the k8s pods in podman, Slurm on a one-machine cluster (~2.5 min;
+# each skips saying what is missing). Not in `just test`.
+# The deployments run for real with a model-calling task each.
 test-deploy *ARGS:
     {{py}} -m pytest -q -s -rs tests/deploy {{ARGS}}
 
