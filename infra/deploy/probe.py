@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 
+import httpx
 import orjson
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -57,16 +58,36 @@ def probe_task(task_id: str, samples: int, python: str = "python3", sandbox: str
     }
 
 
+async def wait_healthy(urls: list[str], timeout: float) -> None:
+    """Until each base URL's ``/healthz`` answers 200: a harness started while the
+    proxy it calls is still starting fails its session (connection refused)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        for url in urls:
+            while True:
+                try:
+                    if (await client.get(f"{url.rstrip('/')}/healthz")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{url}/healthz not healthy in {timeout}s")
+                await asyncio.sleep(0.3)
+
+
 async def probe(
     nats_url: str,
     samples: int = 2,
     timeout: float = 240.0,
     python: str = "python3",
     sandbox: str = "auto",
+    wait: list[str] = (),
 ) -> list[Trajectory]:
-    """Submit the probe task; its trajectories once all ``samples`` are delivered
-    (TimeoutError with what did arrive when not within ``timeout``)."""
+    """Submit the probe task (once every URL in ``wait`` is healthy); its trajectories
+    once all ``samples`` are delivered (TimeoutError with what did arrive when not
+    within ``timeout``)."""
     task_id = f"probe-{uuid.uuid4().hex[:8]}"
+    await wait_healthy(list(wait), timeout)
     bus = await Bus.open(nats_url, "deploy-probe", declare=False)
     deadline = time.monotonic() + timeout
     try:
@@ -120,10 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0)
     ap.add_argument("--python", default="python3", help="the harness's interpreter")
     ap.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "none"))
+    ap.add_argument(
+        "--wait", action="append", default=[], metavar="URL",
+        help="a service (the proxy, ...) whose /healthz must answer first; repeatable",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     started = time.monotonic()
     try:
-        got = asyncio.run(probe(args.nats, args.samples, args.timeout, args.python, args.sandbox))
+        got = asyncio.run(
+            probe(args.nats, args.samples, args.timeout, args.python, args.sandbox, args.wait)
+        )
     except TimeoutError as exc:
         print(f"probe: {exc}", file=sys.stderr)
         return 1

@@ -76,7 +76,8 @@ def test_compose_stack_runs_a_task_to_its_trajectories(stack):
             pass
         time.sleep(0.2)
     assert reachable("127.0.0.1", stack["POLAR_NATS_PORT"])
-    got = asyncio.run(probe(nats, samples=2, timeout=180, sandbox="bwrap"))
+    proxy = f"http://127.0.0.1:{stack['POLAR_PROXY_PORT']}"
+    got = asyncio.run(probe(nats, samples=2, timeout=180, sandbox="bwrap", wait=[proxy]))
     for t in got:
         print(describe(t))
     assert len(got) == 2

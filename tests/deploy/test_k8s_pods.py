@@ -46,6 +46,7 @@ def probe_in(net: str, samples: int) -> str:
     """The probe run from a container on the pods' network (no port is published)."""
     out = podman("run", "--rm", "--network", net, IMAGE, "python", "-m", "infra.deploy.probe",
                  "--nats", NATS, "--samples", str(samples), "--sandbox", "none",
+                 "--wait", "http://proxy:8200",
                  "--timeout", "180", check=False)  # fmt: skip
     print(out.stdout, out.stderr[-2000:])
     assert out.returncode == 0, out.stderr[-2000:]

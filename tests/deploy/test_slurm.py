@@ -86,12 +86,14 @@ def test_slurm_services_job_and_gateway_array_run_a_task(cluster):
     print(squeue)
 
     async def run() -> collections.Counter:
-        got = await probe(stack["POLAR_NATS_URL"], samples=8, timeout=180)
+        got = await probe(
+            stack["POLAR_NATS_URL"], samples=8, timeout=180, wait=[stack["POLAR_PROXY_URL"]]
+        )
         for t in got:
             print(describe(t))
-        assert {t.outcome.value for t in got} == {"completed"}
         reg = Registry.from_url(stack["POLAR_REDIS_URL"])
         sessions = await reg.get_sessions(await reg.task_session_ids(got[0].task_id))
+        assert {t.outcome.value for t in got} == {"completed"}, {s.reason for s in sessions}
         return collections.Counter(s.node for s in sessions)
 
     nodes = asyncio.run(run())
