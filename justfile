@@ -76,7 +76,7 @@ compose-up:
 compose-down:
     CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar down -v
 
-# tests/deploy: compose and the k8s pods in podman, Slurm on a one-machine cluster (~2.5 min;
+# tests/deploy: compose and the k8s pods in podman, Slurm on a one-machine cluster (~95 s;
 # each skips saying what is missing). Not in `just test`.
 # The deployments run for real with a model-calling task each.
 test-deploy *ARGS:
