@@ -63,6 +63,25 @@ test-chaos *ARGS: setup
 test-harness *ARGS: setup
     POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rs tests/integration/test_harness_presets.py {{ARGS}}
 
+# Built offline: an mmdebstrap base + a wheelhouse of this checkout (infra/deploy/README.md).
+# Polar's container image localhost/polar:latest; prints build times and sizes.
+image:
+    PYTHON={{py}} infra/deploy/container/build.sh
+
+# The whole stack in podman containers (infra/deploy/compose/compose.yaml; `just image` first).
+compose-up:
+    CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar up -d
+
+# Stop the compose stack and delete its volumes.
+compose-down:
+    CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar down -v
+
+# tests/deploy: compose and the k8s pods in podman, Slurm on a one-machine cluster (~95 s;
+# each skips saying what is missing). Not in `just test`.
+# The deployments run for real with a model-calling task each.
+test-deploy *ARGS:
+    {{py}} -m pytest -q -s -rs tests/deploy {{ARGS}}
+
 # Fast tests only (no servers).
 unit:
     {{py}} -m pytest -q tests/unit

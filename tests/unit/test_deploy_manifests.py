@@ -1,0 +1,169 @@
+"""The deployment files of infra/deploy/ checked without running them (the runs are in
+tests/deploy): the Kubernetes manifests against the Kubernetes API schemas (strict:
+unknown fields fail), every service's POLAR_CONFIG in the manifests and in the compose
+file against that service's own settings type (they reject unknown keys, so a typo
+would only show when the pod starts), the JetStream cluster and Sentinel sizes, and the
+Slurm templates' shell syntax."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+from proxy.config import ProxyConfig
+from services.builder.config import BuilderConfig
+from services.common.endpoints import nats_servers, parse_redis
+from services.common.settings import load
+from services.dashboard.config import DashboardConfig
+from services.engine.config import ServeConfig
+from services.evaluator.config import EvaluatorConfig
+from services.executor.config import ExecutorConfig
+from services.pool.config import PoolConfig
+from services.scheduler.config import SchedulerConfig
+
+DEPLOY = Path(__file__).resolve().parents[2] / "infra/deploy"
+K8S = sorted((DEPLOY / "k8s").glob("*.yaml"))
+SETTINGS = {
+    "builder": BuilderConfig,
+    "dashboard": DashboardConfig,
+    "evaluator": EvaluatorConfig,
+    "executor": ExecutorConfig,
+    "pool": PoolConfig,
+    "scheduler": SchedulerConfig,
+    "proxy": ProxyConfig,
+}
+# what Kubernetes substitutes for $(VAR) in an env value, for the check
+K8S_VARS = {"POD_NAME": "gateway-0", "REDIS_PASSWORD": "secret"}
+
+
+def k8s_docs() -> list[dict]:
+    return [d for f in K8S for d in yaml.safe_load_all(f.read_text()) if d]
+
+
+def kind(name: str) -> list[dict]:
+    return [d for d in k8s_docs() if d["kind"] == name]
+
+
+def check_service_config(service: str, env: dict[str, str]) -> None:
+    """``env`` is what the service's process sees; it must load as its settings."""
+    if service == "model":  # the engine's own settings, minus the stack's keys
+        raw = json.loads(env.get("POLAR_CONFIG", "{}"))
+        msgspec.convert(raw, ServeConfig)
+        return
+    load(SETTINGS[service], env)
+
+
+@pytest.mark.parametrize("path", K8S, ids=lambda p: p.name)
+def test_k8s_manifests_match_the_kubernetes_schemas(path):
+    kv = pytest.importorskip(
+        "kubernetes_validate", reason="needs kubernetes-validate (pip install kubernetes-validate)"
+    )
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc:
+            kv.validate(doc, "1.37.0", strict=True)
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def test_k8s_every_service_container_config_loads():
+    common = kind("ConfigMap")[0]["data"]
+    seen = set()
+    for workload in kind("Deployment") + kind("StatefulSet"):
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            if c["command"][:2] != ["polar", "serve"]:
+                continue  # nats-server, valkey, sentinels
+            env = {**common, **K8S_VARS}
+            for e in c.get("env", []):
+                if "value" in e:
+                    env[e["name"]] = _expand(e["value"], env)
+            assert "$(" not in env["POLAR_CONFIG"], env["POLAR_CONFIG"]
+            check_service_config(c["command"][2], env)
+            seen.add(c["command"][2])
+    assert seen == {*SETTINGS, "model"}
+
+
+def test_k8s_backbone_is_a_3_node_jetstream_cluster_and_valkey_with_sentinels():
+    sets = {s["metadata"]["name"]: s for s in kind("StatefulSet")}
+    nats = sets["nats"]
+    assert nats["spec"]["replicas"] == 3
+    command = nats["spec"]["template"]["spec"]["containers"][0]["command"]
+    routes = command[command.index("--routes") + 1].split(",")
+    assert routes == [f"nats://nats-{i}.nats:6222" for i in range(3)]
+    common = kind("ConfigMap")[0]["data"]
+    assert len(nats_servers(common["POLAR_NATS_URL"])) == 3
+    assert common["POLAR_NATS_REPLICAS"] == "3"
+    assert sets["valkey"]["spec"]["replicas"] == 2  # a primary and a replica
+    assert sets["valkey-sentinel"]["spec"]["replicas"] == 3
+    script = sets["valkey-sentinel"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "sentinel monitor polar valkey-0.valkey 6379 2" in script  # quorum 2 of 3
+    redis_url = next(
+        e["value"]
+        for d in kind("Deployment")
+        for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"] == "POLAR_REDIS_URL"
+    )
+    endpoint = parse_redis(_expand(redis_url, K8S_VARS))
+    assert endpoint.via_sentinel and len(endpoint.sentinels) == 3
+
+
+def test_compose_every_service_config_loads():
+    compose = yaml.safe_load((DEPLOY / "compose/compose.yaml").read_text())
+    seen = set()
+    for name, svc in compose["services"].items():
+        env = {k: str(v) for k, v in svc.get("environment", {}).items()}
+        env = {k: re.sub(r"\$\{(\w+):-([^}]*)\}", r"\2", v) for k, v in env.items()}
+        command = svc["command"]
+        if command[:2] == ["polar", "serve"]:
+            check_service_config(command[2], env)
+            seen.add(command[2])
+        elif name == "gateway":  # one node's pool and executor, each its own config
+            for service in ("pool", "executor"):
+                check_service_config(
+                    service, {**env, "POLAR_CONFIG": env[f"{service.upper()}_CONFIG"]}
+                )
+                seen.add(service)
+    assert seen == {*SETTINGS, "model"}
+
+
+@pytest.mark.parametrize(
+    "script",
+    sorted((DEPLOY / "slurm").glob("*")) + sorted((DEPLOY / "container").glob("*.sh")),
+    ids=lambda p: p.name,
+)
+def test_deploy_scripts_parse(script):
+    out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_podman_pods_play_each_replica_under_its_kubernetes_dns_names():
+    from infra.deploy.k8s.podman_pods import load, pod_commands
+
+    cmds = pod_commands(load(), "img", "t")
+    pods = {c[c.index("--name") + 1]: c for c in cmds if c[:3] == ["podman", "pod", "create"]}
+    assert [p for p in pods if p.startswith("t-nats-")] == ["t-nats-0", "t-nats-1", "t-nats-2"]
+    assert list(pods)[:3] == ["t-nats-0", "t-nats-1", "t-nats-2"]  # the backbone first
+
+    def alias(pod: str) -> list[str]:
+        args = pods[pod]
+        return [a for i, a in enumerate(args) if args[i - 1] == "--network-alias"]
+
+    assert alias("t-nats-1") == ["nats-1.nats"]
+    assert alias("t-proxy-0") == alias("t-proxy-1") == ["proxy"]  # a Service: every replica
+    runs = {c[c.index("--name") + 1]: c for c in cmds if c[:2] == ["podman", "run"]}
+    pool = runs["t-gateway-1-pool"]
+    config = next(a for a in pool if a.startswith("POLAR_CONFIG="))
+    assert '"node": "gateway-1"' in config  # $(POD_NAME) expanded
+    assert (
+        "t-gateway-1-work:/work" in pool
+        and "t-gateway-1-work:/work" in runs["t-gateway-1-executor"]
+    )
+    nats = runs["t-nats-2-nats"]
+    assert nats[nats.index("--server_name") + 1] == "nats-2"
