@@ -136,10 +136,10 @@ class Builder:
             await asyncio.sleep(0.1)
 
     async def builder_spec(self, task_id: str) -> BuilderSpec:
-        task = await self.registry.get_task(task_id)
-        if task is None:
+        spec = await self.registry.task_spec(task_id)
+        if spec is None:
             raise Poison(f"task {task_id!r} is not in the registry: no builder spec")
-        return task.spec.builder
+        return spec.builder
 
     async def store(self, trajectory: Trajectory) -> None:
         store = await self.bus.blobs()

@@ -83,10 +83,10 @@ class EvaluatorService:
         await self.deliver(event, session, task)
 
     async def task_spec(self, task_id: str) -> TaskRequest:
-        task = await self.registry.get_task(task_id)
-        if task is None:
+        spec = await self.registry.task_spec(task_id)
+        if spec is None:
             raise Poison(f"task {task_id!r} is not in the registry: no evaluator spec")
-        return task.spec
+        return spec
 
     async def load(self, event: TrajectoryBuilt) -> Trajectory:
         store = await self.bus.blobs()

@@ -143,11 +143,15 @@ class RuntimePool:
     async def dispatch(self) -> int:
         """Start as many queued INITs as the bounds allow; returns how many started."""
         async with self._lock:
-            if not self.queue or await self._engine_struggling():
+            if not self.queue:
                 return 0
-            counts = await self.registry.node_stage_counts(
+            # The flag is set by an ``EngineWatch`` (this node's or another's) or by an
+            # operator; read with the counts, in one round trip.
+            counts, struggling = await self.registry.admission_view(
                 self.node, [ST.INITIALIZING, ST.READY, ST.RUNNING]
             )
+            if struggling:
+                return 0
             room = logic.room_to_init(
                 counts["INITIALIZING"], counts["READY"], counts["RUNNING"], self.limits
             )
@@ -157,10 +161,6 @@ class RuntimePool:
                 if await self._admit(item, msg):
                     started += 1
             return started
-
-    async def _engine_struggling(self) -> bool:
-        """Set by an ``EngineWatch`` (this node's or another's) or by an operator."""
-        return bool(await self.registry.redis.exists(S.KEY_BACKPRESSURE))
 
     def engine_watch(self) -> EngineWatch | None:
         """The writer of the backpressure signal, when this pool has engines to watch."""
@@ -177,20 +177,15 @@ class RuntimePool:
         )
 
     async def _admit(self, item: InitWork, msg: Msg) -> bool:
-        now = await self.registry.get_session(item.session_id)
-        if now is None or now.attempt != item.attempt:  # an earlier attempt's, redelivered
-            await msg.ack()
-            return False
         t = await self.registry.transition(
             item.session_id,
             ST.INITIALIZING,
             from_=[ST.REGISTERED],
-            expect_version=now.version,  # still the attempt just read
+            expect_attempt=item.attempt,  # an earlier attempt's work, redelivered: no
             lease=(self.owner, self.config.lease_seconds),  # one step: a crash leaves a lease
             node=self.node,
-            attempt=item.attempt,
         )
-        if not t.ok:  # cancelled, already taken by an earlier delivery, or gone
+        if not t.ok:  # cancelled, already taken, an earlier attempt's work, or gone
             await msg.ack()
             return False
         STAGE_WAIT.labels(self.node, "init").observe(max(0.0, time.time() - item.ts))
@@ -228,13 +223,12 @@ class RuntimePool:
     async def _init_once(self, item: InitWork) -> str:
         """One try at INIT: prepare the sandbox, go READY, hand it to the executor."""
         sid = item.session_id
-        task = await self.registry.get_task(item.task_id)
+        spec = await self.registry.task_spec(item.task_id)
         session = await self.registry.get_session(sid)
         paths = SessionPaths.of(self.config.work_dir, sid)
-        spec = task.spec
         runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
         self.initializing[sid] = runtime
-        await self._prepare(runtime, task.spec, session, paths, item.attempt == 0)
+        await self._prepare(runtime, spec, session, paths, item.attempt == 0)
         if not await self._become_ready(sid, runtime):  # cancelled while preparing
             await runtime.cancel()
             return "cancelled"
@@ -266,7 +260,9 @@ class RuntimePool:
         the session is still INITIALIZING under this attempt, and up to ``until``."""
         if not is_transient(exc) or time.monotonic() >= until:
             return False
-        log.warning("INIT of %s hit a fault of the system (%r); again in place", item.session_id, exc)
+        log.warning(
+            "INIT of %s hit a fault of the system (%r); again in place", item.session_id, exc
+        )
         if runtime is not None:
             with contextlib.suppress(Exception):
                 await runtime.cancel()
@@ -336,10 +332,10 @@ class RuntimePool:
             with contextlib.suppress(Exception):
                 await runtime.cancel()
         reason = f"init failed: {exc}"[:2000]
-        task = await self.registry.get_task(item.task_id)
+        spec = await self.registry.task_spec(item.task_id)
         session = await self.registry.get_session(item.session_id)
         if session is not None and session.state in (ST.INITIALIZING, ST.READY):
-            if task and may_retry(session, task.spec, transient=transient):
+            if spec and may_retry(session, spec, transient=transient):
                 await retry_session(self.registry, self.bus, session, reason)
             else:  # through POSTRUN: its empty ERROR trajectory is delivered
                 await fail_before_run(self.registry, self.bus, session, reason, [session.state])
@@ -381,16 +377,12 @@ class RuntimePool:
         node, raw = await self.registry.redis.hmget(
             S.key_session(ev.session_id), ["node", "runtime_id"]
         )
-        task = await self.registry.get_task(ev.task_id)
-        if node != self.node.encode() or raw is None or task is None:
+        spec = await self.registry.task_spec(ev.task_id)
+        if node != self.node.encode() or raw is None or spec is None:
             return
         with contextlib.suppress(Exception):
             rt = node_runtime(
-                self.config,
-                task.spec.runtime,
-                ev.session_id,
-                raw.decode(),
-                harness=task.spec.agent.harness,
+                self.config, spec.runtime, ev.session_id, raw.decode(), harness=spec.agent.harness
             )
             await rt.cancel()
         await self.registry.release(ev.session_id)
