@@ -69,19 +69,16 @@ class Builder:
         await self.build(event)
 
     async def take(self, event: SessionFinished) -> Decision:
-        """Decide from the registry; on BEGIN, move the session POSTRUN -> BUILDING."""
-        session = await self.registry.get_session(event.session_id)
-        decision = logic.decide(session, event)
-        if decision.action is not Action.BEGIN:
-            return decision
+        """Move the session POSTRUN -> BUILDING (BEGIN) when it is there under the event's
+        attempt, the usual case, tried first; else decide from the registry."""
         t = await self.registry.transition(
             event.session_id,
             SessionState.BUILDING,
             from_=[SessionState.POSTRUN],
-            expect_version=session.version,
+            expect_attempt=event.attempt,
         )
         if t.ok:
-            return decision
+            return Decision(Action.BEGIN)
         again = logic.decide(await self.registry.get_session(event.session_id), event)
         if again.action is Action.BEGIN:  # changed and changed back: look again later
             return Decision(Action.RETRY, "session changed while taking it")
@@ -155,6 +152,7 @@ class Builder:
             attempt=trajectory.attempt,
             artifacts=finished.artifacts,  # the evaluator applies the diff, reads files
             eval_runtime_id=finished.eval_runtime_id,
+            trajectory=trajectory,  # the evaluator's copy: no object-store read per session
         )
         msg_id = logic.built_msg_id(trajectory.session_id, trajectory.attempt)
         await self.bus.publish(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)
