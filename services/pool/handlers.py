@@ -279,6 +279,7 @@ class RuntimePool:
         """INITIALIZING -> READY once the READY buffer has room; False if the session
         ended meanwhile. Checked and moved under the admission lock (one pool per node),
         so READY never exceeds its bound even while the executor lags."""
+        look_at = 0.0  # the session is read at most every READY_POLL_SECONDS while waiting
         while True:
             self._ready_freed.clear()  # before counting: a later hand-over wakes us
             async with self._lock:
@@ -290,9 +291,11 @@ class RuntimePool:
                     return t.ok
             if runtime.state != "running":  # cancelled (a cancel message, or stopping)
                 return False
-            now = await self.registry.get_session(sid)
-            if now is None or now.state != ST.INITIALIZING:
-                return False
+            if time.monotonic() >= look_at:  # not on every wake-up: each hand-over wakes all
+                now = await self.registry.get_session(sid)
+                if now is None or now.state != ST.INITIALIZING:
+                    return False
+                look_at = time.monotonic() + READY_POLL_SECONDS
             with contextlib.suppress(TimeoutError):  # the wake-up is a hint; poll anyway
                 await asyncio.wait_for(self._ready_freed.wait(), READY_POLL_SECONDS)
 
