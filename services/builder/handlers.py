@@ -155,7 +155,7 @@ class Builder:
             trajectory=trajectory,  # the evaluator's copy: no object-store read per session
         )
         msg_id = logic.built_msg_id(trajectory.session_id, trajectory.attempt)
-        await self.bus.publish(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)
+        await self.bus.send(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)
 
     async def advance(self, event: SessionFinished) -> None:
         t = await self.registry.transition(

@@ -116,7 +116,7 @@ class EvaluatorService:
             scored = logic.score(
                 trajectory, result, num_samples=task.num_samples, index=session.index
             )
-            await self.bus.publish(
+            await self.bus.send(
                 S.trajectories(event.task_id),
                 encode(scored),
                 msg_id=logic.trajectory_msg_id(sid, attempt),
@@ -149,7 +149,7 @@ class EvaluatorService:
             fresh = bool(record and record.fresh)
         if result is not None:
             scored = logic.scored_event(event, result, time.time())
-            await self.bus.publish(
+            await self.bus.send(
                 S.SESSIONS_SCORED, encode(scored), msg_id=logic.scored_msg_id(sid, attempt)
             )
         await self.runtimes.release(task, event, fresh=fresh)

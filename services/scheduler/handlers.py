@@ -103,14 +103,12 @@ class Scheduler:
         accepted = TaskAccepted(
             ts=time.time(), task_id=task.task_id, session_ids=[s.session_id for s in sessions]
         )
-        await self.bus.publish(
-            S.TASKS_ACCEPTED, encode(accepted), msg_id=f"accepted:{task.task_id}"
-        )
+        await self.bus.send(S.TASKS_ACCEPTED, encode(accepted), msg_id=f"accepted:{task.task_id}")
         return sessions
 
     async def _publish_init(self, sessions) -> None:
         pubs = [
-            self.bus.publish(
+            self.bus.send(
                 S.SESSIONS_INIT,
                 encode(
                     InitWork(
