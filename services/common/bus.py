@@ -30,7 +30,7 @@ from nats.js.object_store import ObjectStore
 
 from schemas import subjects as S
 from services.common.endpoints import nats_servers
-from services.common.jspub import JetStreamPublisher
+from services.common.jspub import JetStreamPublisher, PublishError
 from services.common.redact import redact
 from services.common.settings import OBJECT_STREAM, Retention
 
@@ -264,12 +264,19 @@ class Bus:
         through the lean publisher (``jspub``: HPUB and the ack on a plain connection of
         its own, ~40 µs of CPU against nats-py's ~170 µs), which hands claim-checked
         payloads and servers it cannot speak to plainly (TLS, credentials) to ``publish``.
-        Raises ``ConnectionError`` (``jspub.PublishError``) when the message is not known
-        to be stored, like a failed ``publish``."""
+        A lean publish that fails (the server unreachable, the connection lost before the
+        ack) is made again through ``publish``: nats-py's client waits out a reconnect,
+        where the lean one fails at once (a hand-off during a NATS restart then used up
+        ``publish_retrying``'s tries in seconds and left its session unannounced), and
+        the dedupe id makes a second copy harmless. Raises as ``publish`` does."""
         if self.lean is None:
             await self.publish(subject, payload, msg_id=msg_id)
-        else:
+            return
+        try:
             await self.lean.publish(subject, payload, msg_id=msg_id)
+        except PublishError as exc:
+            log.info("lean publish to %s failed (%s): through nats-py", subject, exc)
+            await self.publish(subject, payload, msg_id=msg_id)
 
     async def publish_retrying(self, subject: str, payload: bytes, *, msg_id: str):
         """``send``, tried again (``publish_tries``, backoff doubling) while the server
