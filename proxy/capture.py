@@ -18,12 +18,12 @@ import orjson
 
 from proxy.backends.base import Generation
 from proxy.errors import ErrorKind, ProxyError, UpstreamError
-from proxy.io.jspub import JetStreamPublisher
 from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Session, Timings, UpstreamMode, encode
 from schemas import subjects as S
 from schemas.completion import delta_encode
+from services.common.jspub import JetStreamPublisher
 from services.common.registry import SESSION_FOR_CALL, session_from_flat
 
 log = logging.getLogger("polar.proxy")

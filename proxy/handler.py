@@ -24,11 +24,11 @@ from proxy.capture import CallContext, CallNumber, Numbering, SessionStore, deco
 from proxy.conversation import AssistantTurn, Conversation
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
-from proxy.io.jspub import JetStreamPublisher
 from proxy.io.resp import RedisReplyError, RedisUnavailable
 from proxy.modes import MODES, rejected
 from proxy.tito import PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
+from services.common.jspub import JetStreamPublisher
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
 
 log = logging.getLogger("polar.proxy")

@@ -37,7 +37,6 @@ from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
-from proxy.io.jspub import JetStreamPublisher
 from proxy.io.resp import Resp
 from proxy.io.spin import POLL
 from proxy.sessions import SessionResolver
@@ -46,6 +45,7 @@ from services.common import auth
 from services.common.bus import CLAIM_THRESHOLD
 from services.common.host import ServiceHost
 from services.common.http import ops_routes
+from services.common.jspub import JetStreamPublisher
 from services.common.settings import load
 from services.common.tokenization import ChatTokenizer
 
@@ -231,6 +231,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
             name="polar-proxy-capture",
             fallback=host.bus.publish,
             fallback_above=CLAIM_THRESHOLD,
+            watch=POLL.watch,
         )
         late.resolver = SessionResolver(store)
         late.handler = CompletionHandler(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from msgspec import Struct, field
 
 from schemas.session import Outcome, SessionState
+from schemas.trajectory import Trajectory
 
 
 class _Event(Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
@@ -87,7 +88,10 @@ class SessionFinished(_Event, tag="session.finished"):
 
 
 class TrajectoryBuilt(_Event, tag="session.built"):
-    """The unscored Trajectory is in the object store as ``trajectories/<session>/<attempt>``.
+    """The unscored Trajectory is in the object store as ``trajectories/<session>/<attempt>``
+    (for readers such as the dashboard), and in ``trajectory`` too: the evaluator takes it
+    from the event, and from the store only for an event without it. (A large event goes
+    by claim-check like any payload, ``Bus.publish``.)
 
     ``artifacts`` and ``eval_runtime_id`` are carried over from the SessionFinished (which
     the builder consumes from a work queue): the evaluator needs them."""
@@ -98,6 +102,7 @@ class TrajectoryBuilt(_Event, tag="session.built"):
     attempt: int = 0
     artifacts: Artifacts = field(default_factory=Artifacts)
     eval_runtime_id: str | None = None
+    trajectory: Trajectory | None = None
 
 
 class SessionScored(_Event, tag="session.scored"):

@@ -32,9 +32,9 @@ from typing import Any
 
 import hiredis
 
-from proxy.io.oneconn import OneConnection
 from proxy.io.spin import POLL
 from services.common.endpoints import EndpointError, RedisEndpoint, parse_redis
+from services.common.oneconn import OneConnection
 
 CONNECT_TIMEOUT_S = 5.0
 

@@ -69,19 +69,16 @@ class Builder:
         await self.build(event)
 
     async def take(self, event: SessionFinished) -> Decision:
-        """Decide from the registry; on BEGIN, move the session POSTRUN -> BUILDING."""
-        session = await self.registry.get_session(event.session_id)
-        decision = logic.decide(session, event)
-        if decision.action is not Action.BEGIN:
-            return decision
+        """Move the session POSTRUN -> BUILDING (BEGIN) when it is there under the event's
+        attempt, the usual case, tried first; else decide from the registry."""
         t = await self.registry.transition(
             event.session_id,
             SessionState.BUILDING,
             from_=[SessionState.POSTRUN],
-            expect_version=session.version,
+            expect_attempt=event.attempt,
         )
         if t.ok:
-            return decision
+            return Decision(Action.BEGIN)
         again = logic.decide(await self.registry.get_session(event.session_id), event)
         if again.action is Action.BEGIN:  # changed and changed back: look again later
             return Decision(Action.RETRY, "session changed while taking it")
@@ -136,10 +133,10 @@ class Builder:
             await asyncio.sleep(0.1)
 
     async def builder_spec(self, task_id: str) -> BuilderSpec:
-        task = await self.registry.get_task(task_id)
-        if task is None:
+        spec = await self.registry.task_spec(task_id)
+        if spec is None:
             raise Poison(f"task {task_id!r} is not in the registry: no builder spec")
-        return task.spec.builder
+        return spec.builder
 
     async def store(self, trajectory: Trajectory) -> None:
         store = await self.bus.blobs()
@@ -155,9 +152,10 @@ class Builder:
             attempt=trajectory.attempt,
             artifacts=finished.artifacts,  # the evaluator applies the diff, reads files
             eval_runtime_id=finished.eval_runtime_id,
+            trajectory=trajectory,  # the evaluator's copy: no object-store read per session
         )
         msg_id = logic.built_msg_id(trajectory.session_id, trajectory.attempt)
-        await self.bus.publish(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)
+        await self.bus.send(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)
 
     async def advance(self, event: SessionFinished) -> None:
         t = await self.registry.transition(

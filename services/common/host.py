@@ -110,9 +110,10 @@ class ServiceHost:
         worker; every ``polar serve`` leads a group of its own): a graceful stop."""
         os.killpg(os.getpgid(0), signal.SIGTERM)
 
-    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None):
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+        """The registry's state-change events (``Bus.send``: the lean path)."""
         assert self.bus is not None
-        return await self.bus.publish(subject, payload, msg_id=msg_id)
+        await self.bus.send(subject, payload, msg_id=msg_id)
 
     def consume(self, consumer: Consumer) -> None:
         self._consumers.append(consumer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -49,7 +50,18 @@ end
 return 0
 """
 
+# The sizes of sets (KEYS[2..]) and whether KEYS[1] exists, read in one atomic step: a
+# node's stage counts as one snapshot (a session moving between two of them is counted
+# once), with the backpressure flag that gates admission beside them.
+_COUNT_SETS = """
+local out = {}
+for i = 2, #KEYS do out[i - 1] = redis.call('SCARD', KEYS[i]) end
+out[#KEYS] = redis.call('EXISTS', KEYS[1])
+return out
+"""
+
 REDACTED_FIELDS = ("reason", "eval_reason")
+SPEC_CACHE_SIZE = 4096  # task specs kept per process (a few kB each)
 
 # The proxy's per-call session lookup, one round trip (sent through the proxy's own RESP
 # client, proxy/capture.py): the token (KEYS[1]) -> its session's hash, and for the
@@ -109,6 +121,11 @@ class Registry:
         self._create = redis.register_script(_script("create_task.lua"))
         self._take_expired = redis.register_script(_TAKE_EXPIRED)
         self._release_own = redis.register_script(_RELEASE_OWN)
+        self._count_sets = redis.register_script(_COUNT_SETS)
+        # A task's spec never changes once registered (create_task.lua refuses another
+        # spec under the same id), and every service stops when the registry loses its
+        # state (host.py's epoch watch): so specs are cached, not read per session.
+        self._specs: OrderedDict[str, TaskRequest] = OrderedDict()
 
     @classmethod
     def from_url(cls, url: str, publish: Publisher | None = None) -> Registry:
@@ -166,16 +183,38 @@ class Registry:
         return created, sessions
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
-        raw = await self.redis.hgetall(S.key_task(task_id))
-        if not raw:
+        spec = self._specs.get(task_id)
+        if spec is None:  # also read the spec (and cache it)
+            fields = ("status", "submitted_at", "result", "spec")
+        else:
+            fields = ("status", "submitted_at", "result")
+        raw = await self.redis.hmget(S.key_task(task_id), fields)
+        if raw[0] is None:  # ``status`` is set with the task: no task
             return None
+        if spec is None:
+            spec = self._cache_spec(task_id, raw[3])
         return TaskRecord(
             task_id=task_id,
-            spec=msgspec.json.decode(raw[b"spec"], type=TaskRequest),
-            status=raw.get(b"status", b"active").decode(),
-            submitted_at=float(raw.get(b"submitted_at", 0)),
-            result=raw.get(b"result"),
+            spec=spec,
+            status=raw[0].decode(),
+            submitted_at=float(raw[1] or 0),
+            result=raw[2],
         )
+
+    def _cache_spec(self, task_id: str, raw: bytes) -> TaskRequest:
+        spec = self._specs[task_id] = msgspec.json.decode(raw, type=TaskRequest)
+        if len(self._specs) > SPEC_CACHE_SIZE:
+            self._specs.popitem(last=False)
+        return spec
+
+    async def task_spec(self, task_id: str) -> TaskRequest | None:
+        """The task's spec (None: not registered), read from Redis once per process."""
+        spec = self._specs.get(task_id)
+        if spec is not None:
+            self._specs.move_to_end(task_id)
+            return spec
+        raw = await self.redis.hget(S.key_task(task_id), "spec")
+        return None if raw is None else self._cache_spec(task_id, raw)
 
     async def finish_task(self, task_id: str, status: str, result: bytes) -> bytes:
         """Store the task's result once; returns the stored one (the first writer wins)."""
@@ -311,12 +350,17 @@ class Registry:
     # -- sessions -------------------------------------------------------------------
     async def node_stage_counts(self, node: str, states: Iterable[SessionState]) -> dict[str, int]:
         """How many sessions placed on ``node`` are in each of ``states`` right now."""
+        return (await self.admission_view(node, states))[0]
+
+    async def admission_view(
+        self, node: str, states: Iterable[SessionState]
+    ) -> tuple[dict[str, int], bool]:
+        """``node_stage_counts`` and whether the engines' backpressure flag is set, in one
+        round trip (the pool reads both before each admission)."""
         states = list(states)
-        async with self.redis.pipeline(transaction=True) as p:
-            for st in states:
-                p.scard(S.key_node_state(node, st.value))
-            counts = await p.execute()
-        return {st.value: int(c) for st, c in zip(states, counts, strict=True)}
+        keys = [S.KEY_BACKPRESSURE, *(S.key_node_state(node, st.value) for st in states)]
+        *counts, flagged = await self._count_sets(keys=keys)
+        return {st.value: int(c) for st, c in zip(states, counts, strict=True)}, bool(flagged)
 
     async def node_sessions(self, node: str, state: SessionState) -> list[str]:
         return sorted(

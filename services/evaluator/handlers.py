@@ -83,12 +83,14 @@ class EvaluatorService:
         await self.deliver(event, session, task)
 
     async def task_spec(self, task_id: str) -> TaskRequest:
-        task = await self.registry.get_task(task_id)
-        if task is None:
+        spec = await self.registry.task_spec(task_id)
+        if spec is None:
             raise Poison(f"task {task_id!r} is not in the registry: no evaluator spec")
-        return task.spec
+        return spec
 
     async def load(self, event: TrajectoryBuilt) -> Trajectory:
+        if event.trajectory is not None:  # carried by the event (the builder's own)
+            return event.trajectory
         store = await self.bus.blobs()
         name = S.trajectory_object(event.session_id, event.attempt)
         try:
@@ -109,16 +111,17 @@ class EvaluatorService:
         if result is None:
             result = await self.evaluate(event, task, trajectory)
             result = await self.records.keep(sid, attempt, result)
+        fresh = bool(record and record.fresh)
         if not (record and record.published):
             scored = logic.score(
                 trajectory, result, num_samples=task.num_samples, index=session.index
             )
-            await self.bus.publish(
+            await self.bus.send(
                 S.trajectories(event.task_id),
                 encode(scored),
                 msg_id=logic.trajectory_msg_id(sid, attempt),
             )
-            await self.records.mark_published(sid, attempt)
+            fresh = await self.records.mark_published(sid, attempt)
         t = await self.registry.transition(
             sid,
             event.outcome.final_state,
@@ -128,21 +131,28 @@ class EvaluatorService:
         if not t.ok:
             log.warning("%s: delivered, but the session is %s; not finalized", sid, t.from_state)
         log.info("%s: %s reward=%s %s", sid, result.status, result.reward, result.reason or "")
-        await self.finalize(event, task, result)
+        await self.finalize(event, task, result, fresh)
 
     async def finalize(
-        self, event: TrajectoryBuilt, task: TaskRequest, result: EvalResult | None = None
+        self,
+        event: TrajectoryBuilt,
+        task: TaskRequest,
+        result: EvalResult | None = None,
+        fresh: bool | None = None,
     ) -> None:
-        """Announce the score, stop what is left, forget the kept result (idempotent)."""
+        """Announce the score, stop what is left, forget the kept result (idempotent).
+        ``result`` and ``fresh``: the kept record's, when the caller has them."""
         sid, attempt = event.session_id, event.attempt
-        record = await self.records.get(sid, attempt)
-        result = result or (record.result if record else None)
+        if result is None or fresh is None:
+            record = await self.records.get(sid, attempt)
+            result = result or (record.result if record else None)
+            fresh = bool(record and record.fresh)
         if result is not None:
             scored = logic.scored_event(event, result, time.time())
-            await self.bus.publish(
+            await self.bus.send(
                 S.SESSIONS_SCORED, encode(scored), msg_id=logic.scored_msg_id(sid, attempt)
             )
-        await self.runtimes.release(task, event, fresh=bool(record and record.fresh))
+        await self.runtimes.release(task, event, fresh=fresh)
         await self.records.delete(sid, attempt)
 
     # -- evaluation -------------------------------------------------------------------

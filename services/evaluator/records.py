@@ -59,8 +59,16 @@ class EvalRecords:
             _, _, kept = await p.execute()
         return decode_result(kept)
 
-    async def mark_published(self, session_id: str, attempt: int) -> None:
-        await self._set(session_id, attempt, "published", "1")
+    async def mark_published(self, session_id: str, attempt: int) -> bool:
+        """Mark the scored trajectory sent; returns the record's ``fresh`` flag (read in
+        the same round trip: what finishing the session needs to know)."""
+        key = S.key_eval(session_id, attempt)
+        async with self.redis.pipeline(transaction=True) as p:
+            p.hset(key, "published", "1")
+            p.expire(key, self.ttl)
+            p.hget(key, "fresh")
+            *_, fresh = await p.execute()
+        return fresh == b"1"
 
     async def delete(self, session_id: str, attempt: int) -> None:
         await self.redis.delete(S.key_eval(session_id, attempt))

@@ -94,35 +94,35 @@ class Executor:
         work = decode(msg.data, ReadyWork)
         if work.session_id in self.running:  # a duplicate delivery while it runs here
             return
-        task = await self.registry.get_task(work.task_id)
+        spec = await self.registry.task_spec(work.task_id)
         session = await self.registry.get_session(work.session_id)
-        if task is None or session is None or session.attempt != work.attempt:
+        if spec is None or session is None or session.attempt != work.attempt:
             return  # gone, or the hand-over of an earlier attempt (the runtime is not its)
         runtime = node_runtime(
-            self.config,
-            task.spec.runtime,
-            work.session_id,
-            work.runtime_id,
-            harness=task.spec.agent.harness,
+            self.config, spec.runtime, work.session_id, work.runtime_id, harness=spec.agent.harness
         )
+        run = RunningSession(work.session_id, runtime)
+        # Found by a cancel message from before the change on: a cancel of the RUNNING
+        # session cannot land between the change and this (no re-read of the session
+        # after it). One that finds it still READY makes the change below fail.
+        self.running[work.session_id] = run
         started = await self.registry.transition(
             work.session_id,
             ST.RUNNING,
             from_=[ST.READY],
+            expect_attempt=work.attempt,
             lease=(self.owner, self.config.lease_seconds),  # one step: never unheld
         )
         if not started.ok:
+            self.running.pop(work.session_id, None)
             if started.from_state in ABANDONED:  # cancelled or ended in the READY buffer
                 await runtime.stop()
             return
-        run = RunningSession(work.session_id, runtime)
-        self.running[work.session_id] = run  # from here on a cancel message finds it
         STAGE_WAIT.labels(self.node, "run").observe(max(0.0, time.time() - work.ts))
         t0 = time.monotonic()
         ended = False
         try:
-            await self._cancelled_meanwhile(run)
-            outcome = await self._run_session(run, task.spec, session, work)
+            outcome = await self._run_session(run, spec, session, work)
             ended = True
         finally:
             self.running.pop(work.session_id, None)
@@ -130,13 +130,6 @@ class Executor:
                 await self.registry.release(work.session_id)
             STAGE_SECONDS.labels(self.node, "run").observe(time.monotonic() - t0)
         STAGE_RESULTS.labels(self.node, "run", outcome.value).inc()
-
-    async def _cancelled_meanwhile(self, run: RunningSession) -> None:
-        """A cancel that landed between the RUNNING transition and ``self.running``."""
-        now = await self.registry.get_session(run.session_id)
-        if now is None or now.state != ST.RUNNING:
-            run.cancel_reason = (now.reason if now else None) or "cancelled"
-            run.cancelled.set()
 
     async def _run_session(self, run: RunningSession, spec, session, work: ReadyWork) -> Outcome:
         """Run, collect, finish. Every path stops both the runtime and a prewarmed eval

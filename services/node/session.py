@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,16 @@ class SessionPaths:
 
     @classmethod
     def of(cls, work_dir: str | Path, session_id: str) -> SessionPaths:
-        root = Path(work_dir).resolve()
+        path = Path(work_dir)
+        root = _resolved(path) if path.is_absolute() else path.resolve()  # cwd may change
         return cls(sessions_dir=root / "sessions", logs=root / "logs" / session_id)
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(work_dir: Path) -> Path:
+    """The node's work dir, resolved once (a few syscalls per path part, several times
+    per session otherwise)."""
+    return work_dir.resolve()
 
 
 def harness_context(

@@ -143,11 +143,15 @@ class RuntimePool:
     async def dispatch(self) -> int:
         """Start as many queued INITs as the bounds allow; returns how many started."""
         async with self._lock:
-            if not self.queue or await self._engine_struggling():
+            if not self.queue:
                 return 0
-            counts = await self.registry.node_stage_counts(
+            # The flag is set by an ``EngineWatch`` (this node's or another's) or by an
+            # operator; read with the counts, in one round trip.
+            counts, struggling = await self.registry.admission_view(
                 self.node, [ST.INITIALIZING, ST.READY, ST.RUNNING]
             )
+            if struggling:
+                return 0
             room = logic.room_to_init(
                 counts["INITIALIZING"], counts["READY"], counts["RUNNING"], self.limits
             )
@@ -157,10 +161,6 @@ class RuntimePool:
                 if await self._admit(item, msg):
                     started += 1
             return started
-
-    async def _engine_struggling(self) -> bool:
-        """Set by an ``EngineWatch`` (this node's or another's) or by an operator."""
-        return bool(await self.registry.redis.exists(S.KEY_BACKPRESSURE))
 
     def engine_watch(self) -> EngineWatch | None:
         """The writer of the backpressure signal, when this pool has engines to watch."""
@@ -177,20 +177,15 @@ class RuntimePool:
         )
 
     async def _admit(self, item: InitWork, msg: Msg) -> bool:
-        now = await self.registry.get_session(item.session_id)
-        if now is None or now.attempt != item.attempt:  # an earlier attempt's, redelivered
-            await msg.ack()
-            return False
         t = await self.registry.transition(
             item.session_id,
             ST.INITIALIZING,
             from_=[ST.REGISTERED],
-            expect_version=now.version,  # still the attempt just read
+            expect_attempt=item.attempt,  # an earlier attempt's work, redelivered: no
             lease=(self.owner, self.config.lease_seconds),  # one step: a crash leaves a lease
             node=self.node,
-            attempt=item.attempt,
         )
-        if not t.ok:  # cancelled, already taken by an earlier delivery, or gone
+        if not t.ok:  # cancelled, already taken, an earlier attempt's work, or gone
             await msg.ack()
             return False
         STAGE_WAIT.labels(self.node, "init").observe(max(0.0, time.time() - item.ts))
@@ -230,13 +225,12 @@ class RuntimePool:
         """One try at INIT: prepare the sandbox, go READY, hand it to the executor.
         ``fresh``: no earlier try of this session can have left processes behind."""
         sid = item.session_id
-        task = await self.registry.get_task(item.task_id)
+        spec = await self.registry.task_spec(item.task_id)
         session = await self.registry.get_session(sid)
         paths = SessionPaths.of(self.config.work_dir, sid)
-        spec = task.spec
         runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
         self.initializing[sid] = runtime
-        await self._prepare(runtime, task.spec, session, paths, fresh)
+        await self._prepare(runtime, spec, session, paths, fresh)
         if not await self._become_ready(sid, runtime):  # cancelled while preparing
             await runtime.cancel()
             return "cancelled"
@@ -287,6 +281,7 @@ class RuntimePool:
         """INITIALIZING -> READY once the READY buffer has room; False if the session
         ended meanwhile. Checked and moved under the admission lock (one pool per node),
         so READY never exceeds its bound even while the executor lags."""
+        look_at = 0.0  # the session is read at most every READY_POLL_SECONDS while waiting
         while True:
             self._ready_freed.clear()  # before counting: a later hand-over wakes us
             async with self._lock:
@@ -298,9 +293,11 @@ class RuntimePool:
                     return t.ok
             if runtime.state != "running":  # cancelled (a cancel message, or stopping)
                 return False
-            now = await self.registry.get_session(sid)
-            if now is None or now.state != ST.INITIALIZING:
-                return False
+            if time.monotonic() >= look_at:  # not on every wake-up: each hand-over wakes all
+                now = await self.registry.get_session(sid)
+                if now is None or now.state != ST.INITIALIZING:
+                    return False
+                look_at = time.monotonic() + READY_POLL_SECONDS
             with contextlib.suppress(TimeoutError):  # the wake-up is a hint; poll anyway
                 await asyncio.wait_for(self._ready_freed.wait(), READY_POLL_SECONDS)
 
@@ -340,10 +337,10 @@ class RuntimePool:
             with contextlib.suppress(Exception):
                 await runtime.cancel()
         reason = f"init failed: {exc}"[:2000]
-        task = await self.registry.get_task(item.task_id)
+        spec = await self.registry.task_spec(item.task_id)
         session = await self.registry.get_session(item.session_id)
         if session is not None and session.state in (ST.INITIALIZING, ST.READY):
-            if task and may_retry(session, task.spec, transient=transient):
+            if spec and may_retry(session, spec, transient=transient):
                 await retry_session(self.registry, self.bus, session, reason)
             else:  # through POSTRUN: its empty ERROR trajectory is delivered
                 await fail_before_run(self.registry, self.bus, session, reason, [session.state])
@@ -385,16 +382,12 @@ class RuntimePool:
         node, raw = await self.registry.redis.hmget(
             S.key_session(ev.session_id), ["node", "runtime_id"]
         )
-        task = await self.registry.get_task(ev.task_id)
-        if node != self.node.encode() or raw is None or task is None:
+        spec = await self.registry.task_spec(ev.task_id)
+        if node != self.node.encode() or raw is None or spec is None:
             return
         with contextlib.suppress(Exception):
             rt = node_runtime(
-                self.config,
-                task.spec.runtime,
-                ev.session_id,
-                raw.decode(),
-                harness=task.spec.agent.harness,
+                self.config, spec.runtime, ev.session_id, raw.decode(), harness=spec.agent.harness
             )
             await rt.cancel()
         await self.registry.release(ev.session_id)

@@ -159,6 +159,20 @@ def dedupe_ttl(window: float) -> int:
     return max(1, math.ceil(2 * window))
 
 
+# Sessions nobody holds while they wait: the scheduler ends them once their deadline passed.
+WAITING = (SessionState.REGISTERED, SessionState.READY)
+DEADLINE_SLACK_S = 1.0  # the task's submission time and its sessions' deadlines: one clock
+
+
+def may_have_overdue(
+    submitted_at: float, spec: TaskRequest, counts: dict[str, int], now: float
+) -> bool:
+    """Whether any session of the task may be waiting past its deadline (each session's
+    deadline is the task's submission time plus ``timeout_seconds``)."""
+    waiting = any(counts.get(st, 0) for st in WAITING)
+    return waiting and submitted_at + spec.timeout_seconds - DEADLINE_SLACK_S < now
+
+
 def is_finished(counts: dict[str, int], num_samples: int) -> bool:
     return sum(counts.get(s, 0) for s in TERMINAL_STATES) >= num_samples
 

@@ -61,7 +61,7 @@ async def _remove_built_events(bus):
             msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq, subject=S.SESSIONS_BUILT, next=True)
         except NotFoundError:
             return
-        if decode(msg.data, TrajectoryBuilt).task_id.startswith("bld-"):
+        if decode(await bus.payload(msg), TrajectoryBuilt).task_id.startswith("bld-"):
             await bus.js.delete_msg(S.STREAM_SESSIONS, msg.seq)
         seq = msg.seq + 1
 

@@ -1,11 +1,14 @@
 """Streams and consumers declared in code are applied to existing ones at every start."""
 
+import dataclasses
 import uuid
 
 import pytest
 from nats.js.api import StorageType, StreamConfig
 
+from schemas import subjects as S
 from services.common.bus import CLAIM_THRESHOLD, ensure_consumer, ensure_streams, work_consumer
+from services.common.jspub import JetStreamPublisher
 
 pytestmark = pytest.mark.asyncio
 
@@ -71,3 +74,27 @@ async def test_one_object_store_handle_serves_every_claim_check(bus):
     await bus.publish("polar.tasks.bus-claim", big, msg_id=f"claim-{uuid.uuid4().hex}")
     assert await bus.payload(await sub.next_msg(timeout=5)) == big
     await sub.unsubscribe()
+
+
+async def test_send_stores_through_the_lean_publisher_and_deduplicates(bus):
+    subject = S.session_event("RUNNING")
+    before = (await bus.js.stream_info(S.STREAM_EVENTS)).state.messages
+    await bus.send(subject, b"first", msg_id="bus-send-lean:1")
+    await bus.send(subject, b"again", msg_id="bus-send-lean:1")  # a retry: not stored twice
+    assert (await bus.js.stream_info(S.STREAM_EVENTS)).state.messages == before + 1
+    assert bus.lean is not None and bus.lean.unsupported is None  # it went the lean way
+
+
+async def test_send_falls_back_to_nats_py_when_the_lean_publisher_cannot_publish(bus):
+    # A lean client that cannot reach its server (as during a NATS restart, when it fails
+    # at once): the message goes through nats-py, which waits out a reconnect, instead
+    # of failing the hand-off.
+    dead = JetStreamPublisher(
+        "nats://127.0.0.1:1", name="dead", fallback=bus.publish, fallback_above=CLAIM_THRESHOLD
+    )
+    cut_off = dataclasses.replace(bus, lean=dead)
+    subject = S.session_event("RUNNING")
+    before = (await bus.js.stream_info(S.STREAM_EVENTS)).state.messages
+    await cut_off.send(subject, b"through nats-py", msg_id="bus-send-fallback:1")
+    assert (await bus.js.stream_info(S.STREAM_EVENTS)).state.messages == before + 1
+    await dead.aclose()

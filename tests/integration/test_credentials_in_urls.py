@@ -7,13 +7,13 @@ import pytest
 
 from infra import localservers
 from infra.credentials import with_userinfo
-from proxy.io.jspub import JetStreamPublisher
 from proxy.io.resp import Resp
 from schemas import subjects as S
 from services.cli.connect import open_bus, open_registry
 from services.cli.context import Unreachable
 from services.client import TrajectoryClient
 from services.common.bus import Bus
+from services.common.jspub import JetStreamPublisher
 from services.common.registry import Registry
 
 pytestmark = pytest.mark.asyncio

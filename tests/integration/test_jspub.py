@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from infra import localservers
-from proxy.io.jspub import JetStreamPublisher, PublishError
 from schemas import subjects as S
 from services.common.bus import CLAIM_HEADER, CLAIM_THRESHOLD, Bus
+from services.common.jspub import JetStreamPublisher, PublishError
 
 
 def publisher(url: str, bus: Bus | None = None, **kw) -> JetStreamPublisher:

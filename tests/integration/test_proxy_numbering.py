@@ -23,7 +23,6 @@ from proxy.conversation import Conversation, ImagePart, Message, TextPart
 from proxy.errors import ProtocolError, UpstreamError
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
-from proxy.io.jspub import JetStreamPublisher
 from proxy.io.resp import Resp
 from proxy.sessions import SessionResolver
 from schemas import SessionState, UpstreamMode
@@ -31,6 +30,7 @@ from schemas import subjects as S
 from services.builder.integrity import assess
 from services.builder.strategies.base import full_calls
 from services.common.bus import CLAIM_THRESHOLD, Bus
+from services.common.jspub import JetStreamPublisher
 from services.common.registry import Registry
 from services.common.tokenization import ChatTokenizer
 from tests.helpers.stack import new_session

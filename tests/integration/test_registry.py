@@ -132,3 +132,23 @@ async def test_readers_of_task_and_session_fields_go_through_the_registry(redis_
     await reg.transition(sid, SessionState.INITIALIZING)
     await reg.transition(sid, SessionState.READY, runtime_id="rt-7")
     assert await reg.runtime_id(sid) == "rt-7"
+
+
+async def test_task_specs_are_read_once_and_unknown_tasks_are_none(redis_client):
+    reg = Registry(redis_client)
+    await reg.create_task(task("reg-spec", 2))
+    assert await reg.task_spec("reg-nope") is None
+    spec = await reg.task_spec("reg-spec")
+    assert spec.num_samples == 2
+    # cached: a spec never changes under its id, so the second read asks nothing
+    key = S.key_task("reg-spec")
+    stored = await redis_client.hget(key, "spec")
+    await redis_client.hset(key, "spec", b"not json")
+    try:
+        assert await reg.task_spec("reg-spec") == spec
+        record = await reg.get_task("reg-spec")  # the task's status and time are read anew
+        assert (record.spec, record.status) == (spec, "active")
+    finally:  # other tests' readers (the scheduler's reconcile) see this registry too
+        await redis_client.hset(key, "spec", stored)
+        await reg.retire_task("reg-spec")
+    assert await reg.get_task("reg-nope") is None

@@ -103,6 +103,6 @@ async def remove_built(bus, prefix: str) -> None:
             msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq, subject=S.SESSIONS_BUILT, next=True)
         except NotFoundError:
             return
-        if decode(msg.data, TrajectoryBuilt).task_id.startswith(prefix):
+        if decode(await bus.payload(msg), TrajectoryBuilt).task_id.startswith(prefix):
             await bus.js.delete_msg(S.STREAM_SESSIONS, msg.seq)
         seq = msg.seq + 1

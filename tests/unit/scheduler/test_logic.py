@@ -168,3 +168,13 @@ def test_finished_and_result():
     assert logic.should_early_stop({"COMPLETED": 2}, 2) and not logic.should_early_stop(
         {"COMPLETED": 2}, None
     )
+
+
+def test_only_a_task_with_waiting_sessions_past_its_deadline_is_scanned():
+    spec = TaskRequest(task_id="t", instruction="x", num_samples=3, timeout_seconds=60)
+    waiting = {"REGISTERED": 1, "RUNNING": 2}
+    assert not logic.may_have_overdue(1000.0, spec, waiting, now=1030.0)  # not due yet
+    assert logic.may_have_overdue(1000.0, spec, waiting, now=1061.0)
+    assert logic.may_have_overdue(1000.0, spec, {"READY": 1}, now=1061.0)
+    # nobody waiting (running, ending or ended sessions are not the scheduler's to end)
+    assert not logic.may_have_overdue(1000.0, spec, {"RUNNING": 2, "COMPLETED": 1}, now=9e9)

@@ -6,6 +6,9 @@ proxy's per-call work after the HTTP server itself. This client keeps one plain
 connection of its own, writes ``HPUB`` with a reply subject under one wildcard inbox
 and matches acks to futures by that subject: ~40 µs.
 
+The proxy publishes its records with it; every service's ``Bus.send`` (state-change
+events, work hand-offs, built and scored trajectories) too.
+
 What it does not do, it hands to ``fallback`` (``Bus.publish``): payloads over the
 claim-check threshold (they go through the object store), and servers it cannot talk to
 plainly (TLS, nkeys/JWT credentials). A lost connection fails every publish in flight
@@ -25,13 +28,13 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from proxy.io.oneconn import OneConnection
-from proxy.io.spin import POLL
+from services.common.oneconn import OneConnection
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 Fallback = Callable[..., Awaitable[object]]
+Watch = Callable[[asyncio.Future], None]  # told of each ack awaited (the proxy's busy-poll)
 
 
 class PublishError(ConnectionError):
@@ -134,10 +137,11 @@ class JetStreamPublisher:
         fallback: Fallback,
         fallback_above: int,
         ack_timeout: float = 10.0,
+        watch: Watch | None = None,
     ) -> None:
         self.servers = [s.strip() for s in url.split(",") if s.strip()]
         self.name, self.fallback, self.fallback_above = name, fallback, fallback_above
-        self.ack_timeout = ack_timeout
+        self.ack_timeout, self.watch = ack_timeout, watch
         self._conn: OneConnection[_Protocol] = OneConnection(self._open_any)
         self._next = itertools.count(1)
         self.unsupported: str | None = None  # why everything goes to the fallback
@@ -173,7 +177,8 @@ class JetStreamPublisher:
     ) -> Coroutine[Any, Any, int]:
         reply = proto.inbox + str(next(self._next)).encode()
         future = asyncio.get_running_loop().create_future()
-        POLL.watch(future)
+        if self.watch is not None:
+            self.watch(future)
         proto.acks[reply] = future
         headers = b"NATS/1.0\r\nNats-Msg-Id: " + msg_id.encode() + b"\r\n\r\n" if msg_id else b""
         if headers:

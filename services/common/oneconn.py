@@ -1,5 +1,5 @@
-"""The single connection of a small asyncio client (``proxy.io.resp``, ``jspub``): opened on
-first use and again after it was lost, one attempt shared by every caller waiting."""
+"""The single connection of a small asyncio client (``proxy.io.resp``, ``jspub``): opened
+on first use and again after it was lost, one attempt shared by every caller waiting."""
 
 from __future__ import annotations
 
