@@ -3,7 +3,7 @@ builder -> evaluator -> ``TrajectoryClient`` commit, on real NATS, Valkey and se
 
 Each checkout measured runs its own ``polar up`` (tests/bench/pipeline_bench/stack.py:
 own nats-server and Valkey, one node, the proxy in chat mode in front of the instant
-engine of tests/bench/proxy_bench). Variants: ``noop`` (shell harness running ``true``)
+engine of tests/bench/proxy_bench). Variants: ``noop`` (shell harness running ``true``, `sandbox: none`)
 and ``one-call`` (the harness makes one chat call through its session's proxy route with
 curl). Per run, after a warm-up task: sessions/s, p50/p99 session latency (submit ->
 commit, and INITIALIZING -> commit: the queue for a slot left out; all sessions are
