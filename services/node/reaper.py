@@ -103,7 +103,8 @@ class Reaper:
             self._unreachable, self._quiet_until = False, now + self.orphan_after
         if now < self._quiet_until:
             return True
-        return await self.registry.server_uptime() < self.orphan_after
+        # whole seconds, rounded down: up at most one more than it says
+        return await self.registry.server_uptime() + 1 < self.orphan_after
 
     async def _reap_expired(self) -> int:
         orphans = await self.registry.expire_unleased(HELD, self.orphan_after)
