@@ -82,12 +82,6 @@ def template(
         "agent_timeout_seconds": 120,
         "runtime": {
             "backend": "local",
-            # The quiz agent is this package's own script and runs nothing the model says
-            # (it sends questions and reads digits): a sandbox guards nothing here, and
-            # one per session costs the loop steps on two cores (a fresh-clone run with
-            # it: 280 steps in the 5-minute budget, held-out 0.574; runs without it:
-            # 328-350 steps). Tasks that run a model's actions keep `sandbox: auto`.
-            "sandbox": "none",
             "prepare": [{"action": "upload_file", "src": str(AGENT), "dest": "quiz_agent.py"}],
         },
         "agent": {
