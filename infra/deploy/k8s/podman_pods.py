@@ -114,19 +114,19 @@ def up(image: str, prefix: str) -> str:
     return net
 
 
+def _remove_named(kind: str, list_verb: str, prefix: str) -> None:
+    """Every podman ``kind`` (pod, volume) whose name starts with ``prefix-``."""
+    names = subprocess.run(
+        ["podman", kind, list_verb, "-q", "--filter", f"name=^{prefix}-"],
+        capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    if names:
+        subprocess.run(["podman", kind, "rm", "-f", *names], capture_output=True)
+
+
 def down(prefix: str) -> None:
-    pods = subprocess.run(
-        ["podman", "pod", "ps", "-q", "--filter", f"name=^{prefix}-"],
-        capture_output=True, text=True,
-    ).stdout.split()  # fmt: skip
-    if pods:
-        subprocess.run(["podman", "pod", "rm", "-f", *pods], capture_output=True)
-    vols = subprocess.run(
-        ["podman", "volume", "ls", "-q", "--filter", f"name=^{prefix}-"],
-        capture_output=True, text=True,
-    ).stdout.split()  # fmt: skip
-    if vols:
-        subprocess.run(["podman", "volume", "rm", "-f", *vols], capture_output=True)
+    _remove_named("pod", "ps", prefix)
+    _remove_named("volume", "ls", prefix)
     subprocess.run(["podman", "network", "rm", "-f", f"{prefix}-net"], capture_output=True)
 
 
