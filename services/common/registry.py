@@ -183,7 +183,7 @@ class Registry:
         return created, sessions
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
-        spec = self._specs.get(task_id)
+        spec = self._cached_spec(task_id)
         if spec is None:  # also read the spec (and cache it)
             fields = ("status", "submitted_at", "result", "spec")
         else:
@@ -207,11 +207,15 @@ class Registry:
             self._specs.popitem(last=False)
         return spec
 
-    async def task_spec(self, task_id: str) -> TaskRequest | None:
-        """The task's spec (None: not registered), read from Redis once per process."""
+    def _cached_spec(self, task_id: str) -> TaskRequest | None:
         spec = self._specs.get(task_id)
         if spec is not None:
-            self._specs.move_to_end(task_id)
+            self._specs.move_to_end(task_id)  # least recently used goes first
+        return spec
+
+    async def task_spec(self, task_id: str) -> TaskRequest | None:
+        """The task's spec (None: not registered), read from Redis once per process."""
+        if (spec := self._cached_spec(task_id)) is not None:
             return spec
         raw = await self.redis.hget(S.key_task(task_id), "spec")
         return None if raw is None else self._cache_spec(task_id, raw)

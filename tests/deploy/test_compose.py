@@ -10,7 +10,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -67,17 +66,10 @@ def stack():
 
 def test_compose_stack_runs_a_task_to_its_trajectories(stack):
     nats = f"nats://127.0.0.1:{stack['POLAR_NATS_PORT']}"
-    scheduler = f"http://127.0.0.1:{stack['POLAR_SCHEDULER_PORT']}"
-    for _ in range(300):  # the scheduler declares the streams: wait for it
-        try:
-            if httpx.get(f"{scheduler}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    assert reachable("127.0.0.1", stack["POLAR_NATS_PORT"])
+    scheduler = f"http://127.0.0.1:{stack['POLAR_SCHEDULER_PORT']}"  # declares the streams
     proxy = f"http://127.0.0.1:{stack['POLAR_PROXY_PORT']}"
-    got = asyncio.run(probe(nats, samples=2, timeout=180, sandbox="bwrap", wait=[proxy]))
+    got = asyncio.run(probe(nats, samples=2, timeout=180, sandbox="bwrap", wait=[scheduler, proxy]))
+    assert reachable("127.0.0.1", stack["POLAR_NATS_PORT"])
     for t in got:
         print(describe(t))
     assert len(got) == 2

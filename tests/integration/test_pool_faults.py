@@ -86,6 +86,16 @@ async def registered(pool: RuntimePool, task_id: str, **spec) -> InitWork:
     )
 
 
+async def session_when(pool: RuntimePool, sid: str, ok, timeout: float, what: str):
+    """The session once ``ok(session)`` holds."""
+
+    async def check():
+        s = await pool.registry.get_session(sid)
+        return s if ok(s) else None
+
+    return await wait_until(check, timeout, what)
+
+
 async def test_a_lost_hand_off_is_retried_then_ended_never_held_ready(fresh_servers, tmp_path):
     pool = await open_pool(*fresh_servers, tmp_path, HandOffLost)
     try:
@@ -93,20 +103,18 @@ async def test_a_lost_hand_off_is_retried_then_ended_never_held_ready(fresh_serv
         sid = item.session_id
         assert await pool._admit(item, Ack())
 
-        async def retried():
-            s = await pool.registry.get_session(sid)
-            return s if s.attempt == 1 and s.state == ST.REGISTERED else None
-
         # before the fix: READY for ever ("INIT of ... failed", then renewed by the pool)
-        await wait_until(retried, 10, "the session retried after its hand-off failed")
+        await session_when(
+            pool, sid, lambda s: s.attempt == 1 and s.state == ST.REGISTERED, 10,
+            "the session retried after its hand-off failed",
+        )  # fmt: skip
         again = InitWork(ts=time.time(), session_id=sid, task_id="handoff", priority=0, attempt=1)
         assert await pool._admit(again, Ack())
 
-        async def ended():
-            s = await pool.registry.get_session(sid)
-            return s if s.state == ST.POSTRUN else None
-
-        s = await wait_until(ended, 10, "the session ended once its retries were spent")
+        s = await session_when(
+            pool, sid, lambda s: s.state == ST.POSTRUN, 10,
+            "the session ended once its retries were spent",
+        )  # fmt: skip
         assert s.outcome == Outcome.ERROR and s.attempt == 1 and "init failed" in s.reason
         await pool.renew_leases()  # a READY session it never handed off is not renewed
         assert await pool.registry.redis.zscore(S.KEY_LEASES, sid) is None
@@ -199,11 +207,10 @@ async def test_a_registry_blip_during_init_is_run_again_in_place(fresh_servers, 
         sid = item.session_id
         assert await pool._admit(item, Ack())
 
-        async def handed_off():
-            s = await pool.registry.get_session(sid)
-            return s if s.state == ST.READY and sid in pool.handed_off else None
-
-        s = await wait_until(handed_off, 20, "the session READY and handed off")
+        s = await session_when(
+            pool, sid, lambda s: s.state == ST.READY and sid in pool.handed_off, 20,
+            "the session READY and handed off",
+        )  # fmt: skip
         assert s.attempt == 0 and pool.registry.blinks == 0
     finally:
         await close_pool(pool)
