@@ -1,5 +1,7 @@
-"""The proxy's routes are typed against one request shape (``proxy.io.serving``): every
-request they get offers ``RequestHead``, and the hot routes' requests ``CallRequest``."""
+"""The proxy's routes are typed against two request shapes (``proxy.io.serving``):
+``RequestHead`` for the routes that read no body, ``CallRequest`` for model calls. Both
+request classes the server layer makes offer both. (Litestar's ``Request`` offers the
+head too, though since ``ProtocolRoutes`` no protocol route receives one.)"""
 
 from __future__ import annotations
 
@@ -28,9 +30,9 @@ def test_every_request_a_route_gets_has_the_head():
     assert litestar.query_params.get("key") == "abc"
 
 
-def test_only_the_hot_routes_requests_can_be_read_and_streamed():
+def test_only_the_server_layers_requests_can_be_read_and_streamed():
     asgi = AsgiRequest(SCOPE, None, None)
     rsgi = RsgiRequest(SimpleNamespace(headers={}, query_string=""), None)
     assert isinstance(asgi, CallRequest) and isinstance(rsgi, CallRequest)
     litestar = Request({**SCOPE, "app": None, "path_params": {}, "state": {}})
-    assert not isinstance(litestar, CallRequest)  # it reaches only ``serve_head``
+    assert not isinstance(litestar, CallRequest)  # no model call could be served from it
