@@ -240,6 +240,7 @@ def build_record(
         prompt_ids=tail,
         prompt_base_seq=base_seq,
         prompt_base_len=base_len,
+        images=list(plan.images),
         output_ids=gen.output_ids,
         output_logprobs=gen.output_logprobs,
         finish_reason="abort" if aborted else (finish or gen.finish_reason),

@@ -24,12 +24,20 @@ from proxy.capture import CallContext, CallNumber, Numbering, SessionStore, deco
 from proxy.conversation import AssistantTurn, Conversation
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
+from proxy.images import (
+    ImageStore,
+    PromptImage,
+    images_by_digest,
+    messages_by_digest,
+    read_images,
+)
 from proxy.io.resp import RedisReplyError, RedisUnavailable
 from proxy.modes import MODES, rejected
 from proxy.tito import PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
 from services.common.jspub import JetStreamPublisher
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
+from services.common.tokenization.images import image_urls
 
 log = logging.getLogger("polar.proxy")
 
@@ -51,8 +59,9 @@ class CompletionHandler:
         mode: UpstreamMode,
         tokenizer: ChatTokenizer | None,
         default_max_tokens: int,
+        images: ImageStore | None = None,
     ) -> None:
-        self.upstream = MODES[mode](backend, tokenizer)
+        self.upstream = MODES[mode](backend, tokenizer, images)
         self.publisher, self.store, self.gate = publisher, store, gate
         self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
         self.numbers = Numbering(store, publisher)
@@ -167,8 +176,8 @@ class CompletionHandler:
             protocol=Protocol(protocol),
             mode=self.mode,
             model=(request.conv.model or session.model) if request else "",
-            raw_request=request.raw if request else b"",
-            normalized=request.normalized if request else b"null",
+            raw_request=request.recorded_raw() if request else b"",
+            normalized=request.recorded_normalized() if request else b"null",
             user_agent=request.headers.get("user-agent") if request else None,
             side_call=request.side_call if request else None,
             received=time.time(),
@@ -271,7 +280,7 @@ class _Request:
 
     __slots__ = (
         "conv", "protocol", "raw", "headers", "messages", "tools", "key", "normalized",
-        "side_call", "prompt_ids", "rejected", "broken",
+        "side_call", "prompt_ids", "rejected", "broken", "image_urls", "_images",
     )  # fmt: skip
 
     def __init__(
@@ -285,6 +294,8 @@ class _Request:
         self.prompt_ids: list[int] | None = None  # token mode: rendered in full ahead
         self.rejected: ProtocolError | None = None  # the chat template refused it
         self.broken: Exception | None = None  # converting it failed (a bug)
+        self.image_urls: list[str] = []
+        self._images: list[PromptImage] | None = None
 
     def describe(self) -> None:
         """What the call's record and prompt are made from (raises on a converter bug)."""
@@ -292,6 +303,28 @@ class _Request:
         self.tools = self.conv.to_openai_tools() or None
         self.key = tools_key(self.tools)
         self.normalized = capture.normalized_json(self.messages, self.tools)
+        self.image_urls = image_urls(self.messages)
+
+    def read_images(self) -> list[PromptImage]:
+        """The request's images, decoded once (a 400 for one that is not inline data)."""
+        if self._images is None:
+            self._images = read_images(self.image_urls)
+        return self._images
+
+    def _readable_images(self) -> list[PromptImage]:
+        try:
+            return self.read_images()
+        except ProtocolError:  # the call is refused: its void record keeps what it got
+            return []
+
+    def recorded_raw(self) -> bytes:
+        """The request body as its record keeps it: images by digest, not bytes."""
+        return images_by_digest(self.raw, self._readable_images()) if self.image_urls else self.raw
+
+    def recorded_normalized(self) -> bytes:
+        if not self.image_urls or not (images := self._readable_images()):
+            return self.normalized
+        return capture.normalized_json(messages_by_digest(self.messages, images), self.tools)
 
 
 def _failure(exc: Exception) -> str:

@@ -37,6 +37,7 @@ from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
+from proxy.images import ImageStore
 from proxy.io.resp import Resp
 from proxy.io.spin import POLL
 from proxy.sessions import SessionResolver
@@ -242,6 +243,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
             mode=mode,
             tokenizer=late.tokenizer,
             default_max_tokens=cfg.default_max_tokens,
+            images=ImageStore(host.bus.blobs),
         )
         # What start-up made (modules, tokenizer, template) lives as long as the process:
         # out of the collector's sight, a full collection scans only what came later

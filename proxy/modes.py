@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRe
 from proxy.capture import CallContext
 from proxy.conversation import AssistantTurn, ToolCall, Usage
 from proxy.errors import ProtocolError
+from proxy.images import ImageStore, place
 from proxy.io.serving import after_reply
 from proxy.tito import PromptPlan, TurnState, head_text, judge_chat_prompt, plan_token_prompt
 from schemas import UpstreamMode
@@ -48,10 +50,12 @@ class TokenMode:
 
     mode = UpstreamMode.TOKEN
 
-    def __init__(self, backend, tokenizer: ChatTokenizer | None) -> None:
+    def __init__(
+        self, backend, tokenizer: ChatTokenizer | None, images: ImageStore | None = None
+    ) -> None:
         if tokenizer is None:
             raise ValueError("token mode needs the model's tokenizer (model_dir)")
-        self.backend, self.tok = backend, tokenizer
+        self.backend, self.tok, self.images = backend, tokenizer, images
         # the engine sees ids, so the template's end-of-turn ids stop it
         self.stop_ids = sorted(set(tokenizer.eos_token_ids))
         # each answered call's head text, rendered once the answer is out, so the call
@@ -82,8 +86,16 @@ class TokenMode:
                 plan = await asyncio.to_thread(self.plan, request, states, sid, ctx.attempt)
         else:
             plan = self.plan(request, states, sid, ctx.attempt)
+        images = request.read_images()
+        if images and self.images is not None:  # before the record that names them
+            await self.images.put(images)
         gen = await self.backend.generate(
-            TokenRequest(session_id=sid, input_ids=plan.prompt_ids, sampling=sampling)
+            TokenRequest(
+                session_id=sid,
+                input_ids=plan.prompt_ids,
+                sampling=sampling,
+                image_data=[im.base64 for im in images],
+            )
         )
         return plan, gen
 
@@ -97,7 +109,7 @@ class TokenMode:
             return self.heads.get((sid, attempt, state.seq))
 
         try:
-            return plan_token_prompt(
+            plan = plan_token_prompt(
                 self.tok,
                 request.messages,
                 request.tools,
@@ -108,6 +120,10 @@ class TokenMode:
             )
         except TemplateRenderError as exc:
             raise rejected(exc) from exc
+        images = request.read_images()
+        if not images:
+            return plan
+        return dataclasses.replace(plan, images=place(plan.prompt_ids, self.tok, images))
 
     def aborted_plan(
         self, request: _Request, states: list[TurnState], sid: str, attempt: int
@@ -140,8 +156,11 @@ class ChatMode:
     mode = UpstreamMode.CHAT
     stop_ids: list[int] = []
 
-    def __init__(self, backend, tokenizer: ChatTokenizer | None) -> None:
-        self.backend = backend
+    def __init__(
+        self, backend, tokenizer: ChatTokenizer | None, images: ImageStore | None = None
+    ) -> None:
+        # the tokenizer, when the proxy has one, only says where images sit in the prompt
+        self.backend, self.tok, self.images = backend, tokenizer, images
 
     def render_ahead(self, request: _Request) -> None:
         """Nothing: the engine renders the prompt."""
@@ -150,6 +169,9 @@ class ChatMode:
         self, ctx: CallContext, request: _Request, states: list[TurnState], sampling: SamplingParams
     ) -> tuple[PromptPlan, Generation]:
         messages, tools = request.messages, request.tools
+        images = request.read_images()  # the engine reads them from the messages
+        if images and self.images is not None:
+            await self.images.put(images)
         gen = await self.backend.chat(
             ChatRequest(
                 session_id=ctx.session_id,
@@ -159,7 +181,10 @@ class ChatMode:
                 model=ctx.model,
             )
         )
-        return judge_chat_prompt(gen.prompt_ids, messages, tools, states, request.key), gen
+        plan = judge_chat_prompt(gen.prompt_ids, messages, tools, states, request.key)
+        if images:
+            plan = dataclasses.replace(plan, images=place(gen.prompt_ids, self.tok, images))
+        return plan, gen
 
     def aborted_plan(
         self, request: _Request, states: list[TurnState], sid: str, attempt: int

@@ -23,8 +23,9 @@ from typing import Any
 import msgspec
 import orjson
 
-from schemas.completion import RESPONSE_RETOKENIZED
+from schemas.completion import RESPONSE_RETOKENIZED, ImageSpan
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
+from services.common.tokenization.images import image_urls
 
 MAX_STATES = 8  # per session: main loop, sub-agents, side calls
 
@@ -76,6 +77,7 @@ class PromptPlan:
     base: TurnState | None  # the state it extends (token mode) or best matches
     extends: bool | None  # None on a session's first call
     drift_reason: str | None
+    images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit in it
 
 
 # -- comparing messages ---------------------------------------------------------------
@@ -110,7 +112,8 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return False
     if _text(a.get("content")).strip() != _text(b.get("content")).strip():
         return False
-    return _calls(a) == _calls(b)
+    # images are tokens alike whatever they show: an image changed is a message changed
+    return _calls(a) == _calls(b) and image_urls([a]) == image_urls([b])
 
 
 def continues(messages: list[dict[str, Any]], state: TurnState, key: str) -> bool:

@@ -1,7 +1,7 @@
 """The one contract every Polar service imports: events, records and their subjects."""
 
 from schemas.codec import ContractError, decode, decode_event, decode_strict, encode
-from schemas.completion import CompletionRecord, Protocol, Timings, UpstreamMode
+from schemas.completion import CompletionRecord, ImageSpan, Protocol, Timings, UpstreamMode
 from schemas.events import (
     Artifacts,
     CancelTask,
@@ -44,6 +44,7 @@ from schemas.task import (
 from schemas.trajectory import BuildStats, Trace, Trajectory, VersionSpan
 
 __all__ = [
+    "ImageSpan",
     "ALLOWED_FROM",
     "LIVE_STATES",
     "TERMINAL_STATES",

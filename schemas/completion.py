@@ -4,6 +4,10 @@ Prompts are stored incrementally: when a call's prompt extends the previous call
 prompt + output (the common case in an agent loop), only the new tail is stored and
 ``prompt_base_seq`` names the record it extends. ``reconstruct_prompts`` rebuilds the
 full prompts; records always stay self-describing and ordered by ``seq``.
+
+Images are never in a record: ``images`` names each one by the digest of its bytes and
+says where its tokens sit in the full prompt; the bytes are in the object store under
+``subjects.image_object(digest)``, written before the record.
 """
 
 from __future__ import annotations
@@ -38,6 +42,16 @@ class UpstreamMode(enum.StrEnum):
     TOKEN = "token"  # the proxy renders it and sends input_ids (TITO)
 
 
+class ImageSpan(Struct, frozen=True, kw_only=True):
+    """One image of a prompt: its ``length`` image tokens start at ``start`` (an index
+    into the full prompt ids, or into a trace's prompt + response ids)."""
+
+    digest: str  # "sha256:<hex>" of the image's bytes as the harness sent them
+    start: int
+    length: int
+    media_type: str = ""  # as the harness declared it (image/png, ...)
+
+
 class Timings(Struct, frozen=True, kw_only=True, omit_defaults=True):
     received: float  # epoch seconds
     upstream_start: float = 0.0
@@ -61,6 +75,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     prompt_ids: list[int] = []  # full prompt, or the tail after the base (see module doc)
     prompt_base_seq: int | None = None
     prompt_base_len: int = 0  # tokens taken from base prompt + base output
+    images: list[ImageSpan] = []  # every image of the full prompt, in order
     output_ids: list[int] = []
     output_logprobs: list[float] = []
     # stop | length | tool_calls (the turn called tools, in chat and token mode) | abort | error

@@ -77,6 +77,12 @@ STREAM_DLQ = "POLAR_DLQ"  # polar.dlq.>
 OBJECT_STORE = "polar-blobs"  # claim-check for payloads over the NATS limit
 
 
+def image_object(digest: str) -> str:
+    """Object-store name of a prompt image's bytes, by its digest ("sha256:<hex>"): the
+    proxy writes it before the record that names it; trainers read it."""
+    return "images/" + digest.replace(":", "-")
+
+
 def trajectory_object(session_id: str, attempt: int) -> str:
     """Object-store name of a built trajectory (the builder writes, the evaluator reads)."""
     return f"trajectories/{session_id}/{attempt}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
+from schemas.completion import ImageSpan
 from schemas.session import Outcome
 
 
@@ -24,7 +25,10 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     every sampled token whose engine reported a weight version, in order, never a masked
     one; ``weight_versions`` lists the distinct versions (kept for older readers).
     ``messages`` is the whole conversation as OpenAI-shaped messages, the last sampled
-    assistant turn included, and ``tools`` the tool specs it was sampled with.
+    assistant turn included, and ``tools`` the tool specs it was sampled with. ``images``
+    are the images the model read, each by digest at its token span in ``prompt_ids +
+    response_ids`` (their bytes: ``subjects.image_object(digest)``): what a multimodal
+    trainer rebuilds its inputs from.
     """
 
     trace_id: str
@@ -41,6 +45,7 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     weight_versions: list[str] = []
     version_spans: list[VersionSpan] = []
     completion_seqs: list[int] = []  # the CompletionRecords this trace was built from
+    images: list[ImageSpan] = []
     side_call: str | None = None
     trainable: bool = True
 

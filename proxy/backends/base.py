@@ -54,6 +54,8 @@ class TokenRequest(Struct, frozen=True, kw_only=True):
     session_id: str
     input_ids: list[int]
     sampling: SamplingParams = SamplingParams()
+    # the prompt's images in the order of their image tokens, base64 (SGLang's image_data)
+    image_data: list[str] = []
 
 
 class ToolCall(Struct, frozen=True, kw_only=True):

@@ -55,13 +55,16 @@ def build_generate_body(req: TokenRequest) -> dict[str, Any]:
     if s.seed is not None:
         params["sampling_seed"] = s.seed  # SGLang's name; absent on old servers
     params.update(s.extra)
-    return {
+    body = {
         "input_ids": req.input_ids,
         "sampling_params": params,
         "return_logprob": True,
         "logprob_start_len": -1,  # output logprobs only; no prompt scoring pass
         "stream": False,
     }
+    if req.image_data:
+        body["image_data"] = list(req.image_data)
+    return body
 
 
 def output_pairs(meta: dict[str, Any], worker: str = "") -> tuple[list[int], list[float]] | None:

@@ -83,6 +83,13 @@ class VLLMBackend:
         return msgspec.structs.replace(gen, upstream_start=start, upstream_end=time.time())
 
     async def _generate(self, req: TokenRequest, path: str) -> Generation:
+        if req.image_data:  # its token routes take ids only: images go through chat mode
+            raise BackendError(
+                ErrorKind.UNSUPPORTED,
+                "vLLM's token-in routes take no images: serve a vision model in chat mode",
+                status=400,
+                worker=self.base_url,
+            )
         if path == wire.GENERATE_PATH:
             body = await self.http.post_json(path, wire.build_generate_body(req, self.model))
             return wire.parse_generate(self._doc(body), req, self.base_url, self._version)

@@ -21,12 +21,14 @@ from litestar.exceptions import HTTPException
 from services.common.logs import service_logging
 from services.common.metrics import render as render_metrics
 from services.common.tokenization import TemplateRenderError
+from services.common.tokenization.images import ImageInputError, image_urls
 from services.engine import protocol
 from services.engine.config import ServeConfig, config_from_env
 from services.engine.engine import PAUSE_MODES, EngineStopped, QueueFull, RequestRejected
 from services.engine.modelconfig import ModelLoadError
 from services.engine.sequence import GenerationRequest
 from services.engine.server import ServerState
+from services.engine.vision import RequestImages, read_images
 from services.engine.weights import load_model
 
 log = logging.getLogger(__name__)
@@ -62,14 +64,19 @@ async def generate(request: Request) -> Response:
     rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(prompts)
     if len(rids) != len(prompts):
         raise protocol.ProtocolError("rid must have one entry per prompt")
+    sources = [body.image_data] if isinstance(body.image_data, str) else body.image_data or []
+    if sources and batch:
+        raise protocol.ProtocolError("image_data is for one prompt, not a batch")
+    images = [await _images(state, ids, sources) for ids in prompts]
     requests = [
         GenerationRequest(
             rid=rid or uuid.uuid4().hex,
             prompt_ids=ids,
             params=params,
             forced_ids=state.forced_for(None, ids),
+            images=im,
         )
-        for ids, rid in zip(prompts, rids, strict=True)
+        for ids, rid, im in zip(prompts, rids, images, strict=True)
     ]
     results = await _run_while_connected(state, request, requests)
     out = [protocol.generate_response(r, body, state.tokenizer) for r in results]
@@ -103,6 +110,15 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+async def _images(state: ServerState, ids: list[int], sources: list[str]) -> RequestImages | None:
+    """The prompt's images, decoded off the event loop (the encoder runs in the engine,
+    with the weights that compute the prompt)."""
+    if not sources and (state.tokenizer.images is None or state.tokenizer.images.pad_id not in ids):
+        return None
+    vision = state.engine.model.config.vision
+    return await asyncio.to_thread(read_images, ids, sources, state.tokenizer.images, vision)
+
+
 def _chat_prompt(state: ServerState, body: protocol.ChatBody) -> list[int]:
     if body.input_ids is not None:
         return list(body.input_ids)
@@ -122,6 +138,7 @@ async def chat_completions(request: Request) -> Response:
         raise protocol.ProtocolError("n must be between 1 and 16")
     prompt_ids = await asyncio.to_thread(_chat_prompt, state, body)
     forced = state.forced_for(body.messages if body.input_ids is None else None, prompt_ids)
+    images = await _images(state, prompt_ids, image_urls(body.messages))
     base = body.rid or uuid.uuid4().hex
     requests = [
         GenerationRequest(
@@ -131,6 +148,7 @@ async def chat_completions(request: Request) -> Response:
                 body, state.config.default_max_tokens, seed_offset=i
             ),
             forced_ids=forced,
+            images=images,
         )
         for i in range(body.n)
     ]
@@ -335,6 +353,7 @@ EXCEPTION_HANDLERS = {
     protocol.ProtocolError: _error_handler(400, "BadRequest"),
     RequestRejected: _error_handler(400, "BadRequest"),
     TemplateRenderError: _error_handler(400, "BadRequest"),
+    ImageInputError: _error_handler(400, "BadRequest"),
     QueueFull: _error_handler(503, "ServiceUnavailable"),
     EngineStopped: _error_handler(503, "ServiceUnavailable"),
     TimeoutError: _error_handler(503, "ServiceUnavailable"),

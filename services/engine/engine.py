@@ -31,6 +31,7 @@ from services.engine.model import CausalLM
 from services.engine.prefixcache import PrefixCache
 from services.engine.sampling import banned_ids, choose_tokens
 from services.engine.sequence import GenerationRequest, GenerationResult, Sequence
+from services.engine.vision import place_images
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class Engine:
         self.version = weight_version
         self.context_limit = self.config.context_limit or model.config.max_position_embeddings
         self.prefix_cache = PrefixCache(self.config.prefix_cache_tokens)
+        vision = model.config.vision
+        # image pads are the encoder's places in a prompt, never the model's to write
+        self.never_sample = [vision.image_token_id] if vision is not None else []
         self.paused: str | None = None
         self.generated_tokens = 0
         self.steps = 0
@@ -105,6 +109,8 @@ class Engine:
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in request.prompt_ids):
             raise RequestRejected(f"prompt has token ids outside the vocabulary [0, {vocab})")
+        if request.images is not None and self.model.config.vision is None:
+            raise RequestRejected("this model reads no images (it has no vision_config)")
         future: Future[GenerationResult] = Future()
         seq = Sequence(request, lambda result: _resolve(future, result))
         with self._cv:
@@ -230,11 +236,17 @@ class Engine:
             self._running.append(seq)
 
     def _attach_cache(self, seq: Sequence) -> None:
-        hit = self.prefix_cache.lookup(seq.tokens()) if self.config.prefix_cache_tokens else None
+        key = seq.cache_key()
+        hit = self.prefix_cache.lookup(key) if self.config.prefix_cache_tokens else None
         if hit is None:
             seq.cache = self.model.new_cache()
         else:
             seq.cache, seq.cached_tokens = hit
+        images = seq.request.images
+        if images is not None:  # encoded by the weights the cache is computed with
+            with torch.inference_mode():
+                embeds = self.model.encode_images(images.pixels)
+            seq.images = place_images(images.spans, embeds, images.digests)
 
     def _plan(self, batch: list[Sequence]) -> tuple[list[Sequence], list[list[int]], list[bool]]:
         """Which tokens each sequence computes this step: decodes always, prompt chunks
@@ -271,13 +283,18 @@ class Engine:
         seqs, chunks, completes = self._plan(batch)
         if not seqs:
             return
-        logits = self.model.forward(chunks, [s.cache for s in seqs])
+        logits = self.model.forward(
+            chunks, [s.cache for s in seqs], images=[s.images for s in seqs]
+        )
         sampling = [s for s, done in zip(seqs, completes, strict=True) if done]
         if sampling:
             rows = torch.stack([lg for lg, done in zip(logits, completes, strict=True) if done])
             forced = [s.forced_token() for s in sampling]
             uniforms = [s.rng.random() for s in sampling]
-            banned = [banned_ids(s.params, len(s.output_ids), self.eos_ids) for s in sampling]
+            banned = [
+                banned_ids(s.params, len(s.output_ids), self.eos_ids) + self.never_sample
+                for s in sampling
+            ]
             params = [s.params for s in sampling]
             tokens, logprobs = choose_tokens(rows, params, uniforms, forced, banned)
             for seq, token, logprob in zip(sampling, tokens, logprobs, strict=True):
@@ -293,7 +310,7 @@ class Engine:
             if seq in self._running:
                 self._running.remove(seq)
             if seq.cache is not None and seq.finish.get("type") != "abort":
-                self.prefix_cache.insert(seq.tokens()[: seq.cache.length], seq.cache)
+                self.prefix_cache.insert(seq.cache_key()[: seq.cache.length], seq.cache)
         self._deliver(done)
 
     def _deliver(self, done: list[Sequence]) -> None:

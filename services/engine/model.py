@@ -6,6 +6,10 @@ batch*: several sequences, each contributing a chunk of new tokens (a whole prom
 prompt tail after a cached prefix, or one decode token). Linear layers run over all tokens
 at once; attention runs per sequence against that sequence's own cache, so a sequence's
 numbers do not depend on what else is in the batch and no padding or mask is ever shared.
+
+A vision model (``config.vision``) also reads images: ``encode_images`` turns pixels into
+patch embeddings (``vision.py``) and every entry point takes, per sequence, the
+``SequenceImages`` whose rows replace the token embeddings at the images' pad positions.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from services.engine.modelconfig import ModelConfig, ModelLoadError
+from services.engine.vision import SequenceImages, VisionEncoder
 
 
 class KVCache:
@@ -164,23 +169,30 @@ def _attend_masked(
     return torch.cat(pieces)[inverse]
 
 
-def _pack_shared_prefixes(sequences: list[list[int]], starts: list[int]):
-    """Sequences grouped by identical prompt (``seq[:start]``), each group packed as one
+def _pack_shared_prefixes(
+    sequences: list[list[int]], starts: list[int], prompt_keys: list[object] | None = None
+):
+    """Sequences grouped by identical prompt (``seq[:start]``, and ``prompt_keys[j]``: the
+    images inside it), each group packed as one
     row: the prompt once, then every member's continuation inputs (``seq[start:-1]``) at
     the positions they have in their own sequence. Returns the packed ids and positions,
     each row's bounds and attention mask (a continuation sees the prompt and its own
-    earlier tokens, never another member's), and per sequence the packed rows whose
-    logits predict its tokens ``seq[start:]``, in input order."""
-    groups: dict[tuple[int, ...], list[int]] = {}
+    earlier tokens, never another member's), per sequence the packed rows whose
+    logits predict its tokens ``seq[start:]``, in input order, and per sequence where it
+    lies: (row of its prompt's first token, prompt length, row of its continuation's
+    first token, whether it is its group's first member)."""
+    groups: dict[tuple, list[int]] = {}
     for j, (seq, start) in enumerate(zip(sequences, starts, strict=True)):
         if not 1 <= start <= len(seq):
             raise ValueError(f"sequence {j}: start {start} outside 1..{len(seq)}")
-        groups.setdefault(tuple(seq[:start]), []).append(j)
+        extra = prompt_keys[j] if prompt_keys is not None else None
+        groups.setdefault((tuple(seq[:start]), extra), []).append(j)
     ids: list[int] = []
     positions: list[int] = []
     bounds, masks = [], []
     predict: list[list[int]] = [[] for _ in sequences]
-    for prompt, members in groups.items():
+    origins: list[tuple[int, int, int, bool]] = [(0, 0, 0, True)] * len(sequences)
+    for (prompt, _), members in groups.items():
         base, n = len(ids), len(prompt)
         ids += prompt
         positions += range(n)
@@ -190,6 +202,7 @@ def _pack_shared_prefixes(sequences: list[list[int]], starts: list[int]):
             offset = len(ids) - base
             if len(sequences[j]) > n:
                 predict[j] = [base + n - 1, *range(base + offset, base + offset + len(inputs))]
+            origins[j] = (base, n, base + offset, j == members[0])
             ids += inputs
             positions += range(n, n + len(inputs))
             segments.append((offset, len(inputs)))
@@ -203,7 +216,25 @@ def _pack_shared_prefixes(sequences: list[list[int]], starts: list[int]):
             ).tril()
         bounds.append((base, base + t))
         masks.append(mask)
-    return ids, positions, bounds, masks, predict
+    return ids, positions, bounds, masks, predict, origins
+
+
+def _image_rows(
+    images: list[SequenceImages | None] | None, placement
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows of a ragged batch that take image embeddings, and those embeddings:
+    ``placement(j, positions)`` maps sequence ``j``'s absolute positions to (a keep mask,
+    the rows of the kept ones)."""
+    if not images or all(im is None or not im.positions.numel() for im in images):
+        return None
+    rows, embeds = [], []
+    for j, im in enumerate(images):
+        if im is None or not im.positions.numel():
+            continue
+        keep, at = placement(j, im.positions)
+        rows.append(at)
+        embeds.append(im.embeds[keep])
+    return torch.cat(rows), torch.cat(embeds)
 
 
 class _Layer:
@@ -267,6 +298,13 @@ class CausalLM:
         half = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
         self.inv_freq = (1.0 / (config.rope_theta**half)).to(self.embed.device)
         self.scale = config.head_dim**-0.5
+        self.vision = VisionEncoder(config.vision, get) if config.vision is not None else None
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Preprocessed images [n, 3, S, S] -> patch embeddings [n, tokens, hidden]."""
+        if self.vision is None:
+            raise ValueError("this model has no image encoder (no vision_config)")
+        return self.vision(pixels.to(self.embed.device))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -291,11 +329,21 @@ class CausalLM:
         k = k * cos + _rotate_half(k) * sin
         return _project(attend(i, q, k, v), layer.o, layer.o_bias)
 
-    def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def _hidden(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Attend,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The decoder stack over a ragged batch's tokens (one row each); ``attend`` is how
-        each sequence's queries meet its keys (through a KV cache, or its own tokens)."""
+        each sequence's queries meet its keys (through a KV cache, or its own tokens);
+        ``images`` (rows, embeddings) replace those rows' token embeddings."""
         eps = self.config.rms_norm_eps
         x = F.embedding(ids, self.embed)
+        if images is not None:
+            rows, embeds = images
+            x = x.index_put((rows.to(x.device),), embeds.to(x.device))
         rope = self._rope(positions)
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, _rms_norm(x, layer.ln1, eps), rope, attend)
@@ -314,8 +362,10 @@ class CausalLM:
         token_chunks: list[list[int]],
         caches: list[KVCache],
         all_logits: bool = False,
+        images: list[SequenceImages | None] | None = None,
     ) -> list[torch.Tensor]:
-        """Run each sequence's new tokens through the model, extending its cache.
+        """Run each sequence's new tokens through the model, extending its cache; a
+        sequence's ``images`` whose positions fall in this chunk are put in place.
 
         Returns, per sequence, the logits of its last new token ([vocab]), or of every new
         token ([t, vocab]) when ``all_logits``. Caches are committed on return.
@@ -334,7 +384,12 @@ class CausalLM:
                 outs.append(_attend(q[start:end], keys, values, cache.length))
             return torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
 
-        x = self._hidden(ids, positions, attend)
+        def in_chunk(j: int, at: torch.Tensor):
+            done, (start, end) = caches[j].length, bounds[j]
+            keep = (at >= done) & (at < done + end - start)
+            return keep, start + at[keep] - done
+
+        x = self._hidden(ids, positions, attend, _image_rows(images, in_chunk))
         for cache, t in pairs:
             cache.commit(t)
         if not all_logits:
@@ -345,7 +400,10 @@ class CausalLM:
         return list(logits.unbind(0))
 
     def sequence_logprobs(
-        self, sequences: list[list[int]], starts: list[int]
+        self,
+        sequences: list[list[int]],
+        starts: list[int],
+        images: list[SequenceImages | None] | None = None,
     ) -> list[torch.Tensor]:
         """log p(seq[j] | seq[:j]) for j >= start ([len - start]) of whole sequences, each
         from position 0, with no cache and no in-place writes: autograd runs through it when
@@ -358,7 +416,10 @@ class CausalLM:
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return _attend_whole(q, k, v, bounds)
 
-        x = self._hidden(ids, positions, attend)
+        def whole(j: int, at: torch.Tensor):
+            return torch.ones_like(at, dtype=torch.bool), bounds[j][0] + at
+
+        x = self._hidden(ids, positions, attend, _image_rows(images, whole))
         rows = [
             torch.arange(s + start - 1, e - 1) for (s, e), start in zip(bounds, starts, strict=True)
         ]
@@ -374,16 +435,32 @@ class CausalLM:
         )
 
     def shared_prefix_logprobs(
-        self, sequences: list[list[int]], starts: list[int]
+        self,
+        sequences: list[list[int]],
+        starts: list[int],
+        images: list[SequenceImages | None] | None = None,
     ) -> list[torch.Tensor]:
         """``sequence_logprobs``, with sequences that share their prompt (``seq[:start]``,
         e.g. a GRPO group's samples of one question) packed so the prompt goes through the
         model once: each continuation attends to the prompt and to itself, at its own
         positions, so its numbers are the ones its own sequence gives (to float rounding).
-        Autograd runs through it like through ``sequence_logprobs``."""
+        Autograd runs through it like through ``sequence_logprobs``; prompts share a row
+        only when the images inside them are the same."""
         device = self.embed.device
-        ids, positions, bounds, masks, predict = _pack_shared_prefixes(sequences, starts)
+        keys = None
+        if images is not None:
+            keys = [im.before(s) if im else () for im, s in zip(images, starts, strict=True)]
+        ids, positions, bounds, masks, predict, origins = _pack_shared_prefixes(
+            sequences, starts, keys
+        )
         masks = [m.to(device) for m in masks]
+
+        def packed(j: int, at: torch.Tensor):
+            # a prompt's images are placed once per group, continuations' by each member
+            base, n, rest, first = origins[j]
+            keep = torch.where(at < n, first, at < len(sequences[j]) - 1)
+            at = at[keep]
+            return keep, torch.where(at < n, base + at, rest + at - n)
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return _attend_masked(q, k, v, bounds, masks)
@@ -392,6 +469,7 @@ class CausalLM:
             torch.tensor(ids, dtype=torch.long, device=device),
             torch.tensor(positions, device=device),
             attend,
+            _image_rows(images, packed),
         )
         rows = torch.tensor([r for p in predict for r in p], dtype=torch.long, device=device)
         logprobs = torch.log_softmax(self._logits(x[rows]), dim=-1)
@@ -407,9 +485,11 @@ class CausalLM:
         c = self.config
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
 
-    def teacher_forced_logprobs(self, ids: list[int], start: int) -> list[float]:
+    def teacher_forced_logprobs(
+        self, ids: list[int], start: int, images: SequenceImages | None = None
+    ) -> list[float]:
         """log p(ids[j] | ids[:j]) for j >= start, from one uncached full-sequence pass."""
-        logits = self.forward([ids], [self.new_cache()], all_logits=True)[0]
+        logits = self.forward([ids], [self.new_cache()], all_logits=True, images=[images])[0]
         logprobs = torch.log_softmax(logits, dim=-1)
         targets = torch.tensor(ids[start:])
         return logprobs[start - 1 : len(ids) - 1].gather(1, targets[:, None])[:, 0].tolist()

@@ -23,6 +23,35 @@ class ModelLoadError(ValueError):
     """The model directory cannot be served (missing files, unsupported architecture)."""
 
 
+class VisionConfig(Struct, frozen=True, kw_only=True):
+    image_size: int
+    patch_size: int
+    tokens_per_image: int
+    image_token_id: int
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.patch_size * self.patch_size
+
+
+def parse_vision(raw: dict) -> VisionConfig:
+    """``config.json``'s ``vision_config`` (a vision model: ``services/engine/vision.py``).
+    Raises ModelLoadError when its numbers do not fit."""
+    cfg = VisionConfig(
+        image_size=int(raw["image_size"]),
+        patch_size=int(raw["patch_size"]),
+        tokens_per_image=int(raw["tokens_per_image"]),
+        image_token_id=int(raw["image_token_id"]),
+    )
+    side, rem = divmod(cfg.image_size, max(cfg.patch_size, 1))
+    if cfg.patch_size <= 0 or rem or side * side != cfg.tokens_per_image:
+        raise ModelLoadError(
+            f"vision_config: {cfg.image_size}px images in {cfg.patch_size}px patches do not "
+            f"make {cfg.tokens_per_image} tokens"
+        )
+    return cfg
+
+
 class ModelConfig(Struct, frozen=True, kw_only=True):
     architecture: str
     model_type: str
@@ -38,6 +67,7 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_id: list[int]
+    vision: VisionConfig | None = None  # a vision model's image encoder
 
 
 def _rope_theta(raw: dict) -> float:
@@ -76,6 +106,7 @@ def parse_config(raw: dict) -> ModelConfig:
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        vision=parse_vision(raw["vision_config"]) if raw.get("vision_config") else None,
     )
 
 

@@ -4,6 +4,13 @@ The directory holds a Qwen2-architecture causal LM with random weights (fixed se
 byte-level BPE tokenizer trained here on a generated corpus, and Polar's ChatML chat
 template with Qwen/Hermes tool calls. It loads with ``transformers`` (AutoTokenizer,
 Qwen2ForCausalLM) and with the embedded engine. No network, and the same bytes every time.
+
+``vision=True`` makes a vision-language model: three more special tokens
+(``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``, Qwen2-VL's names), a
+``vision_config`` and ``visual.*`` weights (the embedded engine's image encoder:
+``vision.py``), and a template that renders image parts as the placeholder. Transformers
+loads its language model (the ``visual.*`` weights are then unused); the embedded engine
+serves all of it.
 """
 
 from __future__ import annotations
@@ -14,8 +21,15 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from services.common.tokenization.images import (
+    IMAGE_PAD,
+    VISION_TEMPLATE_PRELUDE,
+    VISION_TOKENS,
+)
 from services.common.tokenization.template import default_template
 from services.engine.corpus import generate_corpus
+from services.engine.modelconfig import VisionConfig
+from services.engine.vision import init_vision_weights
 from services.engine.weights import save_tensors
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -28,6 +42,8 @@ ADDED_TOKENS = (
     "</think>",
 )
 VOCAB_SIZE = 4096
+# a vision model's images: 64x64 pixels in 16x16 patches, 16 tokens each
+VISION_DEFAULTS = {"image_size": 64, "patch_size": 16, "tokens_per_image": 16}
 DEFAULT_DIMS = {
     "hidden_size": 128,
     "intermediate_size": 384,
@@ -75,16 +91,17 @@ def byte_tokenizer() -> Tokenizer:
 TOKENIZERS = {"bpe": train_tokenizer, "bytes": byte_tokenizer}
 
 
-def _tokenizer_config(tok: Tokenizer) -> dict:
+def _tokenizer_config(tok: Tokenizer, vision: bool = False) -> dict:
     decoder = {}
-    for text in SPECIAL_TOKENS + ADDED_TOKENS:
+    extra = VISION_TOKENS if vision else ()
+    for text in SPECIAL_TOKENS + ADDED_TOKENS + extra:
         decoder[str(tok.token_to_id(text))] = {
             "content": text,
             "lstrip": False,
             "normalized": False,
             "rstrip": False,
             "single_word": False,
-            "special": text in SPECIAL_TOKENS,
+            "special": text in SPECIAL_TOKENS or text in extra,
         }
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -97,7 +114,7 @@ def _tokenizer_config(tok: Tokenizer) -> dict:
         "clean_up_tokenization_spaces": False,
         "model_max_length": 32768,
         "split_special_tokens": False,
-        "chat_template": default_template(),
+        "chat_template": (VISION_TEMPLATE_PRELUDE if vision else "") + default_template(),
     }
 
 
@@ -125,6 +142,13 @@ def model_config(
         "pad_token_id": pad_id,
         "torch_dtype": "float32",
         "use_cache": True,
+    }
+
+
+def vision_config(tok: Tokenizer) -> dict:
+    return {**VISION_DEFAULTS, "image_token_id": tok.token_to_id(IMAGE_PAD)} | {
+        "vision_start_token_id": tok.token_to_id(VISION_TOKENS[0]),
+        "vision_end_token_id": tok.token_to_id(VISION_TOKENS[1]),
     }
 
 
@@ -164,6 +188,15 @@ def init_weights(config: dict, seed: int, scale: float = 1.0) -> dict[str, torch
                 p + "mlp.down_proj.weight": normal(h, inter, std=0.08),
             }
         )
+    if config.get("vision_config"):  # drawn last: a text model's weights stay the same
+        raw = config["vision_config"]
+        vision = VisionConfig(
+            image_size=raw["image_size"],
+            patch_size=raw["patch_size"],
+            tokens_per_image=raw["tokens_per_image"],
+            image_token_id=raw["image_token_id"],
+        )
+        tensors.update(init_vision_weights(vision, h, g, scale))
     return tensors
 
 
@@ -177,11 +210,12 @@ def init_model_dir(
     dims: dict | None = None,
     tokenizer: str = "bpe",
     init_scale: float = 1.0,
+    vision: bool = False,
 ) -> Path:
     """Write the tiny model directory (tokenizer seeded by 0, weights by ``seed``):
     ``tokenizer`` is ``bpe`` (4,096 ids trained on the agent corpus) or ``bytes``
     (265 ids, no merges); ``dims`` overrides ``DEFAULT_DIMS``; ``init_scale`` multiplies
-    the weights' standard deviations."""
+    the weights' standard deviations; ``vision`` adds the image encoder (module doc)."""
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, not {tokenizer!r}")
     unknown = set(dims or {}) - set(DEFAULT_DIMS)
@@ -190,11 +224,17 @@ def init_model_dir(
     out = Path(model_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = TOKENIZERS[tokenizer]()
+    if vision:
+        tok.add_special_tokens(
+            [AddedToken(t, normalized=False, special=True) for t in VISION_TOKENS]
+        )
     eos_ids = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     pad_id = tok.token_to_id("<|endoftext|>")
     config = model_config(tok.get_vocab_size(with_added_tokens=True), eos_ids, pad_id, dims)
+    if vision:
+        config["vision_config"] = vision_config(tok)
     tok.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(tok))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(tok, vision))
     _write_json(
         out / "special_tokens_map.json",
         {

@@ -24,6 +24,8 @@ class ProtocolError(ValueError):
 class GenerateBody(Struct, kw_only=True):
     text: str | list[str] | None = None
     input_ids: list[Any] | None = None  # one prompt's ids, or a batch of them
+    # one prompt's images, in the order of its image spans (data URLs or base64)
+    image_data: list[str] | str | None = None
     sampling_params: dict[str, Any] | None = None
     return_logprob: bool = False
     return_text_in_logprobs: bool = False

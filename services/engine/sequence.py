@@ -17,6 +17,7 @@ from services.engine.sampling import (
     tail_window,
     trim_at_stop,
 )
+from services.engine.vision import RequestImages, SequenceImages
 
 Decode = Callable[[list[int], bool], str]
 
@@ -26,6 +27,7 @@ class GenerationRequest(Struct, frozen=True, kw_only=True):
     prompt_ids: list[int]
     params: SamplingParams
     forced_ids: list[int] | None = None  # scripted policy: emit exactly these tokens
+    images: RequestImages | None = None
 
 
 class GenerationResult(Struct, frozen=True, kw_only=True):
@@ -64,6 +66,7 @@ class Sequence:
         self.logprobs: list[float] = []
         self.versions: list[tuple[str, int]] = []
         self.cache: KVCache | None = None
+        self.images: SequenceImages | None = None  # encoded with the cache's weights
         self.cached_tokens = 0
         self.finish: dict[str, Any] | None = None
         self.matched_stop: str | None = None
@@ -72,6 +75,19 @@ class Sequence:
 
     def tokens(self) -> list[int]:
         return self.request.prompt_ids + self.output_ids
+
+    def cache_key(self) -> list[int]:
+        """``tokens()`` as the prefix cache compares them: each image's pad tokens become
+        a negative number drawn from its digest, so a cached prefix is reused only for
+        the same images at the same places."""
+        tokens = self.tokens()
+        if self.request.images is None:
+            return tokens
+        for (start, length), digest in zip(
+            self.request.images.spans, self.request.images.digests, strict=True
+        ):
+            tokens[start : start + length] = [-1 - int(digest[-15:], 16)] * length
+        return tokens
 
     def pending(self) -> list[int]:
         """Tokens not yet in the KV cache (whole prompt, its tail, or the last sample)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from schemas import Trajectory
+from schemas import ImageSpan, Trajectory
 from schemas.trajectory import Trace
 from services.trainer.objective import advantages
 
@@ -45,6 +45,7 @@ class Sample:
     versions: tuple[str, ...]
     reward: float
     advantage: float
+    images: tuple[ImageSpan, ...] = ()  # where the images the model read sit in tokens
 
     @property
     def loss_tokens(self) -> int:
@@ -101,6 +102,7 @@ def _sample(t: Trajectory, index: int, tr: Trace, reward: float, adv: float) -> 
         versions=tuple(tr.weight_versions),
         reward=reward,
         advantage=adv,
+        images=tuple(tr.images),
     )
 
 
@@ -144,13 +146,23 @@ def group_samples(
     for t in comparable:
         for i, tr in enumerate(trainable_traces(t)):
             reward = tr.reward if tr.reward is not None else t.reward  # unscored: the session's
-            key = tuple(tr.prompt_ids) if grouping == "prompt" else i
+            # the same prompt ids with other images are another question
+            key = (tuple(tr.prompt_ids), _digests(tr)) if grouping == "prompt" else i
             by_key.setdefault(key, []).append((t, i, tr, float(reward)))
     out = []
     for entries in by_key.values():
         advs = _scored([r for *_, r in entries], objective, counts)
         out += [_sample(t, i, tr, r, a) for (t, i, tr, r), a in zip(entries, advs, strict=True)]
     return out
+
+
+def _digests(tr: Trace) -> tuple[tuple[int, str], ...]:
+    return tuple((im.start, im.digest) for im in tr.images)
+
+
+def image_digests(samples: list[Sample]) -> set[str]:
+    """Every image the samples' tokens hold (what the policy needs the pixels of)."""
+    return {im.digest for s in samples for im in s.images}
 
 
 def staleness_histogram(ages: list[int | None]) -> dict[str, int]:

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import torch
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from schemas import subjects as S
 from services.client import TrajectoryClient
@@ -37,7 +37,13 @@ from services.common.bus import Bus
 from services.engine.modelconfig import ModelLoadError
 from services.trainer import checkpoint as ck
 from services.trainer import metrics
-from services.trainer.batch import GroupCounts, group_samples, trainable_traces, usable
+from services.trainer.batch import (
+    GroupCounts,
+    group_samples,
+    image_digests,
+    trainable_traces,
+    usable,
+)
 from services.trainer.config import ConfigError, TrainerConfig
 from services.trainer.policy import MismatchError, Policy, StepSettings, train_step
 from services.trainer.submit import Submitter
@@ -253,6 +259,7 @@ class Trainer:
         t_step = time.perf_counter()
         groups, wait = await self._take()
         samples, counts = self._samples(groups)
+        await self._load_images(samples)
         version = self.state.step
         stats = await asyncio.to_thread(self._train, samples, version)
         ids = [g.task_id for g in groups]
@@ -297,6 +304,25 @@ class Trainer:
         rec["sampled_tokens_per_s"] = rec["sampled_tokens"] / rec["step_s"]
         rec["skipped_trained"] = self.skipped_trained
         self._emit(rec)
+
+    async def _load_images(self, samples: list) -> None:
+        """The pixels of the images the batch's samples hold, from the object store
+        (where the proxy put them by digest); the policy keeps only this batch's."""
+        digests = image_digests(samples)
+        self.policy.keep_images(digests)
+        missing = sorted(digests - set(self.policy.pixels))
+        if not missing:
+            return
+        store = await self.bus.blobs()
+        for digest in missing:
+            try:
+                data = (await store.get(S.image_object(digest))).data
+            except ObjectNotFoundError as exc:
+                raise LookupError(
+                    f"image {digest} of a trajectory is not in the object store (expired? "
+                    "see the retention policy's object limits)"
+                ) from exc
+            self.policy.add_images({digest: data})
 
     def _train(self, samples: list, version: int):
         """``updates_per_batch`` optimizer steps on one batch; the first one's statistics

@@ -5,6 +5,10 @@ prompt once), AdamW.
 ``train_step`` is one optimizer step on a batch of samples; it checks, before stepping,
 that on-policy tokens (sampled by exactly the weights held now) recompute to their
 captured logprobs within the threshold, and raises ``MismatchError`` otherwise.
+
+A vision model's samples carry their images by digest and token span; the policy holds
+their pixels (``add_images``: the bytes the loop read from the object store) and runs
+the image encoder with the live weights, so its ``visual.*`` weights train too.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from services.engine.model import CausalLM
 from services.engine.modelconfig import load_config
+from services.engine.vision import SequenceImages, place_images, preprocess
 from services.engine.weights import load_tensors, save_tensors
 from services.trainer.batch import Sample, staleness_histogram
 from services.trainer.objective import policy_loss, stale_weight, staleness
@@ -106,6 +111,43 @@ class Policy:
             if reference
             else None
         )
+        self.pixels: dict[str, torch.Tensor] = {}  # digest -> preprocessed image
+
+    def add_images(self, images: dict[str, bytes]) -> None:
+        """The pixels of images samples will name (ImageInputError for bytes that do not
+        decode: the proxy stored what it was sent)."""
+        vision = self.config.vision
+        if vision is None:
+            raise ValueError(f"{self.base_dir} reads no images: its samples cannot hold any")
+        for digest, data in images.items():
+            self.pixels[digest] = preprocess(data, vision.image_size)
+
+    def keep_images(self, digests: set[str]) -> None:
+        """Forget the pixels of every image not in ``digests``."""
+        self.pixels = {d: p for d, p in self.pixels.items() if d in digests}
+
+    def sample_images(
+        self, samples: list[Sample], model: CausalLM
+    ) -> list[SequenceImages | None] | None:
+        """Each sample's image embeddings from ``model``'s encoder (each image once)."""
+        if not any(s.images for s in samples):
+            return None
+        digests = sorted({im.digest for s in samples for im in s.images})
+        missing = [d for d in digests if d not in self.pixels]
+        if missing:
+            raise KeyError(f"no pixels for images {missing[:3]} (add_images first)")
+        embeds = model.encode_images(torch.stack([self.pixels[d] for d in digests]))
+        row = {d: i for i, d in enumerate(digests)}
+        return [
+            place_images(
+                [(im.start, im.length) for im in s.images],
+                embeds[[row[im.digest] for im in s.images]],
+                [im.digest for im in s.images],
+            )
+            if s.images
+            else None
+            for s in samples
+        ]
 
     def model(self) -> CausalLM:
         """A CausalLM over the live parameters (its fused weights are built from them with
@@ -119,7 +161,9 @@ class Policy:
         model = model or self.model()
         # a group's samples share their prompt: it goes through the forward once
         return model.shared_prefix_logprobs(
-            [s.tokens for s in samples], [s.prompt_len for s in samples]
+            [s.tokens for s in samples],
+            [s.prompt_len for s in samples],
+            self.sample_images(samples, model),
         )
 
     # -- checkpoints ------------------------------------------------------------------

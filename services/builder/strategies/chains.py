@@ -72,11 +72,15 @@ class Chain:
 
         The prompt must be longer than the tip's prompt, so a retry of the same prompt
         never joins; it may equal the tip's prompt + output (a continuation with no glue).
+        Image tokens are alike whatever the image: the tip's images must be the call's
+        first ones, at the same places.
         """
+        seen = self.tip.rec.images
         return (
             not self.closed
             and len(call.prompt) > len(self.tip.prompt)
             and starts_with(call.prompt, self.tokens)
+            and call.rec.images[: len(seen)] == seen
         )
 
     def append(self, call: Call, eot: int | None) -> None:
@@ -117,6 +121,7 @@ class Chain:
             weight_versions=weight_versions(self.calls),
             version_spans=list(self.spans),
             completion_seqs=[c.seq for c in self.calls],
+            images=list(self.tip.rec.images),  # the latest prompt holds every earlier one
             side_call=self.side_call,
             trainable=any(self.mask),
         )

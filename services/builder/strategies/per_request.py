@@ -40,6 +40,7 @@ def trace_of(call: Call, chain_id: int) -> Trace:
         weight_versions=weight_versions([call]),
         version_spans=version_spans(rec, 0),
         completion_seqs=[rec.seq],
+        images=list(rec.images),
         side_call=rec.side_call,
         trainable=bool(rec.output_ids),
     )

@@ -2,8 +2,10 @@
 
 ``ChatTokenizer.load(model_dir)`` reads ``tokenizer.json`` (``tokenizers`` library),
 ``tokenizer_config.json`` (chat template, special tokens) and, when present,
-``generation_config.json`` / ``config.json`` (end-of-sequence ids). It renders
-conversations, encodes and decodes text, and knows which ids end an assistant turn.
+``generation_config.json`` / ``config.json`` (end-of-sequence ids; a vision model's
+``vision_config``). It renders conversations, encodes and decodes text (a vision model's
+image placeholders expanded to its image tokens: ``images.py``), and knows which ids end
+an assistant turn.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from services.common.tokenization.images import ImageTokens
 from services.common.tokenization.segments import SegmentEncoder, encode_plain
 from services.common.tokenization.template import (
     TemplateRenderError,
@@ -69,11 +72,13 @@ class ChatTokenizer:
         chat_template: str,
         special_tokens: dict[str, str | None],
         eos_token_ids: list[int],
+        images: ImageTokens | None = None,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.special_tokens = special_tokens
         self.eos_token_ids = eos_token_ids
+        self.images = images  # None: a text-only model
         self.segments = SegmentEncoder.for_tokenizer(tokenizer)  # None: encode whole texts
 
     @classmethod
@@ -94,7 +99,11 @@ class ChatTokenizer:
         }
         template = _chat_template_of(config, model_dir) or default_template()
         eos_ids = cls._eos_ids(tokenizer, special, model_dir)
-        return cls(tokenizer, template, special, eos_ids)
+        try:
+            images = ImageTokens.from_config(_read_json(model_dir / "config.json"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TokenizerLoadError(f"{model_dir}/config.json: bad vision_config: {exc}") from exc
+        return cls(tokenizer, template, special, eos_ids, images)
 
     @staticmethod
     def _eos_ids(
@@ -130,10 +139,14 @@ class ChatTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special-token text (e.g. ``<|im_start|>``) maps to its id."""
-        if self.segments is not None:
-            return self.segments.encode(text)
-        return encode_plain(self.tokenizer, text)
+        """Token ids of ``text``; special-token text (e.g. ``<|im_start|>``) maps to its id,
+        and a vision model's image pad to its ``per_image`` pads."""
+        ids = (
+            self.segments.encode(text)
+            if self.segments is not None
+            else encode_plain(self.tokenizer, text)
+        )
+        return ids if self.images is None else self.images.expand(ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
