@@ -27,11 +27,14 @@ app = typer.Typer(help="Polar's embedded CPU model server.", no_args_is_help=Tru
 def init_command(
     model_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
     seed: Annotated[int, typer.Option(help="Weight seed (the tokenizer is always the same).")] = 0,
+    vision: Annotated[
+        bool, typer.Option(help="Add an image encoder: a vision-language model.")
+    ] = False,
 ) -> None:
     """Write a tiny Qwen2-architecture model with a real tokenizer and chat template."""
     from services.engine.modelinit import init_model_dir
 
-    out = init_model_dir(model_dir, seed=seed)
+    out = init_model_dir(model_dir, seed=seed, vision=vision)
     typer.echo(f"wrote {out}")
 
 

@@ -1,0 +1,70 @@
+"""The proxy's image handling: decoding to digests, records without bytes, spans, TITO."""
+
+import base64
+
+import orjson
+import pytest
+
+from proxy.errors import ProtocolError
+from proxy.images import images_by_digest, messages_by_digest, place, read_images
+from proxy.tito import same_message
+from schemas import ImageSpan
+from services.common.tokenization import ChatTokenizer
+from services.common.tokenization.images import image_digest
+from tests.unit.engine.tiny import vision_model_dir
+
+PNG_A, PNG_B = b"\x89PNG-a", b"\x89PNG-b"
+
+
+def url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def user(*images: bytes, text: str = "how many?") -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": url(i)}} for i in images]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+def test_images_are_read_to_digests_and_a_bad_one_is_a_400():
+    (a,) = read_images([url(PNG_A)])
+    assert a.digest == image_digest(PNG_A) and a.media_type == "image/png" and a.data == PNG_A
+    for bad in ("https://x/y.png", "data:image/png;base64,!!"):
+        with pytest.raises(ProtocolError) as exc:
+            read_images([url(PNG_A), bad])
+        assert exc.value.status == 400 and str(exc.value).startswith("image 1:")
+
+
+def test_the_record_keeps_the_request_with_digests_in_place_of_bytes():
+    messages = [{"role": "system", "content": "s"}, user(PNG_A, PNG_B)]
+    raw = orjson.dumps({"model": "m", "messages": messages})
+    images = read_images([url(PNG_A), url(PNG_B)])
+    kept = orjson.loads(images_by_digest(raw, images))
+    parts = kept["messages"][1]["content"]
+    assert parts[0]["image_url"]["url"] == "data:image/png;base64," + image_digest(PNG_A)
+    assert parts[1]["image_url"]["url"] == "data:image/png;base64," + image_digest(PNG_B)
+    named = messages_by_digest(messages, images)
+    assert named[0] is messages[0]
+    assert [p.get("image_url") for p in named[1]["content"]][:2] == [
+        {"url": image_digest(PNG_A)},
+        {"url": image_digest(PNG_B)},
+    ]
+    assert messages[1]["content"][0]["image_url"]["url"] == url(PNG_A)  # not changed
+
+
+def test_spans_are_placed_in_order_and_must_match_the_images():
+    tok = ChatTokenizer.load(vision_model_dir())
+    ids = tok.render_ids([user(PNG_A, PNG_B)])
+    images = read_images([url(PNG_A), url(PNG_B)])
+    a, b = place(ids, tok, images)
+    assert a == ImageSpan(digest=images[0].digest, start=a.start, length=16, media_type="image/png")
+    assert b.start > a.start and b.digest == images[1].digest
+    with pytest.raises(ProtocolError, match="holds 2 image"):
+        place(ids, tok, images[:1])
+    # a tokenizer that does not know where images go (chat mode, no model_dir): start -1
+    assert place(ids, None, images[:1])[0].start == -1
+
+
+def test_a_turn_with_another_image_is_another_message():
+    assert same_message(user(PNG_A), user(PNG_A))
+    assert not same_message(user(PNG_A), user(PNG_B))
+    assert not same_message(user(PNG_A), user(text="how many?"))
