@@ -27,6 +27,11 @@ example-harbor: (setup "docker-api")
 example-rubric:
     {{py}} -m examples.rubric.run
 
+# Star images through all four protocols into a vision model; rewards from the exact count;
+# `polar train` on them (examples/count_stars).
+example-count-stars:
+    {{py}} -m examples.count_stars.run
+
 # `polar train` at toy size on the SWE-bench-shaped instance (examples/swegym_grpo).
 example-swegym-toy: (setup "docker-api")
     {{py}} -m examples.swegym_grpo.run

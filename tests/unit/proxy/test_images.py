@@ -5,6 +5,8 @@ import base64
 import orjson
 import pytest
 
+from proxy.backends.base import BackendError, ErrorKind, TokenRequest
+from proxy.backends.vllm import VLLMBackend
 from proxy.errors import ProtocolError
 from proxy.images import images_by_digest, messages_by_digest, place, read_images
 from proxy.tito import same_message
@@ -68,3 +70,12 @@ def test_a_turn_with_another_image_is_another_message():
     assert same_message(user(PNG_A), user(PNG_A))
     assert not same_message(user(PNG_A), user(PNG_B))
     assert not same_message(user(PNG_A), user(text="how many?"))
+
+
+async def test_vllm_token_mode_refuses_images_naming_chat_mode():
+    backend = VLLMBackend("http://127.0.0.1:9")  # refused before any request is made
+    request = TokenRequest(session_id="s", input_ids=[1, 2], image_data=["AA=="])
+    with pytest.raises(BackendError, match="chat mode") as exc:
+        await backend.generate(request)
+    assert exc.value.status == 400 and exc.value.kind is ErrorKind.UNSUPPORTED
+    await backend.aclose()
