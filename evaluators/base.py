@@ -8,6 +8,9 @@ An evaluator says what it needs to run (``needs_runtime``):
 
 It returns an ``EvalResult``; it may also raise or run past its timeout; the service
 turns either into an explicit ``error`` result with the reason (never a silent 0).
+
+An evaluator that calls a model itself (``rubric``'s judge) records each call through
+``ctx.side_calls`` as one of the session's ``CompletionRecord``s, tagged ``side_call``.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from schemas import Artifacts, TaskRequest, Trajectory
+from schemas import Artifacts, CompletionRecord, TaskRequest, Trajectory
 
 NeedsRuntime = Literal["none", "task", "live", "fresh"]
 RuntimeKind = Literal["live", "fresh"]
@@ -54,6 +57,22 @@ class EvaluatorError(Exception):
     """An evaluator cannot judge this session (bad config, diff does not apply, ...)."""
 
 
+class SideCalls(Protocol):
+    """Where an evaluator's own model calls go: the session's records, numbered after
+    the harness's calls (the evaluator runs after the build, so no builder sees them;
+    the dashboard and the session's records do). The evaluator service's is
+    ``services/evaluator/sidecalls.py``."""
+
+    async def number(self) -> int:
+        """The next call number of the session: the record's ``seq``."""
+        ...
+
+    async def commit(self, record: CompletionRecord) -> None:
+        """Publish ``record`` (numbered by ``number``); an ``EvaluatorError`` when it
+        cannot be committed (its number is then given back)."""
+        ...
+
+
 @dataclass
 class EvalContext:
     trajectory: Trajectory
@@ -64,6 +83,7 @@ class EvalContext:
     runtime_kind: RuntimeKind | None = None
     deadline: float = math.inf  # time.monotonic() by which the evaluation must end
     notes: dict[str, Any] = field(default_factory=dict)  # e.g. why a runtime was swapped
+    side_calls: SideCalls | None = None  # the evaluator's own model calls are recorded here
 
     def remaining(self, floor: float = 1.0) -> float:
         """Seconds left before the deadline (at least ``floor``, for exec timeouts)."""

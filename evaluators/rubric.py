@@ -2,10 +2,15 @@
 
 The judge is any OpenAI-compatible Chat Completions endpoint: the engine the proxy
 itself serves from (its ``/v1``, e.g. the embedded model server or a vLLM / SGLang
-backend), or a hosted model. Its calls go straight to that URL, never through a session
-route of the proxy, so nothing the judge samples can enter a trajectory; each call is
-kept in the result's ``judge_calls`` tagged ``side_call: "judge"`` (trace, model, the
-score, the reply's head, seconds).
+backend), or a hosted model. Each call is recorded as one of the judged session's
+``CompletionRecord``s (through ``ctx.side_calls``: numbered after the harness's calls,
+published on ``polar.completions.<session>``) tagged ``side_call: "judge"``, with the
+request, the reply and, for a call that failed, its ``error``; no token ids (a hosted
+judge gives none). The evaluator runs after the trajectory was built, so no trajectory
+holds them, and a rebuild from the records (the dashboard's) makes them side-call traces
+with nothing to train on. The result's ``judge_calls`` names each call's record (``seq``)
+with the trace, model, score, the reply's head and seconds. An evaluation run again after
+a crash (its result not yet kept) asks the judge again: both rounds are recorded.
 
 Config::
 
@@ -25,7 +30,8 @@ is ``base + coefficient * (s - lo) / (hi - lo)`` where ``base`` is the base eval
 reward for that trace (0 without one). The session's reward is the base's plus the
 coefficient times the mean normalized score. The judge must answer ``SCORE: <number>``
 (or JSON ``{"score": n}``) inside the scale: a reply without one, a score outside the
-scale, an HTTP error or a timeout is an evaluator error naming the trace, never a 0.
+scale, an HTTP error or a timeout is an evaluator error naming the trace, never a 0; so
+is a judge call whose record cannot be committed.
 """
 
 from __future__ import annotations
@@ -38,10 +44,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
+from msgspec import Raw
 
 from evaluators.base import EvalContext, EvalResult, Evaluator, EvaluatorError, checked
-from schemas import Trace
+from schemas import CompletionRecord, Protocol, Timings, Trace, Trajectory, UpstreamMode
 
+JUDGE_SIDE_CALL = "judge"  # the records' ``side_call`` tag
+USER_AGENT = "polar-evaluator/rubric"
 SCORE_LINE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 JUDGE_SYSTEM = (
     "You are a strict grader of an AI agent's work. Read the rubric, the task and the "
@@ -144,14 +154,24 @@ def parse_score(reply: str, lo: float, hi: float) -> float:
     return score
 
 
-async def ask_judge(client: httpx.AsyncClient, cfg: JudgeConfig, messages: list[dict]) -> str:
-    headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    body = {
+@dataclass(frozen=True)
+class JudgeReply:
+    content: str
+    served_model: str
+    finish_reason: str
+
+
+def request_body(cfg: JudgeConfig, messages: list[dict[str, str]]) -> dict[str, Any]:
+    return {
         "model": cfg.model,
         "messages": messages,
         "max_tokens": cfg.max_tokens,
         "temperature": 0.0,
     }
+
+
+async def ask_judge(client: httpx.AsyncClient, cfg: JudgeConfig, body: dict) -> JudgeReply:
+    headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     try:
         resp = await client.post(
             cfg.url + "/chat/completions", json=body, headers=headers, timeout=cfg.timeout
@@ -163,12 +183,88 @@ async def ask_judge(client: httpx.AsyncClient, cfg: JudgeConfig, messages: list[
     if resp.status_code != 200:
         raise EvaluatorError(f"the judge answered HTTP {resp.status_code}: {resp.text[:200]}")
     try:
-        content = resp.json()["choices"][0]["message"]["content"]
+        doc = resp.json()
+        choice = doc["choices"][0]
+        content = choice["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
         raise EvaluatorError(
             f"the judge's answer is not a chat completion: {resp.text[:200]}"
         ) from None
-    return content if isinstance(content, str) else ""
+    return JudgeReply(
+        content if isinstance(content, str) else "",
+        str(doc.get("model") or ""),
+        str(choice.get("finish_reason") or "stop"),
+    )
+
+
+def judge_record(
+    trajectory: Trajectory,
+    seq: int,
+    body: dict[str, Any],
+    sent: float,
+    reply: JudgeReply | None,
+    error: str | None = None,
+) -> CompletionRecord:
+    """One judge call as a record of the judged session: what was asked, what came
+    back (or why nothing did), tagged as a side call."""
+    now = time.time()
+    answer = {"role": "assistant", "content": reply.content} if reply else None
+    return CompletionRecord(
+        session_id=trajectory.session_id,
+        seq=seq,
+        attempt=trajectory.attempt,
+        protocol=Protocol.OPENAI_CHAT,
+        mode=UpstreamMode.CHAT,
+        model=body["model"],
+        served_model=reply.served_model if reply else "",
+        raw_request=Raw(orjson.dumps(body)),
+        normalized=Raw(orjson.dumps({"messages": body["messages"], "tools": []})),
+        reply=Raw(orjson.dumps(answer)),
+        finish_reason=reply.finish_reason if reply else "error",
+        timings=Timings(received=sent, upstream_start=sent, upstream_end=now, captured=now),
+        user_agent=USER_AGENT,
+        side_call=JUDGE_SIDE_CALL,
+        error=error,
+    )
+
+
+async def recorded(
+    ctx: EvalContext, body: dict, sent: float, reply: JudgeReply | None, error: str | None = None
+) -> int | None:
+    """Record the call as the session's side call; its seq (None with nowhere to record)."""
+    if ctx.side_calls is None:
+        return None
+    seq = await ctx.side_calls.number()
+    await ctx.side_calls.commit(judge_record(ctx.trajectory, seq, body, sent, reply, error))
+    return seq
+
+
+async def judge_trace(
+    client: httpx.AsyncClient, cfg: JudgeConfig, ctx: EvalContext, trace: Trace
+) -> dict[str, Any]:
+    """Ask the judge about one trace and record the call, answered or not: the call's
+    summary (``judge_calls``' entry). Raises EvaluatorError for a call that failed, a
+    reply without a score in the scale, or a call that could not be recorded."""
+    body = request_body(cfg, judge_messages(cfg, ctx.task.instruction, trace))
+    sent, started = time.time(), time.monotonic()
+    try:
+        reply = await ask_judge(client, cfg, body)
+    except EvaluatorError as exc:
+        try:
+            await recorded(ctx, body, sent, None, str(exc))
+        except EvaluatorError as lost:
+            raise EvaluatorError(f"{exc} ({lost})") from None
+        raise
+    seq = await recorded(ctx, body, sent, reply)
+    return {
+        "side_call": JUDGE_SIDE_CALL,
+        "seq": seq,
+        "trace_id": trace.trace_id,
+        "model": cfg.model,
+        "score": parse_score(reply.content, cfg.lo, cfg.hi),
+        "reply": reply.content[:500],
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
 async def base_result(ctx: EvalContext) -> EvalResult | None:
@@ -193,6 +289,7 @@ async def base_result(ctx: EvalContext) -> EvalResult | None:
         runtime_kind=ctx.runtime_kind,
         deadline=ctx.deadline,
         notes=ctx.notes,
+        side_calls=ctx.side_calls,
     )
     result = checked(await inner.evaluate(sub), name, len(ctx.trajectory.traces))
     if result.status != "ok":
@@ -217,25 +314,12 @@ class Rubric(Evaluator):
                 if trace.side_call:
                     normalized.append(None)
                     continue
-                started = time.monotonic()
                 try:
-                    reply = await ask_judge(
-                        client, cfg, judge_messages(cfg, ctx.task.instruction, trace)
-                    )
-                    score = parse_score(reply, cfg.lo, cfg.hi)
+                    call = await judge_trace(client, cfg, ctx, trace)
                 except EvaluatorError as exc:
                     raise EvaluatorError(f"trace {i} ({trace.trace_id}): {exc}") from None
-                calls.append(
-                    {
-                        "side_call": "judge",
-                        "trace_id": trace.trace_id,
-                        "model": cfg.model,
-                        "score": score,
-                        "reply": reply[:500],
-                        "seconds": round(time.monotonic() - started, 3),
-                    }
-                )
-                normalized.append((score - cfg.lo) / (cfg.hi - cfg.lo))
+                calls.append(call)
+                normalized.append((call["score"] - cfg.lo) / (cfg.hi - cfg.lo))
         judged = [n for n in normalized if n is not None]
         if not judged:
             raise EvaluatorError("no main-loop trace to judge (only side calls)")

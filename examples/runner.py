@@ -64,8 +64,8 @@ def scripted(policy: Path, *, engine: str = "", max_run: int = 3) -> Callable[[P
 @contextlib.contextmanager
 def stack(topology: Callable[[Path], str], *, log=print) -> Iterator:
     """The stack ``topology(state_dir)`` describes, up for the block (its topology
-    yielded, with the operator's URLs, and the state directory as ``topo.state_dir``),
-    then stopped."""
+    yielded, with the URLs the operator's tools sign in with, and the state directory as
+    ``topo.state_dir``), then stopped."""
     cache = Path(os.environ.get("POLAR_HARNESS_CACHE", REPO / ".state" / "harness-cache"))
     os.environ["POLAR_HARNESS_CACHE"] = str(cache.absolute())  # the pool inherits it
     docker_env()
@@ -76,9 +76,7 @@ def stack(topology: Callable[[Path], str], *, log=print) -> Iterator:
     devstack.up(topo, log=lambda m: log(f"  {m}"))
     log(f"stack up in {time.monotonic() - t0:.1f}s; state in {state_dir}")
     try:
-        # the URLs signed in as the operator: a stack with its own NATS and Valkey
-        # refuses clients without the credentials it generated
-        yield devstack.operator_view(topo)
+        yield devstack.operator_view(topo)  # the stack's NATS and Valkey want credentials
     finally:
         if not os.environ.get("POLAR_EXAMPLE_KEEP"):
             devstack.down(state_dir)

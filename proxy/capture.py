@@ -17,6 +17,7 @@ import msgspec
 import orjson
 
 from proxy.backends.base import Generation
+from proxy.callcount import RELEASE_IF_LAST
 from proxy.errors import ErrorKind, ProxyError, UpstreamError
 from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
@@ -44,11 +45,7 @@ _REMEMBER = Script(
     "redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2])) "
     "redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))"
 )
-# DECR the session's call counter only if ``seq`` is still the last number handed out
-_RELEASE = Script(
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DECR', KEYS[1]); return 1 end; "
-    "return 0"
-)
+_RELEASE = Script(RELEASE_IF_LAST)
 
 
 @dataclass(frozen=True)
@@ -287,7 +284,8 @@ def start_commit(publisher: JetStreamPublisher, record: CompletionRecord) -> Cor
 
 def _addressed(record: CompletionRecord) -> tuple[str, bytes, str]:
     # the message id makes JetStream drop a retried publish of the same call
-    return S.completions(record.session_id), encode(record), f"{record.session_id}:{record.seq}"
+    sid = record.session_id
+    return S.completions(sid), encode(record), S.completion_msg_id(sid, record.seq)
 
 
 async def _acked(sent: Awaitable[int]) -> None:

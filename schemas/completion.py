@@ -87,7 +87,9 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     weight_version_starts: list[int] = []
     timings: Timings | None = None
     user_agent: str | None = None
-    side_call: str | None = None  # title | router | count_tokens | probe | None (main loop)
+    # title | router | count_tokens | probe (the proxy's) | judge (an evaluator's call,
+    # recorded after the build: services/evaluator/sidecalls.py) | None (main loop)
+    side_call: str | None = None
     extends_previous: bool | None = None  # token mode: prompt == previous prompt + output + ...
     drift_reason: str | None = None  # why not, when it does not (DRIFT_REASONS)
     aborted: bool = False

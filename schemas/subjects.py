@@ -48,6 +48,12 @@ def completions(session_id: str) -> str:
     return f"polar.completions.{session_id}"
 
 
+def completion_msg_id(session_id: str, seq: int) -> str:
+    """The dedupe id of a session's record ``seq``: a retried publish of one call is
+    dropped (the proxy's records, and an evaluator's side calls)."""
+    return f"{session_id}:{seq}"
+
+
 def trajectories(task_id: str) -> str:
     return f"polar.trajectories.{task_id}"
 
@@ -127,7 +133,8 @@ def key_token(token: str) -> str:
 
 
 def key_call_seq(session_id: str) -> str:
-    """Counter of the session's model calls the proxy has numbered (all attempts)."""
+    """Counter of the session's model calls the proxy has numbered (all attempts), and
+    its evaluator's side calls after them (``proxy/callcount.py``)."""
     return f"polar:seq:{session_id}"
 
 

@@ -2,7 +2,9 @@
 scripted) scored by its tests (``test_on_output``, the base reward) plus an LLM judge's
 score with coefficient 0.5, the judge being the engine the proxy itself serves from (the
 embedded model server's ``/v1``, its script holding the judge's verdict). Then the same
-task with a judge that answers garbage: an evaluator error, not a 0.
+task with a judge that answers garbage: an evaluator error, not a 0. Each session's
+model calls are read back from ``polar.completions.<session>``: the harness's, then the
+judge's, tagged ``side_call: judge``, which no trajectory holds.
 ``just example-rubric``.
 
     python -m examples.rubric.run
@@ -76,6 +78,7 @@ def main() -> int:
             rubric_task(task, judge, "garbage", "[judge:garbage] " + RUBRIC),
         ]
         runs = asyncio.run(run_tasks(topo, tasks, 900))
+        calls = asyncio.run(model_calls(topo, [r.session.session_id for r in runs if r.session]))
     for r in runs:
         s, meta = r.session, r.trajectory.get("metadata", {})
         details = meta.get("eval_details", {})
@@ -89,12 +92,51 @@ def main() -> int:
         for key in ("judge_scores", "base_reward", "coefficient", "judge_calls"):
             if key in details:
                 console.print(f"  {key}: {json.dumps(details[key])}", highlight=False)
+        records = calls.get(s.session_id, []) if s else []
+        in_traces = sorted(seq for t in traces for seq in t.get("completion_seqs", []))
+        console.print(f"  completion seqs in the trajectory's traces: {in_traces}", highlight=False)
+        console.print("  the session's records (polar.completions.<session>):", highlight=False)
+        for rec in records:
+            console.print(f"    {record_line(rec)}", highlight=False)
     judged, garbage = runs
     ok = (
         abs((judged.session.reward or 0) - 1.45) < 1e-9
         and garbage.trajectory.get("eval_status") == "error"
+        and all(judge_records_apart(r, calls) for r in runs)
     )
     return 0 if ok else 1
+
+
+async def model_calls(topo, session_ids: list[str]) -> dict[str, list]:
+    """Each session's CompletionRecords, as the dashboard reads them."""
+    from services.builder.completions import read_completions
+    from services.common.bus import Bus
+
+    bus = await Bus.open(topo.nats_url, "polar-example", declare=False)
+    try:
+        return {sid: (await read_completions(bus, sid))[0] for sid in session_ids}
+    finally:
+        await bus.close()
+
+
+def record_line(rec) -> str:
+    reply = json.loads(bytes(rec.reply)) if bytes(rec.reply) != b"null" else None
+    text = (reply or {}).get("content") or ""
+    return (
+        f"seq {rec.seq}: side_call {rec.side_call}, model {rec.model!r}, "
+        f"tokens {len(rec.output_ids)} out, error {rec.error}, reply {text[-60:]!r}"
+    )
+
+
+def judge_records_apart(run, calls: dict[str, list]) -> bool:
+    """The judge's calls are the session's last records, tagged, in no trace."""
+    if run.session is None:
+        return False
+    records = calls.get(run.session.session_id, [])
+    judge = {r.seq for r in records if r.side_call == "judge"}
+    harness = {r.seq for r in records if r.side_call != "judge"}
+    in_traces = {q for t in run.trajectory.get("traces", []) for q in t.get("completion_seqs", [])}
+    return bool(judge) and min(judge) > max(harness, default=-1) and not judge & in_traces
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from services.evaluator.config import EvaluatorConfig
 from services.evaluator.logic import Action
 from services.evaluator.records import EvalRecords
 from services.evaluator.runtimes import EvalRuntimes
+from services.evaluator.sidecalls import SessionSideCalls
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,11 @@ class EvaluatorService:
             return EvalResult.error(str(exc))
         kind = logic.runtime_kind(evaluator.needs_runtime, spec.runtime)
         ctx = EvalContext(
-            trajectory=trajectory, artifacts=event.artifacts, task=task, config=dict(spec.config)
+            trajectory=trajectory,
+            artifacts=event.artifacts,
+            task=task,
+            config=dict(spec.config),
+            side_calls=SessionSideCalls(self.bus, self.registry.redis, event.session_id),
         )
         if kind is None:
             return await run_evaluator(evaluator, ctx, spec.timeout_seconds, spec.name)

@@ -189,11 +189,14 @@ def test_trl_grpo_trainer_learns_through_polar(stack, tmp_path):
     # each step sampled with the weights of the step before (on-policy through Polar)
     for i, row in enumerate(seen):
         assert all(v == [str(row["step"])] for v in row["versions"]), (i, row)
-    # the tiny policy sometimes settles on one answer early (no reward variance left, so
-    # no more gradient): every run measured rose, by 0.06 to 0.9 (docs/training.md)
+    # the tiny policy sometimes settles on one answer within two or three steps (no reward
+    # variance left, so no more gradient): compared with the untrained weights' own step
+    # (0.09-0.16 measured), not a window of early steps that a fast collapse already
+    # fills with its final value; every run measured ended 0.12 to 0.9 higher
+    # (docs/training.md)
     k = max(3, steps // 4)
-    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-    assert last > first + 0.05, record
+    untrained, last = rewards[0], sum(rewards[-k:]) / k
+    assert last > untrained + 0.05, record
 
 
 @dataclasses.dataclass

@@ -2,7 +2,8 @@
 
 Reasons:
   first                 the first main-loop chain of the session
-  side_call:<tag>       the proxy marked the call (title, router, count_tokens, probe)
+  side_call:<tag>       the call was marked (title, router, count_tokens, probe; judge:
+                        an evaluator's, recorded after the build, seen only in a rebuild)
   side_call:compaction  the call that wrote the summary a later ``compaction`` chain starts
                         from (its sampled output reappears in that chain's first prompt),
                         whatever the proxy tagged it: Codex's summarization request has no

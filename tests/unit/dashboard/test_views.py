@@ -5,7 +5,8 @@ import random
 import msgspec
 import orjson
 
-from schemas import Artifacts, Outcome, Timings, Trace, VersionSpan
+from evaluators.rubric import JudgeReply, judge_record
+from schemas import Artifacts, Outcome, Timings, Trace, Trajectory, VersionSpan
 from services.dashboard import views
 from services.dashboard.index import SessionIndex, SessionRow
 from tests.unit.builder.synth import Capture, agent_loop, opening, text
@@ -107,6 +108,26 @@ def test_session_view_lists_calls_with_timings_tools_and_markup_as_plain_text():
     assert v["artifacts"]["logs"]["agent.log"]["text"] == evil
     assert v["verdict"]["eval_reason"] == evil
     assert [s["state"] for s in v["spans"]] == ["RUNNING", "POSTRUN"]
+
+
+def test_a_judges_call_is_listed_last_and_rebuilt_as_an_untrainable_side_call():
+    records = records_with_a_break()  # the harness's calls 0..3
+    judged = Trajectory(
+        session_id="t-0000", task_id="t", outcome=Outcome.COMPLETED, builder="x", traces=[]
+    )
+    body = {"model": "judge", "messages": [{"role": "user", "content": "# Rubric ..."}]}
+    reply = JudgeReply("SCORE: 7", "judge-7b", "stop")
+    records.append(judge_record(judged, 4, body, 1.0, reply))
+    row = SessionRow(session_id="t-0000", task_id="t", state="COMPLETED")
+    v = views.session_view(row, records, [], Artifacts(), None, now=5.0)
+    c = v["calls"][-1]
+    assert (c["seq"], c["side_call"], c["tokens_in"], c["tokens_out"]) == (4, "judge", 0, 0)
+    assert "SCORE: 7" in c["reply"]["text"] and "# Rubric" in c["request"]["text"]
+    for builder in ("per_request", "prefix_merging"):
+        traces = views.rebuild(records, builder, Outcome.COMPLETED)
+        (side,) = [t for t in traces if t.side_call == "judge"]
+        assert not side.trainable and side.completion_seqs == [4]
+        assert all(t.trainable for t in traces if t.side_call is None)
 
 
 def test_task_view_timelines_and_a_group_with_no_variance():

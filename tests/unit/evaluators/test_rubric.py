@@ -1,17 +1,19 @@
 """``rubric``: an LLM judge over real HTTP (a loopback OpenAI-compatible server): the
 score per trace, mixed into a base evaluator's reward with the coefficient, the judge's
-calls kept as side calls; a judge that times out, errors or answers garbage is an
-explicit evaluator error, never a 0."""
+calls recorded as the session's side calls (answered or failed); a judge that times out,
+errors or answers garbage, or a call that cannot be recorded, is an explicit evaluator
+error, never a 0."""
 
 import asyncio
 
+import msgspec
 import orjson
 import pytest
 
-from evaluators.base import EvalContext
+from evaluators.base import EvalContext, EvaluatorError
 from evaluators.registry import create_evaluator, default_registry, run_evaluator
 from evaluators.rubric import Rubric, parse_score
-from schemas import Artifacts, Outcome, TaskRequest, Trace, Trajectory
+from schemas import Artifacts, CompletionRecord, Outcome, TaskRequest, Trace, Trajectory
 from services.evaluator import logic
 from tests.helpers.http_sink import JsonServer
 
@@ -33,13 +35,37 @@ def trace(answer: str, side_call: str | None = None, i: int = 0) -> Trace:
     )
 
 
-def context(traces, url: str, **config) -> EvalContext:
+class KeptSideCalls:
+    """``SideCalls`` in memory: numbers after ``numbered`` harness calls, keeps records;
+    ``broken`` commits nothing (a bus that refuses), giving the number back."""
+
+    def __init__(self, numbered: int = 0, broken: bool = False) -> None:
+        self.next, self.broken = numbered, broken
+        self.records: list[CompletionRecord] = []
+
+    async def number(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+    async def commit(self, record: CompletionRecord) -> None:
+        if self.broken:
+            self.next -= 1
+            raise EvaluatorError("the side call's record was not committed: bus down")
+        self.records.append(record)
+
+
+def context(traces, url: str, side_calls=None, **config) -> EvalContext:
     traj = Trajectory(
-        session_id="s", task_id="t", outcome=Outcome.COMPLETED, builder="x", traces=traces
-    )
+        session_id="s", task_id="t", attempt=1, outcome=Outcome.COMPLETED, builder="x",
+        traces=traces,
+    )  # fmt: skip
     task = TaskRequest(instruction="Fix calc.py", task_id="t")
     cfg = {"url": url, "model": "judge", "rubric": RUBRIC, **config}
-    return EvalContext(traj, Artifacts(), task, cfg)
+    return EvalContext(traj, Artifacts(), task, cfg, side_calls=side_calls)
+
+
+def conversation(rec: CompletionRecord) -> tuple[dict, dict | None]:
+    return msgspec.json.decode(rec.normalized), msgspec.json.decode(rec.reply)
 
 
 def judge_answering(reply_for):
@@ -210,3 +236,72 @@ def test_registered_and_scored_trajectory_keeps_trace_rewards():
     # the judge calls survive the kept result (the evaluator service stores it)
     back = logic.decode_result(logic.encode_result(result))
     assert orjson.loads(orjson.dumps(back.details["judge_calls"]))[0]["side_call"] == "judge"
+
+
+def test_judge_calls_are_the_sessions_side_call_records():
+    kept = KeptSideCalls(numbered=3)  # the harness made calls 0, 1, 2
+
+    async def go():
+        async with judge_answering(score_by_answer) as judge:
+            traces = [trace("I fixed add()", i=0), trace("t", "title", i=1), trace("no", i=2)]
+            ctx = context(traces, judge.url + "/v1", side_calls=kept)
+            return await run_evaluator(Rubric(), ctx, 10.0, "rubric")
+
+    result = asyncio.run(go())
+    assert result.status == "ok", result.reason
+    # one record per judged trace, numbered after the harness's calls, tagged, of the
+    # judged session's attempt; each result entry names its record
+    assert [r.seq for r in kept.records] == [3, 4]
+    assert [c["seq"] for c in result.details["judge_calls"]] == [3, 4]
+    assert {(r.session_id, r.attempt, r.side_call, r.model) for r in kept.records} == {
+        ("s", 1, "judge", "judge")
+    }
+    conv, reply = conversation(kept.records[0])
+    assert RUBRIC in conv["messages"][-1]["content"] and "I fixed add()" in str(conv)
+    assert reply == {"role": "assistant", "content": "Looks right.\nSCORE: 8"}
+    assert msgspec.json.decode(kept.records[0].raw_request)["model"] == "judge"
+    # nothing sampled by the judge is in any record as tokens: nothing to train on
+    assert all(not r.output_ids and not r.prompt_ids and not r.void for r in kept.records)
+
+
+def test_failed_and_garbage_judge_calls_are_recorded_and_still_errors():
+    async def go():
+        routes = {
+            ("POST", "/bad/v1/chat/completions"): lambda _doc: (500, {"error": "overloaded"}),
+            ("POST", "/junk/v1/chat/completions"): lambda _doc: (
+                200, {"choices": [{"message": {"content": "no idea"}}]}
+            ),
+        }  # fmt: skip
+        kept = KeptSideCalls()
+        async with JsonServer(routes) as judge:
+            bad = context([trace("x")], judge.url + "/bad/v1", side_calls=kept)
+            junk = context([trace("x")], judge.url + "/junk/v1", side_calls=kept)
+            a = await run_evaluator(Rubric(), bad, 10.0, "rubric")
+            b = await run_evaluator(Rubric(), junk, 10.0, "rubric")
+        return a, b, kept.records
+
+    failed, garbage, (failed_rec, garbage_rec) = asyncio.run(go())
+    assert failed.status == "error" and "the judge answered HTTP 500" in failed.reason
+    assert failed_rec.void and "HTTP 500" in failed_rec.error  # a call with nothing sampled
+    assert failed_rec.finish_reason == "error" and failed_rec.side_call == "judge"
+    assert garbage.status == "error" and "holds no score" in garbage.reason
+    assert garbage_rec.error is None and conversation(garbage_rec)[1]["content"] == "no idea"
+
+
+def test_a_judge_call_that_cannot_be_recorded_is_an_error():
+    broken = KeptSideCalls(numbered=2, broken=True)
+
+    async def go():
+        async with judge_answering(score_by_answer) as judge:
+            ctx = context([trace("I fixed add()")], judge.url + "/v1", side_calls=broken)
+            ok = await run_evaluator(Rubric(), ctx, 10.0, "rubric")
+            dead = context([trace("x")], "http://127.0.0.1:1/v1", side_calls=broken)
+            return ok, await run_evaluator(Rubric(), dead, 10.0, "rubric")
+
+    answered, unreachable = asyncio.run(go())
+    assert answered.status == "error" and answered.reward is None
+    assert "trace 0 (s/0): the side call's record was not committed" in answered.reason
+    # the judge's own failure stays the first thing said, the lost record after it
+    assert unreachable.status == "error" and "is unreachable" in unreachable.reason
+    assert "record was not committed" in unreachable.reason
+    assert broken.next == 2  # every number given back
