@@ -20,9 +20,10 @@ from google import genai
 from google.genai import types as gt
 
 from examples.count_stars.images import star_image
-from schemas import CompletionRecord, ImageSpan, decode
+from schemas import CompletionRecord, ImageSpan, Outcome, decode
 from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
+from services.builder.strategies.prefix_merging import PrefixMerging
 from services.common.registry import Registry
 from services.common.tokenization.images import image_digest
 from services.engine.vision import place_images, preprocess
@@ -208,3 +209,46 @@ async def test_an_image_the_proxy_cannot_pass_on_is_a_400_in_the_callers_protoco
             max_tokens=2,
             messages=[{"role": "user", "content": [{"type": "image", "source": not_an_image}]}],
         )
+
+
+async def test_a_merged_image_trace_recomputes_to_its_captured_logprobs(
+    proxy, bus, redis_client, model
+):
+    """Two turns, an image in each: the second call extends the first token for token,
+    the merged trace names both images at their places, and a teacher-forced pass over
+    the whole trace with the images read back by digest gives every sampled logprob."""
+    (session,) = await running_session(Registry(redis_client), "img-trace")
+    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/s/{session.token}/v1", api_key="x")
+
+    def turn(image: bytes, text: str) -> dict:
+        part = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(image)}}
+        return {"role": "user", "content": [part, {"type": "text", "text": text}]}
+
+    messages = [turn(FIVE, QUESTION)]
+    first = await client.chat.completions.create(model="m", messages=messages, max_tokens=6)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        turn(THREE, "And in this one?"),
+    ]
+    await client.chat.completions.create(model="m", messages=messages, max_tokens=6)
+    recs = await records(bus, session.session_id, 2)
+    assert recs[1].extends_previous is True
+    (trace,), *_ = PrefixMerging().build(recs, {}, Outcome.COMPLETED)
+    assert [im.digest for im in trace.images] == [image_digest(FIVE), image_digest(THREE)]
+    tokens = trace.prompt_ids + trace.response_ids
+    pad = model.config.vision.image_token_id
+    assert all(tokens[im.start : im.start + im.length] == [pad] * 16 for im in trace.images)
+    blobs = await bus.blobs()
+    data = [(await blobs.get(S.image_object(im.digest))).data for im in trace.images]
+    size = model.config.vision.image_size
+    with torch.no_grad():
+        embeds = model.encode_images(torch.stack([preprocess(d, size) for d in data]))
+        placed = place_images([(im.start, im.length) for im in trace.images], embeds)
+        start = len(trace.prompt_ids)
+        got = model.sequence_logprobs([tokens], [start], [placed])[0].tolist()
+    sampled = [
+        (g, c) for g, c, m in zip(got, trace.response_logprobs, trace.loss_mask, strict=True) if m
+    ]
+    diff = max(abs(g - c) for g, c in sampled)
+    print(f"merged image trace: {len(sampled)} sampled tokens, max |Δ| {diff:.1e}")
+    assert len(sampled) == sum(len(r.output_ids) for r in recs) and diff <= MATCH

@@ -9,7 +9,7 @@ from proxy.backends.base import BackendError, ErrorKind, TokenRequest
 from proxy.backends.vllm import VLLMBackend
 from proxy.errors import ProtocolError
 from proxy.images import images_by_digest, messages_by_digest, place, read_images
-from proxy.tito import same_message
+from proxy.tito import TurnState, pack, plan_token_prompt, same_message, tools_key
 from schemas import ImageSpan
 from services.common.tokenization import ChatTokenizer
 from services.common.tokenization.images import image_digest
@@ -79,3 +79,25 @@ async def test_vllm_token_mode_refuses_images_naming_chat_mode():
         await backend.generate(request)
     assert exc.value.status == 400 and exc.value.kind is ErrorKind.UNSUPPORTED
     await backend.aclose()
+
+
+def test_a_second_turn_with_a_new_image_extends_the_first_token_for_token():
+    tok = ChatTokenizer.load(vision_model_dir())
+    first = [user(PNG_A)]
+    prompt = tok.render_ids(first)
+    reply = {"role": "assistant", "content": "5"}
+    output = tok.encode(tok.assistant_reply_text(reply))
+    turn = TurnState(
+        seq=0, messages=first, reply=reply, tools_key=tools_key(None),
+        prompt=pack(prompt), output=pack(output),
+    )  # fmt: skip
+    second = [*first, reply, user(PNG_B, text="and now?")]
+    plan = plan_token_prompt(tok, second, None, [turn])
+    assert plan.extends is True and plan.prompt_ids[: len(prompt + output)] == prompt + output
+    assert plan.prompt_ids == tok.render_ids(second)  # the same ids as rendering it whole
+    images = read_images([url(PNG_A), url(PNG_B)])
+    a, b = place(plan.prompt_ids, tok, images)
+    assert a.start < len(prompt) < b.start and b.length == 16
+    # the same turn with the first image swapped extends nothing
+    swapped = [user(PNG_B), reply, user(PNG_B, text="and now?")]
+    assert plan_token_prompt(tok, swapped, None, [turn]).extends is False
