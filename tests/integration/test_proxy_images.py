@@ -5,7 +5,7 @@ through the proxy to the embedded engine serving the tiny vision model. Each cal
 record names the image by digest at its token span in the prompt, the bytes are in the
 object store under that digest, and a teacher-forced pass of the model over the
 captured tokens, with the stored image, gives the captured logprobs (another image
-does not: the engine read this one).
+does not: the engine read this one), for single calls and for a merged two-image trace.
 """
 
 import base64
