@@ -110,6 +110,18 @@ def place(
     )
 
 
+def place_sampled(
+    prompt_ids: list[int], tok: ChatTokenizer | None, images: list[PromptImage]
+) -> tuple[ImageSpan, ...]:
+    """``place`` for a prompt the engine templated and already sampled from (chat mode):
+    one the proxy's tokenizer cannot read costs the spans (start -1), not the call."""
+    try:
+        return place(prompt_ids, tok, images)
+    except ProtocolError as exc:
+        log.warning("images of a chat-mode call not placed: %s", exc)
+        return place(prompt_ids, None, images)
+
+
 class ImageStore:
     """Image bytes in the object store, by digest (``subjects.image_object``)."""
 

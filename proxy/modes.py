@@ -20,7 +20,7 @@ from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRe
 from proxy.capture import CallContext
 from proxy.conversation import AssistantTurn, ToolCall, Usage
 from proxy.errors import ProtocolError
-from proxy.images import ImageStore, place
+from proxy.images import ImageStore, place, place_sampled
 from proxy.io.serving import after_reply
 from proxy.tito import PromptPlan, TurnState, head_text, judge_chat_prompt, plan_token_prompt
 from schemas import UpstreamMode
@@ -183,7 +183,7 @@ class ChatMode:
         )
         plan = judge_chat_prompt(gen.prompt_ids, messages, tools, states, request.key)
         if images:
-            plan = dataclasses.replace(plan, images=place(gen.prompt_ids, self.tok, images))
+            plan = dataclasses.replace(plan, images=place_sampled(gen.prompt_ids, self.tok, images))
         return plan, gen
 
     def aborted_plan(

@@ -8,7 +8,7 @@ import pytest
 from proxy.backends.base import BackendError, ErrorKind, TokenRequest
 from proxy.backends.vllm import VLLMBackend
 from proxy.errors import ProtocolError
-from proxy.images import images_by_digest, messages_by_digest, place, read_images
+from proxy.images import images_by_digest, messages_by_digest, place, place_sampled, read_images
 from proxy.tito import TurnState, pack, plan_token_prompt, same_message, tools_key
 from schemas import ImageSpan
 from services.common.tokenization import ChatTokenizer
@@ -101,3 +101,11 @@ def test_a_second_turn_with_a_new_image_extends_the_first_token_for_token():
     # the same turn with the first image swapped extends nothing
     swapped = [user(PNG_B), reply, user(PNG_B, text="and now?")]
     assert plan_token_prompt(tok, swapped, None, [turn]).extends is False
+
+
+def test_a_sampled_prompt_the_proxy_cannot_read_loses_its_spans_not_the_call():
+    tok = ChatTokenizer.load(vision_model_dir())
+    ids = tok.render_ids([user(PNG_A)])
+    images = read_images([url(PNG_A), url(PNG_B)])  # one more than the engine's prompt holds
+    assert [s.start for s in place_sampled(ids, tok, images)] == [-1, -1]
+    assert place_sampled(ids, tok, images[:1]) == place(ids, tok, images[:1])
