@@ -210,7 +210,7 @@ class CompletionHandler:
                 raise failed
             state = TurnState(
                 seq=seq,
-                messages=request.messages,
+                messages=request.state_messages(),
                 reply=message,
                 tools_key=request.key,
                 prompt=pack(plan.prompt_ids),
@@ -280,7 +280,7 @@ class _Request:
 
     __slots__ = (
         "conv", "protocol", "raw", "headers", "messages", "tools", "key", "normalized",
-        "side_call", "prompt_ids", "rejected", "broken", "image_urls", "_images",
+        "side_call", "prompt_ids", "rejected", "broken", "image_urls", "_images", "_by_digest",
     )  # fmt: skip
 
     def __init__(
@@ -296,6 +296,7 @@ class _Request:
         self.broken: Exception | None = None  # converting it failed (a bug)
         self.image_urls: list[str] = []
         self._images: list[PromptImage] | None = None
+        self._by_digest: list[dict] | None = None
 
     def describe(self) -> None:
         """What the call's record and prompt are made from (raises on a converter bug)."""
@@ -322,9 +323,19 @@ class _Request:
         return images_by_digest(self.raw, self._readable_images()) if self.image_urls else self.raw
 
     def recorded_normalized(self) -> bytes:
-        if not self.image_urls or not (images := self._readable_images()):
+        if not self.image_urls or not self._readable_images():
             return self.normalized
-        return capture.normalized_json(messages_by_digest(self.messages, images), self.tools)
+        return capture.normalized_json(self.state_messages(), self.tools)
+
+    def state_messages(self) -> list[dict]:
+        """The messages as TITO states keep and compare them: images by digest (they
+        render to the same placeholder; the bytes would be stored in every state).
+        Raises ProtocolError for an image that is not inline data."""
+        if not self.image_urls:
+            return self.messages
+        if self._by_digest is None:
+            self._by_digest = messages_by_digest(self.messages, self.read_images())
+        return self._by_digest
 
 
 def _failure(exc: Exception) -> str:

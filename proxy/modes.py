@@ -111,7 +111,7 @@ class TokenMode:
         try:
             plan = plan_token_prompt(
                 self.tok,
-                request.messages,
+                request.state_messages(),  # a bad image: its 400 before any rendering
                 request.tools,
                 states,
                 request.key,
@@ -181,7 +181,9 @@ class ChatMode:
                 model=ctx.model,
             )
         )
-        plan = judge_chat_prompt(gen.prompt_ids, messages, tools, states, request.key)
+        plan = judge_chat_prompt(
+            gen.prompt_ids, request.state_messages(), tools, states, request.key
+        )
         if images:
             plan = dataclasses.replace(plan, images=place_sampled(gen.prompt_ids, self.tok, images))
         return plan, gen

@@ -233,6 +233,10 @@ async def test_a_merged_image_trace_recomputes_to_its_captured_logprobs(
     await client.chat.completions.create(model="m", messages=messages, max_tokens=6)
     recs = await records(bus, session.session_id, 2)
     assert recs[1].extends_previous is True
+    # the session's TITO states name the images by digest too: no bytes in Redis
+    states = await redis_client.lrange(S.key_tito(session.session_id, 0), 0, -1)
+    assert states and not any(b64(FIVE)[:64].encode() in st for st in states)
+    assert all(image_digest(FIVE).encode() in st for st in states)
     (trace,), *_ = PrefixMerging().build(recs, {}, Outcome.COMPLETED)
     assert [im.digest for im in trace.images] == [image_digest(FIVE), image_digest(THREE)]
     tokens = trace.prompt_ids + trace.response_ids
