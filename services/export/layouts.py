@@ -15,6 +15,10 @@ int, numbered per export in the order tasks first appear), since a session's rew
 (and so its advantage) applies to each of its traces. ``sample_index`` is the session's
 place in its group, ``trace_index`` the trace's place in its session (per-trace rewards
 group by ``(group_id, trace_index)``), and ``index`` numbers rows uniquely.
+
+A trace that holds images adds ``images`` to its row (sft: at the top, slime: in
+``metadata``): ``[digest, start, length]`` per image, positions in ``tokens``; the bytes
+are in the object store under ``subjects.image_object(digest)``.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ def sft_rows(
             "tokens": [*tr.prompt_ids, *tr.response_ids],
             "loss_mask": [0] * len(tr.prompt_ids) + list(tr.loss_mask),
             "prompt_length": len(tr.prompt_ids),
+            **_images(tr),
         }
         for tr in t.traces
         if _trainable(tr)
@@ -114,11 +119,17 @@ def slime_rows(
                 "break_reason": tr.break_reason,
                 "builder": t.builder,
                 "version_spans": [[s.version, s.start, s.end] for s in tr.version_spans],
+                **_images(tr),
             },
         }
         for position, tr in enumerate(t.traces)
         if _trainable(tr)
     ]
+
+
+def _images(tr: Trace) -> dict[str, list]:
+    """The trace's images, when it has any (text rows keep their columns)."""
+    return {"images": [[i.digest, i.start, i.length] for i in tr.images]} if tr.images else {}
 
 
 LAYOUTS: dict[str, Callable[..., list[Row]]] = {"sft": sft_rows, "slime": slime_rows}

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 PARQUET_HINT = "Parquet needs pyarrow: pip install 'polar-rollout[export]'"
-JSON_COLUMNS = frozenset({"messages", "tools", "metadata"})
+JSON_COLUMNS = frozenset({"messages", "tools", "metadata", "images"})
 BATCH_ROWS = 1024
 
 
@@ -36,7 +36,7 @@ def parquet_schema(layout: str) -> Any:
             ("session_id", pa.string()), ("task_id", pa.string()), ("attempt", pa.int64()),
             ("trace_id", pa.string()), ("reward", pa.float64()), ("messages", pa.string()),
             ("tools", pa.string()), ("tokens", ints), ("loss_mask", mask),
-            ("prompt_length", pa.int64()),
+            ("prompt_length", pa.int64()), ("images", pa.string()),  # null: no images
         ]  # fmt: skip
     elif layout == "slime":
         fields = [

@@ -13,7 +13,10 @@ longest and gives, per row (all ``[batch, max_len]``):
 
 Logprob ``i`` belongs to the token at position ``i``: the model's prediction for it is
 read off the logits at ``i - 1`` (shift the logits, not the targets). ``rewards`` (one
-per trace, 0.0 where None) comes along when asked.
+per trace, 0.0 where None) comes along when asked. When any trace holds images,
+``images`` lists per row its ``Trace.images`` (digest, start, length: the row's
+positions, padding being on the right), for a multimodal trainer to put each image's
+embeddings there (bytes: ``subjects.image_object(digest)``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def collate(traces: Sequence[Trace], pad_id: int, *, with_rewards: bool = False)
         "logprobs": logprobs,
         "position_ids": torch.arange(width).expand(shape).clone(),
     }
+    if any(t.images for t in traces):
+        out["images"] = [list(t.images) for t in traces]
     if with_rewards:
         out["rewards"] = torch.tensor([t.reward or 0.0 for t in traces], dtype=torch.float32)
     return out

@@ -4,7 +4,7 @@ import msgspec
 import orjson
 import pytest
 
-from schemas import Outcome, Trace, Trajectory
+from schemas import ImageSpan, Outcome, Trace, Trajectory
 from services.export.layouts import Numbering, sft_rows, slime_rows
 from services.export.writers import ExportError, JsonlWriter, ParquetWriter
 
@@ -142,3 +142,19 @@ def test_sft_rows_carry_the_tools():
     t = scored(traces=[msgspec.structs.replace(trace(0), tools=tools)])
     (row,) = sft_rows(t)
     assert row["tools"] == tools
+
+
+def test_a_trace_with_images_names_them_in_its_rows(tmp_path):
+    image = ImageSpan(digest="sha256:ab", start=1, length=1)
+    with_image = msgspec.structs.replace(trace(0), images=[image])
+    t = scored(traces=[with_image, trace(1)])
+    sft, slime = sft_rows(t), slime_rows(t)
+    assert sft[0]["images"] == [["sha256:ab", 1, 1]] and "images" not in sft[1]
+    assert slime[0]["metadata"]["images"] == [["sha256:ab", 1, 1]]
+    assert "images" not in slime[1]["metadata"]
+    pq = pytest.importorskip("pyarrow.parquet")
+    w = ParquetWriter(tmp_path / "sft.parquet", "sft")
+    w.write(sft)
+    w.close()
+    back = pq.read_table(tmp_path / "sft.parquet").to_pylist()
+    assert orjson.loads(back[0]["images"]) == [["sha256:ab", 1, 1]] and back[1]["images"] is None

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import pytest
 
-from schemas import Outcome, Trace, Trajectory, VersionSpan
+from schemas import ImageSpan, Outcome, Trace, Trajectory, VersionSpan
 from services.client import Group
 from services.trainer.adapters.collate import collate
 from services.trainer.adapters.rollouts import RolloutError, prompt_text, task_request
@@ -136,5 +137,15 @@ def test_collate_pads_with_attention_and_loss_masks():
     assert batch["logprobs"].tolist() == [[0, 0, -0.5, 0, -0.5], [0, -0.5, 0, 0, 0]]
     assert batch["position_ids"].tolist() == [list(range(5))] * 2
     assert torch.equal(batch["rewards"], torch.tensor([1.0, 0.0]))
+    assert "images" not in batch  # text traces: no images key
     with pytest.raises(ValueError, match="at least one"):
         collate([], pad_id=0)
+
+
+def test_collate_carries_each_rows_images_at_their_positions():
+    pytest.importorskip("torch")
+    image = ImageSpan(digest="sha256:ab", start=1, length=1)
+    a = msgspec.structs.replace(trace(0, [1, 9, 2], [5], [1]), images=[image])
+    batch = collate([a, trace(1, [3], [8], [1])], pad_id=0)
+    assert batch["images"] == [[image], []]
+    assert batch["input_ids"][0, image.start].item() == 9
