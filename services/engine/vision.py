@@ -90,7 +90,8 @@ def init_vision_weights(
         "visual.patch_embed.weight": normal(hidden, config.patch_dim, std=config.patch_dim**-0.5),
         "visual.patch_embed.bias": normal(hidden, std=0.02),
         "visual.pos_embed": normal(config.tokens_per_image, hidden, std=0.5),
-        "visual.merger.weight": normal(hidden, hidden, std=0.35 * hidden**-0.5 * 2),
+        # gelu outputs are ~0.5 a component: 0.7/sqrt(hidden) brings a row to ~0.35
+        "visual.merger.weight": normal(hidden, hidden, std=0.7 * hidden**-0.5),
         "visual.merger.bias": normal(hidden, std=0.02),
     }
 

@@ -7,7 +7,8 @@ Pure and server-free, and shared: the proxy (token mode) and the embedded engine
     prompt_ids = tok.render_ids(messages, tools)          # OpenAI-shaped messages
     reply = tok.parse_reply(output_ids, tools)            # reasoning, content, tool calls
 
-Messages are OpenAI chat dicts: ``role``, ``content`` (string or text parts),
+Messages are OpenAI chat dicts: ``role``, ``content`` (string or text parts; image
+parts for a vision model, ``images.py``),
 ``tool_calls`` (``[{id, type, function: {name, arguments}}]``), ``tool_call_id``,
 ``reasoning_content``.
 """
