@@ -8,6 +8,7 @@ call is read from ``Generation.worker`` (its base URL, i.e. its port).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -28,6 +29,9 @@ from schemas.completion import UpstreamMode
 SESSIONS = [f"session-{i:02d}" for i in range(30)]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4)
 START_TIMEOUT_S = 90.0
+# a call answers in well under a second here; a stuck one fails the test at once with the
+# workers' logs (a CI run once sat out pytest's 300 s on one, with nothing to read)
+CALL_TIMEOUT = {"http": {"timeout_s": 60.0}}
 
 
 @pytest.fixture(scope="module")
@@ -52,32 +56,42 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def workers(model_dir):
+def workers(model_dir, tmp_path_factory):
     procs: list[subprocess.Popen] = []
     urls: list[str] = []
+    logs = tmp_path_factory.mktemp("worker-logs")
     try:
-        for _ in range(3):
+        for i in range(3):
             port = free_port()
             cmd = [sys.executable, "-m", "services.engine", "--model-dir", str(model_dir)]
             cmd += ["--port", str(port), "--weight-version", "1"]
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    start_new_session=True,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+            with open(logs / f"worker-{i}.log", "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        cmd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+                    )
                 )
-            )
             urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + START_TIMEOUT_S
         while not all(_healthy(u) for u in urls):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 pytest.fail(f"embedded workers did not start: {[p.poll() for p in procs]}")
             time.sleep(0.3)
-        yield procs, urls
+        yield procs, urls, logs
     finally:
         for proc in procs:
             _stop(proc)
+
+
+@contextlib.contextmanager
+def logs_on_failure(logs):
+    """A failing test prints what the workers said (into its captured output)."""
+    try:
+        yield
+    except BaseException:
+        for path in sorted(logs.iterdir()):
+            print(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}")
+        raise
 
 
 async def route_all(pool: BackendPool, prompt: list[int]) -> dict[str, str]:
@@ -92,8 +106,13 @@ async def route_all(pool: BackendPool, prompt: list[int]) -> dict[str, str]:
 
 
 async def test_weight_update_control_reaches_every_worker(workers, model_dir):
-    _, urls = workers
-    pool = make_pool("embedded", urls, modes=(UpstreamMode.TOKEN,))
+    _, urls, logs = workers
+    pool = make_pool("embedded", urls, modes=(UpstreamMode.TOKEN,), settings=CALL_TIMEOUT)
+    with logs_on_failure(logs):
+        await _control_reaches_every_worker(pool, urls, model_dir)
+
+
+async def _control_reaches_every_worker(pool, urls, model_dir):
     try:
         assert (await pool.probe()).workers == 3
         await pool.pause()
@@ -116,8 +135,13 @@ async def test_weight_update_control_reaches_every_worker(workers, model_dir):
 
 
 async def test_affinity_survives_a_killed_worker(workers):
-    procs, urls = workers
-    pool = make_pool("embedded", urls)
+    procs, urls, logs = workers
+    pool = make_pool("embedded", urls, settings=CALL_TIMEOUT)
+    with logs_on_failure(logs):
+        await _affinity_survives_a_killed_worker(pool, procs, urls)
+
+
+async def _affinity_survives_a_killed_worker(pool, procs, urls):
     try:
         caps = await pool.probe()
         assert caps.workers == 3 and caps.chat_token_ids and caps.token_mode
