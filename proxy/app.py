@@ -13,8 +13,9 @@ after ``QUICK_SECONDS``) cancels it (it sees ``CancelledError``). Streams: the w
 sequence is sent once the answer is there; a call still running after
 ``keepalive_seconds`` gets its stream started by a pump that sends protocol-legal
 keep-alives until then (a failure then becomes the protocol's in-stream error; before,
-it keeps its real status). The protocols' POST routes are answered by ``proxy.io.serving``
-before litestar's router (fewer layers); litestar serves everything else.
+it keeps its real status). ``proxy.io.serving`` routes and serves every request, the
+operator's routes (``OperatorRoute``: health, metrics, admin) too; their failures, and
+unknown paths and wrong methods, answer in the one error body every SDK reads.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from typing import Any, TypeVar
 
 import msgspec
 import orjson
-from litestar import Litestar, Request, Response
-from litestar.exceptions import HTTPException
 from msgspec import Struct
 
 from proxy.conversation import AssistantTurn, Conversation, TextPart
@@ -37,10 +36,12 @@ from proxy.io.serving import (
     BodyTooLarge,
     CallRequest,
     ClientGone,
-    ProtocolRoutes,
+    OperatorRoute,
     ProxyApp,
+    ProxyRoutes,
     Reply,
     RequestHead,
+    Served,
 )
 from proxy.protocols import PROTOCOLS, Endpoint, ProtocolSpec, ReplyIds, Route
 from proxy.protocols import models as generic
@@ -107,10 +108,10 @@ def create_app(
     unused_call: UnusedCall | None = None,
     max_body_bytes: int = 16 * 1024 * 1024,
     keepalive_seconds: float = 10.0,
-    route_handlers: Sequence[Any] = (),
+    operator_routes: Sequence[OperatorRoute] = (),
     protocols: Sequence[ProtocolSpec] = PROTOCOLS,
     lifespan: Sequence[Any] = (),
-) -> Litestar:
+) -> ProxyApp:
     proxy = _Proxy(
         completion_handler,
         session_resolver,
@@ -119,26 +120,17 @@ def create_app(
         max_body_bytes,
         keepalive_seconds,
     )
-    app = ProxyApp(  # the operator's routes; the harnesses' are ``ProtocolRoutes``
-        list(route_handlers),
-        request_max_body_size=None,  # enforced here, so the 413 is in the caller's protocol
-        openapi_config=None,
-        exception_handlers={HTTPException: _http_exception, Exception: _unexpected_exception},
-        lifespan=list(lifespan),
-        logging_config=service_logging(),
+    service_logging().configure()
+    served = Served(
+        call=proxy.serve,
+        head=proxy.serve_head,
+        operator=proxy.serve_operator,
+        wrong_method=generic_error(ErrorKind.BAD_REQUEST, "Method Not Allowed", 405),
+        not_found=generic_error(ErrorKind.NOT_FOUND, "Not Found"),
+        probe=Reply(200),  # empty, as the CLIs that send them expect
     )
-    wrong_method = json_response(
-        *generic.error_body(ErrorKind.BAD_REQUEST, "Method Not Allowed", None, 405)
-    )
-    app.hot = ProtocolRoutes(
-        proxy.serve,
-        proxy.serve_head,
-        protocols,
-        wrong_method,
-        probes=PROBE_PATHS,
-        probe_reply=Reply(200),  # as litestar answered them: empty, 200
-    )
-    return app
+    routes = ProxyRoutes(served, protocols, operator_routes, probes=PROBE_PATHS)
+    return ProxyApp(routes, lifespan)
 
 
 class _Proxy:
@@ -167,6 +159,21 @@ class _Proxy:
         except Exception:
             log.exception("unexpected error serving %s %s", r.method, r.path)  # no token in logs
             return error_response(spec, ErrorKind.INTERNAL, "internal error in the proxy")
+
+    async def serve_operator(self, _spec: None, r: OperatorRoute, request: CallRequest) -> Reply:
+        """An operator's route (health, metrics, admin): its own answer, or the generic
+        error body for what it left unanswered."""
+        try:
+            return await r.answer(request)
+        except BodyTooLarge:
+            reply = generic_error(ErrorKind.TOO_LARGE, "request body is too large", 413)
+            reply.close = True  # the rest of the body is still on its way
+            return reply
+        except ClientGone:
+            return Reply(499)
+        except Exception:
+            log.exception("unexpected error serving %s %s", r.method, r.path)
+            return generic_error(ErrorKind.INTERNAL, "internal error in the proxy")
 
     async def serve(self, spec: ProtocolSpec, r: Route, request: CallRequest) -> Reply:
         unread = False  # a body over the limit is left unread
@@ -421,12 +428,6 @@ def json_response(status: int, body: Any) -> Reply:
     return Reply(status, orjson.dumps(body))
 
 
-def to_litestar(reply: Reply) -> Response[Any]:
-    return Response(
-        reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers
-    )
-
-
 def error_response(
     spec: ProtocolSpec, kind: ErrorKind, message: str, param: str | None = None
 ) -> Reply:
@@ -434,18 +435,7 @@ def error_response(
     return json_response(status, body)
 
 
-_KIND_OF_HTTP = {401: ErrorKind.UNAUTHORIZED, 404: ErrorKind.NOT_FOUND, 413: ErrorKind.TOO_LARGE}
-
-
-def _http_exception(request: Request, exc: HTTPException) -> Response[Any]:
-    """Unknown paths, wrong methods: one body every SDK can read, the status kept."""
-    kind = _KIND_OF_HTTP.get(
-        exc.status_code, ErrorKind.BAD_REQUEST if exc.status_code < 500 else ErrorKind.INTERNAL
-    )
-    return to_litestar(json_response(*generic.error_body(kind, exc.detail, None, exc.status_code)))
-
-
-def _unexpected_exception(request: Request, exc: Exception) -> Response[Any]:
-    log.error("unexpected error outside a protocol handler", exc_info=exc)
-    status, body = generic.error_body(ErrorKind.INTERNAL, "internal error in the proxy", None)
-    return to_litestar(json_response(status, body))
+def generic_error(kind: ErrorKind, message: str, status: int | None = None) -> Reply:
+    """An error outside any one protocol (an unknown path, an operator's route): the
+    body every SDK reads."""
+    return json_response(*generic.error_body(kind, message, None, status))

@@ -21,13 +21,9 @@ from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 
 import msgspec
-from litestar import Litestar, Request, Response, Router, get, post
-from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException
-from litestar.handlers import BaseRouteHandler
 
 from proxy import metrics
-from proxy.app import ModelCall, SessionInfo
+from proxy.app import ModelCall, SessionInfo, generic_error, json_response
 from proxy.app import create_app as create_proxy_app
 from proxy.backends.base import BackendCapabilityError, BackendError
 from proxy.backends.base import ErrorKind as BackendKind
@@ -35,18 +31,21 @@ from proxy.backends.factory import engine_settings, make_pool
 from proxy.backends.probe import ProbeIds, not_ready, probe_refused, prompt_ids
 from proxy.capture import SessionStore
 from proxy.config import ProxyConfig
+from proxy.errors import ErrorKind
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.images import ImageStore
 from proxy.io.resp import Resp
+from proxy.io.serving import Answer, CallRequest, OperatorRoute, ProxyApp, Reply
 from proxy.io.spin import POLL
 from proxy.sessions import SessionResolver
 from schemas import UpstreamMode
 from services.common import auth
 from services.common.bus import CLAIM_THRESHOLD
 from services.common.host import ServiceHost
-from services.common.http import ops_routes
+from services.common.http import HealthCheck, health_report
 from services.common.jspub import JetStreamPublisher
+from services.common.metrics import render as render_metrics
 from services.common.settings import load
 from services.common.tokenization import ChatTokenizer
 
@@ -78,45 +77,66 @@ class WeightUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     version: str | None = None
 
 
-def admin_guard(token: str | None):
-    """A litestar guard: admin routes need the configured admin token; a proxy without
-    one keeps them closed (a harness reaches this port: it must not pause the proxy or
-    swap the weights)."""
+ADMIN_BODY_BYTES = 64 * 1024  # a weight update names a path: far below this
 
-    def guard(connection: ASGIConnection, _handler: BaseRouteHandler) -> None:
-        why = auth.refusal(auth.ADMIN, connection.headers, admin_token=token, service="proxy")
+
+def admin_only(token: str | None, answer: Answer) -> Answer:
+    """``answer`` behind the admin token, checked before the body is read; a proxy
+    without one keeps it closed (a harness reaches this port: it must not pause the
+    proxy or swap the weights)."""
+
+    async def guarded(request: CallRequest) -> Reply:
+        why = auth.refusal(auth.ADMIN, request.headers, admin_token=token, service="proxy")
         if why is not None:
-            raise NotAuthorizedException(why)
+            return generic_error(ErrorKind.UNAUTHORIZED, why, 401)
+        return await answer(request)
 
-    return guard
+    return guarded
 
 
-def engine_error(exc: BackendError) -> Response:
+def engine_error(exc: BackendError) -> Reply:
     """An engine's failure as the admin caller's JSON error: a refusal of the request is
     the caller's 4xx, a missing endpoint 501, anything else the engine's fault (502)."""
     status = {BackendKind.BAD_REQUEST: 400, BackendKind.UNSUPPORTED: 501}.get(exc.kind, 502)
     body = {"ok": False, "error": exc.message, "kind": exc.kind.value, "worker": exc.worker}
-    return Response(body, status_code=status)
+    return json_response(status, body)
 
 
-def admin_routes(gate: WeightGate, state: dict) -> list:
-    @post("/admin/pause", status_code=200)
-    async def pause() -> dict:
+def ops_routes(service: str, health: HealthCheck) -> list[OperatorRoute]:
+    """``/healthz`` and Prometheus ``/metrics`` (``services.common.http``'s, as the
+    proxy's router serves them), open to anyone who reaches the port."""
+
+    async def healthz(_request: CallRequest) -> Reply:
+        return json_response(*await health_report(service, health))
+
+    async def metrics_text(_request: CallRequest) -> Reply:
+        body, content_type = render_metrics()
+        return Reply(200, body, content_type)
+
+    return [
+        OperatorRoute("GET", "/healthz", healthz),
+        OperatorRoute("GET", "/metrics", metrics_text),
+    ]
+
+
+def admin_routes(gate: WeightGate, state: dict, token: str | None) -> list[OperatorRoute]:
+    """The trainer's controls (module docstring), each behind ``admin_only``."""
+
+    async def pause(_request: CallRequest) -> Reply:
         metrics.PAUSED.set(1)
-        return {"paused": True, "drained": await gate.pause()}
+        return json_response(200, {"paused": True, "drained": await gate.pause()})
 
-    @post("/admin/resume", status_code=200)
-    async def resume() -> dict:
+    async def resume(_request: CallRequest) -> Reply:
         gate.resume()
         metrics.PAUSED.set(0)
-        return {"paused": False}
+        return json_response(200, {"paused": False})
 
-    @post("/admin/update_weights", status_code=200)
-    async def update_weights(request: Request) -> Response:
+    async def update_weights(request: CallRequest) -> Reply:
         try:
-            body = msgspec.json.decode(await request.body(), type=WeightUpdate)
+            raw = await request.read(ADMIN_BODY_BYTES)
+            body = msgspec.json.decode(raw, type=WeightUpdate)
         except msgspec.DecodeError as exc:
-            return Response({"ok": False, "error": f"bad request: {exc}"}, status_code=400)
+            return json_response(400, {"ok": False, "error": f"bad request: {exc}"})
         await gate.pause()
         metrics.PAUSED.set(1)
         try:
@@ -126,41 +146,34 @@ def admin_routes(gate: WeightGate, state: dict) -> list:
         finally:
             gate.resume()
             metrics.PAUSED.set(0)
-        return Response({"ok": True, "weight_version": version})
+        return json_response(200, {"ok": True, "weight_version": version})
 
-    @get("/admin/weight_version")
-    async def weight_version() -> dict:
-        return {"weight_version": await state["backend"].weight_version()}
+    async def weight_version(_request: CallRequest) -> Reply:
+        return json_response(200, {"weight_version": await state["backend"].weight_version()})
 
     # The engine's control on every worker, for a trainer that runs its own sequence (the
     # proxy's gate is not touched: /admin/pause is that).
-    async def engine_control(op) -> Response:
-        try:
-            await op(state["backend"])
-        except BackendError as exc:
-            return engine_error(exc)
-        return Response({"ok": True})
+    def engine_control(op) -> Answer:
+        async def control(_request: CallRequest) -> Reply:
+            try:
+                await op(state["backend"])
+            except BackendError as exc:
+                return engine_error(exc)
+            return json_response(200, {"ok": True})
 
-    @post("/admin/pause_generation", status_code=200)
-    async def pause_generation() -> Response:
-        return await engine_control(lambda b: b.pause())
+        return control
 
-    @post("/admin/continue_generation", status_code=200)
-    async def continue_generation() -> Response:
-        return await engine_control(lambda b: b.resume())
-
-    @post("/admin/flush_cache", status_code=200)
-    async def flush_cache() -> Response:
-        return await engine_control(lambda b: b.flush_cache())
-
+    routes = [
+        ("POST", "/admin/pause", pause),
+        ("POST", "/admin/resume", resume),
+        ("POST", "/admin/update_weights", update_weights),
+        ("GET", "/admin/weight_version", weight_version),
+        ("POST", "/admin/pause_generation", engine_control(lambda b: b.pause())),
+        ("POST", "/admin/continue_generation", engine_control(lambda b: b.resume())),
+        ("POST", "/admin/flush_cache", engine_control(lambda b: b.flush_cache())),
+    ]
     return [
-        pause,
-        resume,
-        update_weights,
-        weight_version,
-        pause_generation,
-        continue_generation,
-        flush_cache,
+        OperatorRoute(method, path, admin_only(token, answer)) for method, path, answer in routes
     ]
 
 
@@ -200,7 +213,7 @@ class LazyTokenizer:
         return prompt_ids(self.get())
 
 
-def create_app(config: ProxyConfig | None = None) -> Litestar:
+def create_app(config: ProxyConfig | None = None) -> ProxyApp:
     cfg = config or load(ProxyConfig)
     host = ServiceHost("proxy", cfg)
     gate, late, state = WeightGate(), _Late(), {}
@@ -210,7 +223,7 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
     engine_settings(engine.kind, engine.settings)  # a bad or unknown setting refuses the start
 
     @asynccontextmanager
-    async def lifespan(app: Litestar):
+    async def lifespan(_app: ProxyApp):
         POLL.budget = cfg.busy_poll_microseconds / 1e6
         await host.start()
         backend = make_pool(
@@ -265,11 +278,9 @@ def create_app(config: ProxyConfig | None = None) -> Litestar:
         unused_call=late.unused,
         max_body_bytes=cfg.max_body_bytes,
         keepalive_seconds=cfg.keepalive_seconds,
-        route_handlers=[
+        operator_routes=[
             *ops_routes("proxy", host.health),
-            Router(
-                "/", route_handlers=admin_routes(gate, state), guards=[admin_guard(cfg.admin_token)]
-            ),
+            *admin_routes(gate, state, cfg.admin_token),
         ],
         lifespan=[lifespan],
     )

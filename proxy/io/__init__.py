@@ -1,6 +1,7 @@
 """The proxy's own I/O fast paths, each kept because a benchmark showed the gain
-(docs/benchmarks.md): ``serving.py`` (the hot protocol POST routes straight off the
-server, ahead of litestar), ``rsgi.py`` (an ASGI app over RSGI), ``resp.py`` (a pipelined
-hiredis client), ``jspub.py`` (a lean JetStream publisher), ``rawhttp.py`` (the engine
-HTTP/1.1 client), ``oneconn.py`` (their reconnect-on-use connection) and ``spin.py``
-(busy-polling while a fast reply is due)."""
+(docs/benchmarks.md): ``serving.py`` (the proxy's whole HTTP surface served straight off
+the server by one router, no framework), ``rsgi.py`` (start-up and shutdown over RSGI),
+``resp.py`` (a pipelined hiredis client), ``rawhttp.py`` (the engine HTTP/1.1 client)
+and ``spin.py`` (busy-polling while a fast reply is due). The lean JetStream publisher
+and its reconnect-on-use connection are ``services/common/{jspub,oneconn}.py``: the
+services' ``Bus.send`` uses them too."""

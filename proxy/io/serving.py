@@ -1,20 +1,19 @@
-"""The harnesses' routes served straight from the server, around litestar.
+"""The proxy's HTTP surface served straight from the server: one router, no framework.
 
-Every model call is a POST to one of a handful of fixed paths. Litestar's routing,
+Every model call is a POST to one of a handful of fixed paths. A web framework's routing,
 request and response layers cost more per call than the proxy's own work, so
-``ProxyApp`` answers the harness-facing surface itself: ``ProtocolRoutes`` is its one
-router (every protocol route, GET and POST, and the probes), and hands the operator's
-surface (admin, health, metrics), unknown paths and the lifespan to litestar. No path
-is known to both.
+``ProxyApp`` answers every request itself: ``ProxyRoutes`` is its one router, for the
+harnesses' routes (every protocol route, GET and POST, and the probes) and the
+operator's (health, metrics, admin: ``OperatorRoute``), and it runs the lifespan.
 
 It speaks both server interfaces: RSGI, as ``polar serve proxy`` runs it (granian: a
 request's body is one call and its answer another, ~35 µs less per call than ASGI's
-messages; litestar's routes through ``proxy.io.rsgi``), and ASGI (litestar's
-test client, any ASGI server). ``AsgiRequest`` and ``RsgiRequest`` give the routes the
-same few operations: read the body under a limit, wait for a disconnect, stream, answer.
-What a route may rely on is typed once: ``RequestHead`` (path params, headers, query),
-all a route that reads no body uses, and ``CallRequest``, the head plus those
-operations; both request classes are both.
+messages), and ASGI (litestar's test client, any ASGI server). ``AsgiRequest`` and
+``RsgiRequest`` give the routes the same few operations: read the body under a limit,
+wait for a disconnect, stream, answer. What a route may rely on is typed once:
+``RequestHead`` (path params, headers, query), all a route that reads no body uses, and
+``CallRequest``, the head plus those operations; both request classes are both, and
+they are the only requests any route receives.
 """
 
 from __future__ import annotations
@@ -22,15 +21,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl
 
-from litestar import Litestar
-
-from proxy.io.rsgi import CLOSED, Lifespan, serve_asgi
+from proxy.io.rsgi import CLOSED, rsgi_shutdown, rsgi_startup
 
 log = logging.getLogger("polar.proxy")
 
@@ -234,6 +233,17 @@ def _headers(reply: Reply) -> list[tuple[str, str]]:
 
 
 Serve = Callable[[Any, Any, CallRequest], Awaitable[Reply]]  # (protocol, route, request)
+Answer = Callable[[CallRequest], Awaitable[Reply]]
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRoute:
+    """A route of the operator's surface (health, metrics, admin), at the root only:
+    ``answer`` gets the request as it came (headers, body) and makes the whole reply."""
+
+    method: str
+    path: str
+    answer: Answer
 
 
 class _Table:
@@ -263,54 +273,81 @@ class _Table:
         return None
 
 
-class ProtocolRoutes:
-    """The router of the harness-facing surface: every route of every protocol (model
-    calls, token counts, model lists) and the probes some CLIs send first, each at the
-    root and under ``/s/{token}``. A model call is answered by ``serve`` (a
-    ``CallRequest``), a route that reads no body by ``serve_head``. A known path asked
-    with another method gets ``wrong_method``; anything else is not the harnesses'
-    (``None``): litestar serves the operator's routes (admin, health, metrics) and its 404.
+@dataclass(frozen=True, slots=True)
+class Served:
+    """How each kind of route is answered: a model call (``call``, a ``CallRequest``), a
+    protocol route that reads no body (``head``), an operator's route (``operator``,
+    given its ``OperatorRoute``); the fixed replies: a known path asked with another
+    method, an unknown path, the probes."""
+
+    call: Serve
+    head: Serve
+    operator: Serve
+    wrong_method: Reply
+    not_found: Reply
+    probe: Reply
+
+
+class ProxyRoutes:
+    """The one router of the proxy's HTTP surface. The harnesses': every route of every
+    protocol (model calls, token counts, model lists) and the probes some CLIs send
+    first, each at the root and under ``/s/{token}``; model calls (POST) are looked up
+    first. The operator's (health, metrics, admin): at the root, a trailing slash
+    ignored. ``match`` answers every request: a route to serve, or a fixed ``Reply``.
     """
 
     def __init__(
         self,
-        serve: Serve,
-        serve_head: Serve,
+        served: Served,
         protocols: Sequence[Any],
-        wrong_method: Reply,
+        operator: Sequence[OperatorRoute] = (),
         probes: Sequence[str] = (),
-        probe_reply: Reply | None = None,
     ) -> None:
-        self.serve, self.serve_head, self.wrong_method = serve, serve_head, wrong_method
+        self.served = served
         self.tables: dict[str, _Table] = {}
         for spec in protocols:
             for r in spec.routes:
                 self.tables.setdefault(r.method, _Table()).add(spec, r)
         self.post = self.tables.get("POST", _Table())  # model calls: looked up first
-        self.probes, self.probe_reply = frozenset(probes), probe_reply
+        self.operator: dict[tuple[str, str], OperatorRoute] = {}
+        for route in operator:
+            key = (route.method, route.path)
+            if key in self.operator or self._protocol_path(route.path) is not None:
+                raise ValueError(f"route {route.method} {route.path}: already routed")
+            self.operator[key] = route
+        self.operator_paths = frozenset(path for _, path in self.operator)
+        self.probes = frozenset(probes)
 
-    def match(
-        self, method: str, path: str
-    ) -> tuple[Serve, Any, Any, dict[str, str]] | Reply | None:
+    def match(self, method: str, path: str) -> tuple[Serve, Any, Any, dict[str, str]] | Reply:
         params: dict[str, str] = {}
         if path.startswith("/s/"):
             token, slash, rest = path[3:].partition("/")
             if not token or not slash:
-                return None
+                return self.served.not_found
             params["token"], path = token, "/" + rest
         if method == "POST":
             hit = self.post.match(path, params)
             if hit is not None:
-                return self.serve, hit[0], hit[1], params
+                return self.served.call, hit[0], hit[1], params
         else:
             table = self.tables.get(method)
             hit = table.match(path, params) if table is not None else None
             if hit is not None:
-                return self.serve_head, hit[0], hit[1], params
-            if method == "HEAD" and path in self.probes and self.probe_reply is not None:
-                return self.probe_reply
+                return self.served.head, hit[0], hit[1], params
+            if method == "HEAD" and path in self.probes:
+                return self.served.probe
+        if "token" not in params:  # the operator's routes are not a session's
+            plain = path.rstrip("/") or "/"
+            route = self.operator.get((method, plain))
+            if route is not None:
+                return self.served.operator, None, route, params
+            if plain in self.operator_paths:
+                return self.served.wrong_method
         known = any(t.match(path, {}) for m, t in self.tables.items() if m != method)
-        return self.wrong_method if known else None
+        return self.served.wrong_method if known else self.served.not_found
+
+    def _protocol_path(self, path: str) -> str | None:
+        return next((m for m, t in self.tables.items() if t.match(path, {})), None)
 
 
 _AFTER_REPLY: ContextVar[list | None] = ContextVar("polar_after_reply", default=None)
@@ -326,37 +363,65 @@ def after_reply(fn: Callable[..., None], *args: Any) -> None:
         pending.append((fn, args))
 
 
-class ProxyApp(Litestar):
-    """Litestar, with the harnesses' routes (``ProtocolRoutes``) answered before its
-    router sees a request; served over ASGI (``__call__``) or RSGI (``__rsgi__`` and its
-    init/del hooks)."""
+Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
-    hot: ProtocolRoutes | None = None
-    _lifespan: Lifespan | None = None
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
-        if scope["type"] == "http" and self.hot is not None:
-            hit = self.hot.match(scope["method"], scope["path"])
-            if hit is not None:
-                await self._answer(hit, AsgiRequest(scope, receive, send))
-                return
-        await super().__call__(scope, receive, send)
+class ProxyApp:
+    """The proxy's server app: every request routed by ``ProxyRoutes`` and answered here,
+    over ASGI (``__call__``: litestar's test client, any ASGI server) or RSGI
+    (``__rsgi__``, as ``polar serve proxy`` runs it). ``lifespan``: context managers,
+    each given the app, entered in order at start-up and left in reverse at shutdown,
+    from ASGI's lifespan messages or RSGI's init and del hooks."""
+
+    def __init__(self, routes: ProxyRoutes, lifespan: Sequence[Lifespan] = ()) -> None:
+        self.routes = routes
+        self.lifespan = tuple(lifespan)
+        self._running: AsyncExitStack | None = None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            hit = self.routes.match(scope["method"], scope["path"])
+            await self._answer(hit, AsgiRequest(scope, receive, send))
+        elif kind == "lifespan":
+            await self._asgi_lifespan(receive, send)
+        else:  # websockets: none of the proxy's routes is one
+            await send({"type": "websocket.close", "code": 1000})
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
-        hit = self.hot.match(scope.method, scope.path) if self.hot is not None else None
-        if hit is not None:
-            await self._answer(hit, RsgiRequest(scope, proto))
-            return
-        state = self._lifespan.state if self._lifespan is not None else {}
-        await serve_asgi(super().__call__, scope, proto, state)
+        await self._answer(self.routes.match(scope.method, scope.path), RsgiRequest(scope, proto))
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._lifespan = Lifespan(super().__call__)
-        self._lifespan.startup(loop)
+        rsgi_startup(loop, self.startup)
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._lifespan is not None:
-            self._lifespan.shutdown(loop)
+        rsgi_shutdown(loop, self.shutdown)
+
+    async def startup(self) -> None:
+        running = AsyncExitStack()
+        try:
+            for lifespan in self.lifespan:
+                await running.enter_async_context(lifespan(self))
+        except BaseException:
+            await running.aclose()  # what did start is stopped again
+            raise
+        self._running = running
+
+    async def shutdown(self) -> None:
+        running, self._running = self._running, None
+        if running is not None:
+            await running.aclose()
+
+    async def _asgi_lifespan(self, receive: Callable, send: Callable) -> None:
+        for step in ("startup", "shutdown"):
+            await receive()  # the server's lifespan.<step>
+            try:
+                await (self.startup() if step == "startup" else self.shutdown())
+            except Exception:
+                message = traceback.format_exc()
+                await send({"type": f"lifespan.{step}.failed", "message": message})
+                return
+            await send({"type": f"lifespan.{step}.complete"})
 
     async def _answer(
         self, hit: tuple[Serve, Any, Any, dict[str, str]] | Reply, request: CallRequest

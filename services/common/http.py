@@ -12,13 +12,21 @@ from services.common.metrics import render
 HealthCheck = Callable[[], Awaitable[dict[str, object]]]
 
 
+async def health_report(service: str, health: HealthCheck) -> tuple[int, dict[str, object]]:
+    """``/healthz``'s status and body: 200 when every check passed, else 503."""
+    checks = await health()
+    ok = all(v is True or (isinstance(v, dict) and v.get("ok", True)) for v in checks.values())
+    return 200 if ok else 503, {"service": service, "ok": ok, "checks": checks}
+
+
 def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
+    """The ops surface as litestar routes (the proxy, which serves no litestar app,
+    declares its own from ``health_report`` and ``metrics.render``)."""
+
     @get("/healthz", include_in_schema=False)
     async def healthz() -> Response:
-        checks = await health()
-        ok = all(v is True or (isinstance(v, dict) and v.get("ok", True)) for v in checks.values())
-        body = {"service": service, "ok": ok, "checks": checks}
-        return Response(body, status_code=200 if ok else 503)
+        status, body = await health_report(service, health)
+        return Response(body, status_code=status)
 
     @get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

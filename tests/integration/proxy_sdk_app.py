@@ -18,7 +18,7 @@ from pathlib import Path
 
 from proxy.app import SessionInfo, create_app, unprepared
 from proxy.conversation import AssistantTurn, Conversation, TextPart, ToolCall, Usage
-from services.common.http import ops_routes
+from proxy.main import ops_routes
 
 TOKEN = "sdk-test-7d2e91b0"
 ARGS = {"command": "echo proof > proof.txt"}
@@ -71,5 +71,5 @@ def make_app():  # granian factory target
         resolve,
         keepalive_seconds=0.2,
         max_body_bytes=MAX_BODY_BYTES,
-        route_handlers=ops_routes("proxy-sdk-test", health),
+        operator_routes=ops_routes("proxy-sdk-test", health),
     )
