@@ -99,7 +99,8 @@ def fresh_servers(tmp_path):
 @pytest.fixture(scope="session")
 def vllm_engine(tmp_path_factory):
     """A real vLLM on CPU serving a copy of the tiny model, with ``--enable-scale-out``
-    (tests/helpers/vllm_server.py); one per session, stopped at its end."""
+    and the model's whole 32k context (tests/helpers/vllm_server.py); one per session,
+    stopped at its end."""
     from tests.helpers.vllm_server import running_vllm, start_vllm
 
     if given := running_vllm():  # a developer's server, left running
