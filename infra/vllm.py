@@ -171,12 +171,14 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         kv_cache_gib: int = 1,
         eager: bool = False,
+        max_model_len: int = 2048,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.venv = venv or VENV
         self.port = port or localservers.free_port()
         self.url = f"http://{host}:{self.port}"
         self.served_name = served_name
+        self.max_model_len = max_model_len
         self.argv = serve_argv(
             venv_python(self.venv),
             self.model_dir,
@@ -184,6 +186,7 @@ class VLLMServer:
             host=host,
             served_name=served_name,
             scale_out=scale_out,
+            max_model_len=max_model_len,
             eager=eager,
             extra=extra_args,
         )

@@ -82,13 +82,15 @@ LONGEST_FIRST = (
     "tests/chaos/test_kill9.py",
     "tests/integration/test_vllm_real.py",
     "tests/integration/test_proxy_vllm.py",
+    "tests/integration/test_harness_vllm.py",
     "tests/integration/test_trainer_adapters.py",
     "tests/integration/test_dashboard_browser.py",
 )
-# Files that share one worker: both use the session's one vLLM (a start is ~1 minute).
+# Files that share one worker: they use the session's one vLLM (a start is ~1 minute).
 SHARED_WORKER = {
     "tests/integration/test_vllm_real.py": "vllm",
     "tests/integration/test_proxy_vllm.py": "vllm",
+    "tests/integration/test_harness_vllm.py": "vllm",
 }
 
 
@@ -130,7 +132,8 @@ def fresh_servers(tmp_path):
 @pytest.fixture(scope="session")
 def vllm_engine(tmp_path_factory):
     """A real vLLM on CPU serving a copy of the tiny model, with ``--enable-scale-out``
-    (tests/helpers/vllm_server.py); one per session, stopped at its end."""
+    and the model's whole 32k context (tests/helpers/vllm_server.py); one per session,
+    stopped at its end."""
     from tests.helpers.vllm_server import running_vllm, start_vllm
 
     if given := running_vllm():  # a developer's server, left running

@@ -349,6 +349,9 @@ def vllm_serve(
     eager: Annotated[
         bool, typer.Option(help="skip torch.compile: starts minutes sooner, serves slower")
     ] = False,
+    max_model_len: Annotated[
+        int, typer.Option(help="context length (an agent CLI's prompt is 2.4k-31k tokens)")
+    ] = 2048,
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] = 900.0,
 ) -> None:
     """Serve MODEL_DIR with vLLM as Polar's vLLM client expects it (dev-mode endpoints,
@@ -356,7 +359,14 @@ def vllm_serve(
     A topology points at it with `backends: [{kind: vllm, url: http://HOST:PORT}]`."""
     from infra.vllm import VLLMLaunchError, VLLMServer
 
-    srv = VLLMServer(model_dir.resolve(), port=port, host=host, scale_out=scale_out, eager=eager)
+    srv = VLLMServer(
+        model_dir.resolve(),
+        port=port,
+        host=host,
+        scale_out=scale_out,
+        eager=eager,
+        max_model_len=max_model_len,
+    )
     _log(f"starting vLLM on {model_dir} at {srv.url} (log: {srv.log})")
     signal.signal(signal.SIGTERM, _interrupted)  # `kill` stops vLLM too, as Ctrl-C does
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -60,15 +61,34 @@ def combined_policy(dest: Path, pattern: str = "harness_*.yaml") -> Path:
     return dest
 
 
-def topology(root: Path, policy: Path, max_run: int) -> tuple[str, str]:
-    """(the proxy's URL, topology YAML)."""
+def topology(
+    root: Path,
+    policy: Path | None,
+    max_run: int,
+    *,
+    backend: dict | None = None,
+    proxy: dict | None = None,
+) -> tuple[str, str]:
+    """(the proxy's URL, topology YAML). ``backend``: a served engine (a ``backends``
+    entry, e.g. ``kind: vllm``) in place of the embedded model scripted by ``policy``;
+    ``proxy``: the proxy's config over ``mode: token``."""
     ports = {name: localservers.free_port() for name in ("nats", "redis", *SERVICES)}
     proxy_url = f"http://127.0.0.1:{ports['proxy']}"
     node = f"{{work_dir: '{root / 'work'}', proxy_url: '{proxy_url}'}}"
-    # Long CLI prompts (12k-31k tokens): one prefill chunk, and room to keep every
-    # session's prompt cached so the next call of a session only computes its tail.
-    engine = "{max_prefill_tokens: 32768, prefix_cache_tokens: 600000}"
-    model = f"{{policy: '{policy}', served_model_name: {MODEL}, threads: 2, engine: {engine}}}"
+    if backend is None:
+        # Long CLI prompts (12k-31k tokens): one prefill chunk, and room to keep every
+        # session's prompt cached so the next call of a session only computes its tail.
+        engine = "{max_prefill_tokens: 32768, prefix_cache_tokens: 600000}"
+        config = f"{{policy: '{policy}', served_model_name: {MODEL}, threads: 2, engine: {engine}}}"
+        model = f"{{port: {ports['model']}, config: {config}}}"
+        backend = {
+            "name": "embedded",
+            "kind": "embedded",
+            "url": f"http://127.0.0.1:{ports['model']}",
+        }
+    else:
+        model = "{enabled: false}"
+    proxy_config = json.dumps({"mode": "token", **(proxy or {})})  # JSON is YAML
     return (
         proxy_url,
         f"""
@@ -77,10 +97,10 @@ redis_url: redis://127.0.0.1:{ports["redis"]}/0
 state_dir: '{root / "state"}'
 startup_timeout_seconds: 180
 nodes: [{{name: node0, max_init: 4, ready_buffer: 4, max_run: {max_run}}}]
-backends: [{{name: embedded, kind: embedded, url: 'http://127.0.0.1:{ports["model"]}'}}]
+backends: [{json.dumps(backend)}]
 services:
-  model: {{port: {ports["model"]}, config: {model}}}
-  proxy: {{port: {ports["proxy"]}, config: {{mode: token}}}}
+  model: {model}
+  proxy: {{port: {ports["proxy"]}, config: {proxy_config}}}
   scheduler: {{port: {ports["scheduler"]}}}
   pool: {{port: {ports["pool"]}, config: {node}}}
   executor: {{port: {ports["executor"]}, config: {node}}}
@@ -166,9 +186,18 @@ class Stack:
     entered: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
-    def up(cls, root: Path, *, max_run: int = 3, policies: str = "harness_*.yaml") -> Stack:
-        policy = combined_policy(root / "harness_policy.yaml", policies)
-        proxy_url, text = topology(root, policy, max_run)
+    def up(
+        cls,
+        root: Path,
+        *,
+        max_run: int = 3,
+        policies: str = "harness_*.yaml",
+        backend: dict | None = None,
+        proxy: dict | None = None,
+    ) -> Stack:
+        """The stack on the embedded model scripted by ``policies``, or on ``backend``."""
+        policy = None if backend else combined_policy(root / "harness_policy.yaml", policies)
+        proxy_url, text = topology(root, policy, max_run, backend=backend, proxy=proxy)
         topo = parse_topology(text, "harness topology")
         devstack.up(topo)
         return cls(root, devstack.operator_view(topo), proxy_url)

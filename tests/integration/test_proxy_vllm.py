@@ -22,6 +22,8 @@ from services.common.registry import Registry
 from services.trainer.sync import push_weights
 from tests.helpers.requires import requires_vllm
 from tests.helpers.stack import running_session, start_proxy
+from tests.helpers.vllm_server import LOGPROB_TOLERANCE as TOLERANCE
+from tests.helpers.vllm_server import hf_model, teacher_forced_gap
 from tests.integration.proxy_agents import captured, session_url
 from tests.unit.engine.tiny import second_checkpoint, tiny_model_dir
 
@@ -30,7 +32,6 @@ pytestmark = [requires_vllm, pytest.mark.timeout(900)]
 SYSTEM = "You are a coding agent."
 ASK = "List the files."
 ADMIN_TOKEN = "admin-secret"
-TOLERANCE = 1e-3  # float32 CPU kernels, vLLM vs transformers (measured ~1e-5)
 
 
 @pytest.fixture(scope="module", params=["token", "chat"])
@@ -54,21 +55,7 @@ def proxy(request, vllm_engine, nats_url, redis_url, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model = transformers.Qwen2ForCausalLM.from_pretrained(
-        str(tiny_model_dir()), dtype=torch.float32
-    ).eval()
-    return torch, model
-
-
-def teacher_forced_gap(hf, prompt: list[int], output: list[int], logprobs: list[float]) -> float:
-    torch, model = hf
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0]
-    lps = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
-    truth = lps.gather(1, torch.tensor(output)[:, None])[:, 0].tolist()
-    return max(abs(a - b) for a, b in zip(logprobs, truth, strict=True))
+    return hf_model(tiny_model_dir())
 
 
 async def openai_chat(url: str, stream: bool) -> str:
@@ -155,17 +142,14 @@ async def test_each_protocol_is_captured_token_exact(proxy, protocol, bus, redis
 
 
 async def test_the_trainers_weight_sync_reloads_vllm_from_the_checkpoint_dir(
-    proxy, vllm_engine, bus, redis_client, hf
+    proxy, vllm_engine, bus, redis_client
 ):
     """services/trainer/sync.py's push, as the trainer makes it after a step: the proxy
     reloads vLLM from the dir (collective_rpc reload_weights), and the next call's record
     carries the new version and the new weights' logprobs."""
     p, mode = proxy
     served = vllm_engine.model_dir
-    torch, _ = hf
-    trained = pytest.importorskip("transformers").Qwen2ForCausalLM.from_pretrained(
-        str(second_checkpoint()), dtype=torch.float32
-    )
+    trained = hf_model(second_checkpoint())
     shutil.copytree(second_checkpoint(), served, dirs_exist_ok=True)
     try:
         async with httpx.AsyncClient() as client:
@@ -178,9 +162,7 @@ async def test_the_trainers_weight_sync_reloads_vllm_from_the_checkpoint_dir(
         (rec,) = await captured(bus, session.session_id, expect=1)
         assert rec.weight_version == f"step-{mode}"
         prompt = reconstruct_prompts([rec])[rec.seq]
-        gap = teacher_forced_gap(
-            (torch, trained.eval()), prompt, list(rec.output_ids), list(rec.output_logprobs)
-        )
+        gap = teacher_forced_gap(trained, prompt, list(rec.output_ids), list(rec.output_logprobs))
         print(f"{mode}: after the sync, teacher-forced (trained weights) max |diff| {gap:.2e}")
         assert gap < TOLERANCE
     finally:  # the session's server back to the weights and "no version" it started with

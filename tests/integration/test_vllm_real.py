@@ -68,7 +68,7 @@ async def test_probe_with_scale_out_uses_the_tokens_endpoint(vllm_engine):
     finally:
         await backend.aclose()
     assert caps.server == "vllm" and caps.version == "0.32.0"
-    assert caps.model == "polar" and caps.context_length == 2048
+    assert caps.model == "polar" and caps.context_length == vllm_engine.max_model_len
     assert caps.chat_token_ids is True and caps.token_mode is True
     assert caps.token_endpoint == vllm_wire.GENERATE_PATH
     assert caps.weight_version is None  # vLLM's "default": nobody set one
@@ -145,17 +145,22 @@ async def test_logprobs_match_a_teacher_forced_recomputation(client, tok):
     assert worst < LOGPROB_TOLERANCE
 
 
-async def test_context_length_errors_in_both_modes(client, tok):
-    long = [{"role": "user", "content": "one " * 3000}]
+async def test_context_length_errors_in_both_modes(client, vllm_engine):
+    n = vllm_engine.max_model_len
+    long = [{"role": "user", "content": "one " * (n + 1000)}]
     with pytest.raises(BackendError) as chat_err:
         await client.chat(ChatRequest(session_id="s", messages=long, sampling=GREEDY))
     assert chat_err.value.kind is ErrorKind.CONTEXT_LENGTH, chat_err.value.message
     with pytest.raises(BackendError) as token_err:
-        await client.generate(TokenRequest(session_id="s", input_ids=[5] * 3000, sampling=GREEDY))
+        await client.generate(
+            TokenRequest(session_id="s", input_ids=[5] * (n + 1000), sampling=GREEDY)
+        )
     assert token_err.value.kind is ErrorKind.CONTEXT_LENGTH, token_err.value.message
     # prompt + max_tokens past the window: vLLM shortens max_tokens, no error
     near = SamplingParams(temperature=0.0, max_new_tokens=64, extra={"ignore_eos": True})
-    gen = await client.generate(TokenRequest(session_id="s", input_ids=[5] * 2044, sampling=near))
+    gen = await client.generate(
+        TokenRequest(session_id="s", input_ids=[5] * (n - 4), sampling=near)
+    )
     assert gen.finish_reason == "length" and len(gen.output_ids) == 4
 
 

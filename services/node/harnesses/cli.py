@@ -8,7 +8,8 @@ the protocol (``agent.protocol``: the CLI's own name for it, or Polar's), extra 
 
 - ``install_dir``: pre-installed CLIs (see ``install.py``);
 - ``proxy_url``: the proxy as the harness reaches it (a gateway in between);
-- ``config``: merged into the preset's JSON config file (Gemini, Qwen, opencode);
+- ``config``: merged into the preset's JSON config file (Gemini, Qwen, opencode, pi's
+  ``models.json``);
 - ``install_timeout_seconds``.
 """
 

@@ -3,7 +3,8 @@
 No env var points pi at a server: ``~/.pi/agent/models.json`` declares a provider with a
 ``baseUrl``, one of pi's four ``api``s and the key (1.x: ``"$VAR"``; 0.x: the variable's
 name). Google's client appends no version to a custom base URL, so that one ends in
-``/v1beta``. pi 0.x can exit 0 after a failed model call (a stream it could not parse):
+``/v1beta``. ``agent.settings.config`` is merged into it (e.g. a model's ``maxTokens``:
+pi asks for 16384 output tokens unless told). pi 0.x can exit 0 after a failed model call (a stream it could not parse):
 a run that prints no answer is judged an error whatever the exit code. Shell tool:
 ``bash {command}``.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from schemas import Outcome
 from services.node.harnesses.base import HarnessContext
-from services.node.harnesses.cli import CliHarness, Variant, json_bytes
+from services.node.harnesses.cli import CliHarness, Variant, deep_merge, json_bytes
 
 PROVIDER = "polar"
 KEY_ENV = "OPENAI_API_KEY"  # the session token (HarnessContext.env)
@@ -34,7 +35,9 @@ def models_json(ctx: HarnessContext, api: str, version: str) -> bytes:
     key = KEY_ENV if is_legacy(version) else f"${KEY_ENV}"
     provider = {"baseUrl": base_url(ctx, api), "api": api, "apiKey": key}
     provider["models"] = [{"id": ctx.agent.model}]
-    return json_bytes({"providers": {PROVIDER: provider}})
+    return json_bytes(
+        deep_merge({"providers": {PROVIDER: provider}}, ctx.agent.settings.get("config"))
+    )
 
 
 class PiHarness(CliHarness):

@@ -29,6 +29,14 @@ def test_serve_argv_runs_the_module_not_the_console_script():
     assert "--enable-scale-out" not in serve_argv("p", "/m", 1)
 
 
+def test_the_server_takes_its_context_length():
+    """An agent CLI's prompt needs more than the 2048 default (codex: 15.8k tokens)."""
+    argv = VLLMServer("/m", port=1, max_model_len=32768).argv
+    assert argv[argv.index("--max-model-len") + 1] == "32768"
+    default = VLLMServer("/m", port=1).argv
+    assert default[default.index("--max-model-len") + 1] == "2048"
+
+
 def test_serve_env_turns_on_dev_mode_and_drops_our_pythonpath():
     env = serve_env({"PYTHONPATH": "/repo", "HOME": "/h"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"

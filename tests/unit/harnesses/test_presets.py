@@ -163,6 +163,16 @@ def test_pi_models_json_per_api(api, url, protocol):
     assert h.protocol == protocol
 
 
+def test_pi_models_json_merges_the_agents_config():
+    """A model's limits (a small engine: ``maxTokens``) come from ``settings.config``."""
+    model = {"id": "m-1", "maxTokens": 24, "contextWindow": 32768}
+    config = {"providers": {"polar": {"models": [model]}}}
+    h, ctx = preset("pi"), context(harness="pi", settings={"config": config})
+    models = json.loads(h.config_files(ctx, h.variant(ctx))[".pi/agent/models.json"])
+    provider = models["providers"]["polar"]
+    assert provider["models"] == [model] and provider["baseUrl"] == f"{BASE}/v1"
+
+
 def test_pi_before_1_0_is_its_old_package_with_a_plain_key_name():
     h, ctx = preset("pi"), context(harness="pi", version="0.73.1")
     assert h.package_for("0.73.1") == "@mariozechner/pi-coding-agent"
