@@ -54,9 +54,12 @@ async def test_restart_mid_task(nats_url, redis_url, bus, redis_client, state_di
 
         results = await bus.nc.subscribe(S.task_result("restart-1"))
         sched.start()
-        await wait_until(lambda: _count(reg, "restart-2", 2), 20, "restart-2 counted")
+        # a message the server handed to the killed scheduler's last pull request (it had
+        # not yet seen the connection drop) comes back once its ack_wait (30 s) runs out
+        redelivered = 30 + 15
+        await wait_until(lambda: _count(reg, "restart-2", 2), redelivered, "restart-2 counted")
         await drive(reg, sids[3])
-        result = decode(await bus.payload(await results.next_msg(timeout=20)), TaskResult)
+        result = decode(await bus.payload(await results.next_msg(timeout=redelivered)), TaskResult)
         assert result.counts == {"COMPLETED": 4} and result.status == "completed"
         assert (await reg.get_task("restart-1")).status == "completed"
     finally:
