@@ -36,7 +36,7 @@ from infra.vllm import VLLMServer
 from services.demo import stars
 from services.demo.topology import MODEL_NAME, stack_topology
 from services.demo.view import LiveView, final_lines, read_records, render
-from services.demo.warmstart import create_model, warm_start
+from services.demo.warmstart import DIMS, DIMS_VLLM, create_model, warm_start
 
 BASE_MODEL = "model-init"  # under the state dir: the created model, before the warm start
 
@@ -122,7 +122,8 @@ def prepare(
     """Model + warm start in a thread while the stack comes up; returns the warm model.
     With ``vllm`` (not started yet) it serves the initial model: started first, waited
     for before the stack (the trainer's first push loads the warm weights into it)."""
-    base = create_model(state / BASE_MODEL, recipe.seed)
+    dims = DIMS if vllm is None else DIMS_VLLM
+    base = create_model(state / BASE_MODEL, recipe.seed, dims=dims)
     if vllm is not None:
         vllm.start()
     url = vllm.url if vllm is not None else None

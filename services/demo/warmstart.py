@@ -59,8 +59,13 @@ INIT_SCALE = 0.05  # near-flat distributions at the start: the warm start then k
 # numbers near-uniform (a wide init leaves a favourite answer that RL collapses onto)
 
 
-def create_model(out: Path, seed: int) -> Path:
-    return init_model_dir(out, seed=seed, dims=DIMS, tokenizer="bytes", init_scale=INIT_SCALE)
+# vLLM's CPU attention refuses head_dim 16 ("Unsupported CPU attention configuration:
+# head_dim=16"): on vLLM the same widths with 2 heads of 32
+DIMS_VLLM = {**DIMS, "num_attention_heads": 2, "num_key_value_heads": 2}
+
+
+def create_model(out: Path, seed: int, *, dims: dict[str, int] = DIMS) -> Path:
+    return init_model_dir(out, seed=seed, dims=dims, tokenizer="bytes", init_scale=INIT_SCALE)
 
 
 def warm_start(

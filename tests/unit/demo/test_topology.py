@@ -33,3 +33,14 @@ def test_the_recipe_names_its_engine(tmp_path):
     assert server.model_dir == tmp_path / "model-init" and server.proc is None  # not started
     with pytest.raises(ValueError, match="embedded or vllm"):
         _vllm(Recipe(engine="sglang"), Path(tmp_path))
+
+
+def test_the_model_for_vllm_has_heads_its_cpu_attention_takes():
+    from services.demo.warmstart import DIMS, DIMS_VLLM
+
+    head_dim = DIMS_VLLM["hidden_size"] // DIMS_VLLM["num_attention_heads"]
+    assert head_dim == 32  # vLLM 0.32's CPU kernels refused 16 (the embedded model's)
+    assert DIMS["hidden_size"] // DIMS["num_attention_heads"] == 16
+    assert {k: v for k, v in DIMS_VLLM.items() if "heads" not in k} == {
+        k: v for k, v in DIMS.items() if "heads" not in k
+    }
