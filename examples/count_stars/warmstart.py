@@ -20,6 +20,7 @@ from examples.count_stars.images import star_image
 from schemas import ImageSpan
 from services.common.tokenization import ChatTokenizer
 from services.common.tokenization.images import image_digest
+from services.demo.warmstart import save_for_rl, supervised_step
 from services.engine.modelinit import init_model_dir
 from services.trainer.batch import Sample
 from services.trainer.policy import Policy
@@ -69,11 +70,6 @@ def warm_start(
             [s.prompt_len for s in samples],
             policy.sample_images(samples, model),
         )
-        loss = -torch.cat(rows).mean()
-        policy.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(policy.params.values()), 1.0)
-        policy.optimizer.step()
-    policy.save(out)
-    (out / "optimizer.pt").unlink(missing_ok=True)  # RL starts its own optimizer
+        loss = supervised_step(policy, rows)
+    save_for_rl(policy, out)
     return float(loss.detach()), time.perf_counter() - t0

@@ -86,15 +86,24 @@ def warm_start(
             prompt = prompts.prompt(rng.choice(train))
             seqs.append([*prompt, *prompts.answer(str(rng.randrange(11)))])
             starts.append(len(prompt))
-        rows = policy.model().sequence_logprobs(seqs, starts)
-        loss = -torch.cat(rows).mean()
-        policy.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(policy.params.values()), 1.0)
-        policy.optimizer.step()
+        loss = supervised_step(policy, policy.model().sequence_logprobs(seqs, starts))
+    save_for_rl(policy, out)
+    return WarmStart(out, steps, time.perf_counter() - t0, float(loss.detach()))
+
+
+def supervised_step(policy: Policy, rows: list[torch.Tensor]) -> torch.Tensor:
+    """One SFT step on the answer tokens' logprobs ``rows`` (mean NLL, grad norm 1.0)."""
+    loss = -torch.cat(rows).mean()
+    policy.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(policy.params.values()), 1.0)
+    policy.optimizer.step()
+    return loss
+
+
+def save_for_rl(policy: Policy, out: Path) -> None:
     policy.save(out)
     (out / "optimizer.pt").unlink(missing_ok=True)  # RL starts its own optimizer
-    return WarmStart(out, steps, time.perf_counter() - t0, float(loss.detach()))
 
 
 @torch.inference_mode()
