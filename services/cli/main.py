@@ -427,11 +427,11 @@ def demo(
         from services.cli.demo import run
 
         raise typer.Exit(run(out, keep=keep))
-    from services.demo.run import Recipe
+    from services.demo.run import ENGINES, Recipe
     from services.demo.run import run as learn
 
-    if engine not in ("embedded", "vllm"):
-        raise typer.BadParameter(f"--engine must be embedded or vllm, not {engine!r}")
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"--engine must be one of {ENGINES}, not {engine!r}")
     recipe = Recipe(seed=seed, budget_seconds=budget, engine=engine)
     raise typer.Exit(learn(out, recipe, out_dir))
 

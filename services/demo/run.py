@@ -39,6 +39,7 @@ from services.demo.view import LiveView, final_lines, read_records, render
 from services.demo.warmstart import DIMS, DIMS_VLLM, create_model, warm_start
 
 BASE_MODEL = "model-init"  # under the state dir: the created model, before the warm start
+ENGINES = ("embedded", "vllm")  # what serves the demo's model
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,10 @@ def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) ->
 
 
 def _vllm(recipe: Recipe, state: Path) -> VLLMServer | None:
+    if recipe.engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, not {recipe.engine!r}")
     if recipe.engine == "embedded":
         return None
-    if recipe.engine != "vllm":
-        raise ValueError(f"engine must be embedded or vllm, not {recipe.engine!r}")
     # started by prepare once the model exists; eager: no compile warm-up
     return VLLMServer(
         state / BASE_MODEL,
