@@ -158,6 +158,8 @@ def key_submit_dedupe(digest: str) -> str:
 
 
 KEY_STATE_COUNTS = "polar:counts"  # global hash state -> count
+# Counter giving every applied transition its place in one global order (transition.lua)
+KEY_TRANSITION_SEQ = "polar:transition_seq"
 # A random id written once into a fresh registry; a service that sees it change or vanish
 # knows the registry lost its state (services/common/host.py stops the service).
 KEY_REGISTRY_EPOCH = "polar:registry:epoch"

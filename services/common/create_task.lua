@@ -1,4 +1,5 @@
 -- Register a task and its sessions atomically, once.
+-- Keys between at-signs are schemas/subjects.py's names (registry.expand_keys).
 -- KEYS[1] task hash, KEYS[2] task's session list, KEYS[3] task counts,
 -- KEYS[4] global counts, KEYS[5] active task set
 -- ARGV[1] task id, ARGV[2] task spec json, ARGV[3] spec digest, ARGV[4] now,
@@ -18,13 +19,13 @@ redis.call('SADD', KEYS[5], ARGV[1])
 for i = 0, n - 1 do
   local b = 6 + i * 5
   local sid = ARGV[b]
-  redis.call('HSET', 'polar:session:' .. sid, 'session_id', sid, 'task_id', ARGV[1],
+  redis.call('HSET', @key_session(sid)@, 'session_id', sid, 'task_id', ARGV[1],
     'token', ARGV[b + 1], 'index', ARGV[b + 2], 'priority', ARGV[b + 3],
     'deadline', ARGV[b + 4], 'state', 'REGISTERED', 'version', 0, 'attempt', 0,
     'created_at', ARGV[4], 'updated_at', ARGV[4])
   -- the token dies when the session leaves RUNNING (transition.lua), at the latest an
   -- hour past its deadline: no token key outlives its use
-  redis.call('SET', 'polar:token:' .. ARGV[b + 1], sid, 'EXAT',
+  redis.call('SET', @key_token(ARGV[b + 1])@, sid, 'EXAT',
     math.ceil(tonumber(ARGV[b + 4])) + 3600)
   redis.call('RPUSH', KEYS[2], sid)
 end

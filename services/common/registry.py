@@ -8,6 +8,7 @@ each successful change is then published as a ``SessionStateChanged`` event on
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -45,7 +46,7 @@ return 0
 # Remove a lease only if its owner is still the one named (a new holder may have it).
 _RELEASE_OWN = """
 if redis.call('HGET', KEYS[2], 'lease_owner') == ARGV[1] then
-  return redis.call('ZREM', KEYS[1], string.sub(KEYS[2], string.len('polar:session:') + 1))
+  return redis.call('ZREM', KEYS[1], string.sub(KEYS[2], string.len(@key_session('')@) + 1))
 end
 return 0
 """
@@ -82,8 +83,40 @@ SESSION_FOR_CALL = (
 )
 
 
+# ``@key_name(lua, exprs)@`` or ``@KEY_NAME@`` in a script: a key named in
+# schemas/subjects.py, so the scripts hold no copies of the key layouts.
+_KEY_MACRO = re.compile(r"@(\w+)(?:\(([^)@]*)\))?@")
+_ARG_MARK = re.compile("\x00([0-9]+)\x00")
+
+
+def _lua_literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def expand_keys(lua: str) -> str:
+    """``lua`` with each key macro written as the Lua expression that builds that key:
+    the subjects function is called with markers in place of its arguments, and the
+    text around the markers becomes Lua literals joined to the argument expressions."""
+
+    def expand(match: re.Match[str]) -> str:
+        named = getattr(S, match.group(1))
+        if match.group(2) is None:
+            return _lua_literal(named)
+        args = [arg.strip() for arg in match.group(2).split(",")]
+        pieces = _ARG_MARK.split(named(*(f"\x00{i}\x00" for i in range(len(args)))))
+        lua_parts = []  # split() alternates literal text and marker numbers
+        for i, piece in enumerate(pieces):
+            if i % 2:
+                lua_parts.append(args[int(piece)])
+            elif piece:
+                lua_parts.append(_lua_literal(piece))
+        return "(" + " .. ".join(lua_parts) + ")"
+
+    return _KEY_MACRO.sub(expand, lua)
+
+
 def _script(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text()
+    return expand_keys(resources.files(__package__).joinpath(name).read_text())
 
 
 def new_token() -> str:
@@ -120,7 +153,7 @@ class Registry:
         self._transition = redis.register_script(_script("transition.lua"))
         self._create = redis.register_script(_script("create_task.lua"))
         self._take_expired = redis.register_script(_TAKE_EXPIRED)
-        self._release_own = redis.register_script(_RELEASE_OWN)
+        self._release_own = redis.register_script(expand_keys(_RELEASE_OWN))
         self._count_sets = redis.register_script(_COUNT_SETS)
         # A task's spec never changes once registered (create_task.lua refuses another
         # spec under the same id), and every service stops when the registry loses its

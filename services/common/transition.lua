@@ -9,7 +9,8 @@
 -- Returns {1, from, version, seq} on success, {0, current, version, 0} when the CAS
 -- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
 -- transitions, so an event log can be replayed in exactly the order Redis applied it.
--- Sessions placed on a node are also kept in per-node sets polar:node:<node>:<STATE>.
+-- Sessions placed on a node are also kept in per-node sets (subjects.key_node_state).
+-- Keys between at-signs are schemas/subjects.py's names (registry.expand_keys).
 local cur = redis.call('HMGET', KEYS[1], 'state', 'version', 'task_id', 'node', 'attempt')
 if not cur[1] then return {-1, '', 0, 0} end
 if ARGV[3] ~= '' and cur[2] ~= ARGV[3] then return {0, cur[1], tonumber(cur[2]), 0} end
@@ -17,8 +18,8 @@ if ARGV[6] ~= '' and (cur[5] or '0') ~= ARGV[6] then return {0, cur[1], tonumber
 if not string.find(ARGV[2], ',' .. cur[1] .. ',', 1, true) then
   return {0, cur[1], tonumber(cur[2]), 0}
 end
-local sid = string.sub(KEYS[1], string.len('polar:session:') + 1)
-if cur[4] then redis.call('SREM', 'polar:node:' .. cur[4] .. ':' .. cur[1], sid) end
+local sid = string.sub(KEYS[1], string.len(@key_session('')@) + 1)
+if cur[4] then redis.call('SREM', @key_node_state(cur[4], cur[1])@, sid) end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[4])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[3], ARGV[5], sid) end
@@ -30,7 +31,7 @@ for i = 7, #ARGV, 2 do
   end
 end
 -- per-task counts live beside the task (derived key: single-node Redis only)
-local tc = 'polar:task:' .. cur[3] .. ':counts'
+local tc = @key_task_counts(cur[3])@
 redis.call('HINCRBY', tc, cur[1], -1)
 redis.call('HINCRBY', tc, ARGV[1], 1)
 redis.call('HINCRBY', KEYS[2], cur[1], -1)
@@ -39,14 +40,14 @@ redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 local node = redis.call('HGET', KEYS[1], 'node')
 local final = {COMPLETED = true, TIMEOUT = true, ERROR = true, CANCELLED = true}
 if node and not final[ARGV[1]] then
-  redis.call('SADD', 'polar:node:' .. node .. ':' .. ARGV[1], sid)
+  redis.call('SADD', @key_node_state(node, ARGV[1])@, sid)
 end
 -- The session's capture closes when it leaves RUNNING for good (POSTRUN, or ended): its
 -- token dies with the change, so no later call is served (or captured after the read).
 if ARGV[1] ~= 'REGISTERED' and ARGV[1] ~= 'INITIALIZING' and ARGV[1] ~= 'READY'
     and ARGV[1] ~= 'RUNNING' then
   local token = redis.call('HGET', KEYS[1], 'token')
-  if token then redis.call('DEL', 'polar:token:' .. token) end
+  if token then redis.call('DEL', @key_token(token)@) end
 end
-local seq = redis.call('INCR', 'polar:transition_seq')
+local seq = redis.call('INCR', @KEY_TRANSITION_SEQ@)
 return {1, cur[1], v, seq}
