@@ -51,6 +51,21 @@ end
 return 0
 """
 
+# Renew leases (KEYS[1]) on the sessions (KEYS[2..], ids ARGV[3..]) whose hash still
+# exists: a renewal must not write a fragment (a hash holding only lease_owner) into a
+# registry that lost its state before this service noticed (issue 17.1).
+_HOLD_EXISTING = """
+local n = 0
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i + 1])
+    redis.call('HSET', KEYS[i], 'lease_owner', ARGV[1])
+    n = n + 1
+  end
+end
+return n
+"""
+
 # The sizes of sets (KEYS[2..]) and whether KEYS[1] exists, read in one atomic step: a
 # node's stage counts as one snapshot (a session moving between two of them is counted
 # once), with the backpressure flag that gates admission beside them.
@@ -154,6 +169,7 @@ class Registry:
         self._create = redis.register_script(_script("create_task.lua"))
         self._take_expired = redis.register_script(_TAKE_EXPIRED)
         self._release_own = redis.register_script(expand_keys(_RELEASE_OWN))
+        self._hold_existing = redis.register_script(_HOLD_EXISTING)
         self._count_sets = redis.register_script(_COUNT_SETS)
         # A task's spec never changes once registered (create_task.lua refuses another
         # spec under the same id), and every service stops when the registry loses its
@@ -319,17 +335,15 @@ class Registry:
         return {k.decode(): int(v) for k, v in raw.items() if int(v)}
 
     # -- leases: who holds a session's runtime, until when ------------------------------
-    async def hold(self, session_ids: Iterable[str], owner: str, ttl_seconds: float) -> None:
-        """Take or renew the lease on sessions (a holder renews well before expiry)."""
+    async def hold(self, session_ids: Iterable[str], owner: str, ttl_seconds: float) -> int:
+        """Renew the lease on sessions (a holder renews well before expiry); a session
+        whose record is gone is skipped, not re-created. Returns how many were renewed."""
         ids = list(session_ids)
         if not ids:
-            return
+            return 0
         expiry = time.time() + ttl_seconds
-        async with self.redis.pipeline(transaction=False) as p:
-            p.zadd(S.KEY_LEASES, {sid: expiry for sid in ids})
-            for sid in ids:
-                p.hset(S.key_session(sid), "lease_owner", owner)
-            await p.execute()
+        keys = [S.KEY_LEASES, *(S.key_session(sid) for sid in ids)]
+        return int(await self._hold_existing(keys=keys, args=[owner, repr(expiry), *ids]))
 
     async def release(self, session_id: str, owner: str | None = None) -> None:
         """Drop the session's lease; with ``owner``, only while that owner holds it."""

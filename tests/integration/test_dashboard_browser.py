@@ -386,6 +386,8 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
         goto(driver, dash.url + "/")
         wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
         assert not driver.find_element(By.ID, "banner").is_displayed()
+        metrics = httpx.get(dash.url + "/metrics").text  # its own, beside every service's
+        assert "polar_dashboard_sessions" in metrics and "polar_dashboard_live_clients" in metrics
         localservers.stop_process(valkey.pid)
         wait(driver, lambda d: "cannot reach Redis" in d.find_element(By.ID, "banner").text, 30)
         localservers.stop_process(nats.pid)
@@ -395,6 +397,7 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
         wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
         wait(driver, lambda d: d.find_element(By.ID, "banner").is_displayed(), 10)
         assert httpx.get(dash.url + "/healthz").status_code == 503
+        assert httpx.get(dash.url + "/metrics").status_code == 200  # served while degraded
         assert dash.proc.poll() is None
     finally:
         driver.quit()

@@ -72,3 +72,22 @@ async def test_a_service_stops_loudly_when_the_registry_loses_its_state(fresh_se
         assert "the registry lost its state" in sched.log.read_text()
     finally:
         sched.kill()
+
+
+async def test_a_renewal_writes_no_fragment_of_a_session_the_registry_lost(redis_url):
+    """Issue 17.1: after Valkey came back empty the executor's renewals re-created
+    ``polar:session:*`` hashes holding only ``lease_owner``, before anything noticed."""
+    reg = Registry.from_url(redis_url)
+    try:
+        _, sessions = await reg.create_task(
+            TaskRequest(task_id="fragments", instruction="x", num_samples=2)
+        )
+        kept, lost = (s.session_id for s in sessions)
+        await reg.redis.delete(S.key_session(lost))  # gone, as in a registry that lost it
+        assert await reg.hold([kept, lost], "holder", 30.0) == 1
+        assert not await reg.redis.exists(S.key_session(lost))  # no fragment
+        assert await reg.redis.zscore(S.KEY_LEASES, lost) is None
+        assert await reg.redis.zscore(S.KEY_LEASES, kept) is not None
+        assert await reg.redis.hget(S.key_session(kept), "lease_owner") == b"holder"
+    finally:
+        await reg.close()
