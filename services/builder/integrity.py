@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from services.builder.strategies.base import Call, Calls, starts_with
@@ -13,8 +14,15 @@ class Integrity:
     problems: tuple[str, ...]
 
 
-def missing_seqs(calls: Calls) -> list[int]:
-    seqs = {c.seq for c in calls.calls} | set(calls.unreconstructable) | set(calls.void)
+def missing_seqs(calls: Calls, elsewhere: Iterable[int] = ()) -> list[int]:
+    """Call numbers below the highest one seen that have no record; ``elsewhere`` are
+    numbers recorded outside ``calls`` (an earlier attempt's, which share the counter)."""
+    seqs = (
+        {c.seq for c in calls.calls}
+        | set(calls.unreconstructable)
+        | set(calls.void)
+        | set(elsewhere)
+    )
     return sorted(set(range(max(seqs) + 1)) - seqs) if seqs else []
 
 
@@ -32,13 +40,17 @@ def cut_description(call: Call) -> str:
     return "was aborted"
 
 
-def assess(calls: Calls, read_problems: list[str] | tuple[str, ...] = ()) -> Integrity:
+def assess(
+    calls: Calls,
+    read_problems: list[str] | tuple[str, ...] = (),
+    elsewhere: Iterable[int] = (),
+) -> Integrity:
     """Not intact when a completion is missing or unreadable, or a turn was cut mid-chain
     (aborted or errored, and the conversation went on after it). A cut last turn (a
     timeout ending the session mid-call) keeps the trace intact: every token in it was
-    sampled and reported."""
+    sampled and reported. ``elsewhere``: call numbers other attempts recorded."""
     problems = list(read_problems)
-    missing = missing_seqs(calls)
+    missing = missing_seqs(calls, elsewhere)
     if missing:
         problems.append(f"completions missing from the capture: seqs {missing[:50]}")
     if calls.unreconstructable:

@@ -131,9 +131,16 @@ def build_trajectory(
     read_problems: Sequence[str] = (),
 ) -> Trajectory:
     """The unscored trajectory of a finished session. Never raises for a bad build: a
-    builder that fails yields per_request traces, fully masked, with the error recorded."""
+    builder that fails yields per_request traces, fully masked, with the error recorded.
+
+    Only the finished attempt's calls are built: a retried session's earlier attempts
+    (a lost node, an expired lease) sampled tokens whose outcome nobody saw, and the
+    reward this attempt earns says nothing about them. They are counted in the metadata
+    (``earlier_attempt_records``) and still count for the lost-call check, since every
+    attempt numbers its calls on one counter."""
+    records, earlier = split_attempt(records, event.attempt)
     calls = full_calls(records)
-    integrity = assess(calls, list(read_problems))
+    integrity = assess(calls, list(read_problems), (r.seq for r in earlier))
     error = None
     try:
         built = run_builder(builders, spec, records, event.outcome)
@@ -143,6 +150,8 @@ def build_trajectory(
     intact = integrity.intact and error is None
     traces, policy = apply_outcome(built.traces, event.outcome, intact, error is not None)
     metadata: dict[str, Any] = {"reward_policy": policy, "records": len(records)}
+    if earlier:
+        metadata["earlier_attempt_records"] = len(earlier)
     if built.notes:
         metadata["builder_notes"] = built.notes
     if integrity.problems:
@@ -170,6 +179,14 @@ def build_trajectory(
         protocol=art.protocol or _protocol_of(records),
         metadata=metadata,
     )
+
+
+def split_attempt(
+    records: list[CompletionRecord], attempt: int
+) -> tuple[list[CompletionRecord], list[CompletionRecord]]:
+    """(the attempt's records, every other attempt's)."""
+    mine = [r for r in records if r.attempt == attempt]
+    return mine, [r for r in records if r.attempt != attempt]
 
 
 def _protocol_of(records: list[CompletionRecord]) -> str | None:

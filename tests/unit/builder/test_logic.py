@@ -2,6 +2,7 @@
 
 import random
 
+import msgspec
 import pytest
 
 from schemas import (
@@ -139,6 +140,33 @@ def test_missing_or_unreconstructable_completions_make_it_not_intact():
     assert assess(full_calls(plain.records)).intact
     tr = build(gap)
     assert not tr.intact and tr.metadata["reward_policy"] == "evaluate"  # completed: kept
+
+
+def test_a_retried_session_builds_only_its_finished_attempt():
+    # Attempt 0 made two calls and died with its node (the second cut); attempt 1 ran the
+    # same task again on the shared call counter (seqs 2 and 3) and completed.
+    first = loop_records(2)
+    first.records[-1] = msgspec.structs.replace(first.records[-1], aborted=True)
+    again = loop_records(2)
+    retried = [
+        msgspec.structs.replace(
+            r,
+            seq=r.seq + 2,
+            attempt=1,
+            prompt_base_seq=(None if r.prompt_base_seq is None else r.prompt_base_seq + 2),
+        )
+        for r in again.records
+    ]
+    tr = build(first.records + retried, attempt=1)
+    alone = build(again.records)
+    # the dead attempt's tokens are in no trace: the same traces, their calls renumbered
+    assert [t.completion_seqs for t in tr.traces] == [[2, 3]]
+    assert tr.traces == [msgspec.structs.replace(t, completion_seqs=[2, 3]) for t in alone.traces]
+    assert tr.intact  # its cut call is not this attempt's "cut mid-chain"
+    assert tr.metadata["records"] == 2 and tr.metadata["earlier_attempt_records"] == 2
+    # ...but a call number missing from any attempt is still a lost call
+    gap = build(first.records[:1] + retried, attempt=1)
+    assert gap.metadata["integrity_problems"] == ["completions missing from the capture: seqs [1]"]
 
 
 def test_failed_builder_falls_back_to_masked_per_request():
