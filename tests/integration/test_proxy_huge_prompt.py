@@ -107,7 +107,11 @@ async def test_a_small_call_is_not_stalled_by_a_concurrent_huge_prompt(
         # before the fix: the loop stalled for the whole huge plan (~huge_s), and a small
         # call could be served only before or after it
         assert stall < huge_s / 4, (stall, huge_s)
-        assert len(during) >= 5 and worst < max(0.25, 20 * alone[2]), (worst, during)
+        # and a small call waited the whole plan (~huge_s); now it waits for CPU only. The
+        # bound scales with huge_s, which a loaded machine stretches as it does the small
+        # calls (seen at load ~9: worst 431-853 ms beside a 13.6-16.7 s plan)
+        bound = max(0.25, 20 * alone[2], huge_s / 8)
+        assert len(during) >= 5 and worst < bound, (worst, bound, during)
 
 
 # -- the same over HTTP: the real proxy process, the real engine -----------------------
