@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from infra import devstack
+from infra import credentials, devstack
 from infra.topology import parse_topology
 from schemas import SessionStateChanged, TaskResult, decode
 from schemas import subjects as S
@@ -80,6 +80,18 @@ def stack(topology: Callable[[Path], str], *, log=print) -> Iterator:
     finally:
         if not os.environ.get("POLAR_EXAMPLE_KEEP"):
             devstack.down(state_dir)
+
+
+def train_addresses(topo) -> dict:
+    """What a ``polar train`` config needs of the stack :func:`stack` started: its NATS
+    and Valkey URLs with credentials, the proxy, and the admin token weight pushes need."""
+    creds = credentials.load(Path(topo.state_dir))
+    return {
+        "nats_url": topo.nats_url,
+        "redis_url": topo.redis_url,
+        "admin_token": creds.admin_token if creds else None,
+        "proxy_url": f"http://127.0.0.1:{topo.services['proxy'].port}",
+    }
 
 
 async def run_tasks(topo, tasks: list[dict], timeout: float) -> list[Run]:

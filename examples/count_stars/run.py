@@ -29,8 +29,7 @@ import yaml
 
 from examples.count_stars.images import star_image
 from examples.count_stars.warmstart import QUESTION, create_model, warm_start
-from examples.runner import REPO, run_tasks, stack
-from infra import credentials
+from examples.runner import REPO, run_tasks, stack, train_addresses
 from schemas import CompletionRecord, decode
 from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
@@ -127,12 +126,8 @@ def train(topo, out: Path, model_dir: Path) -> int:
     ]
     tasks.write_text("\n".join(lines) + "\n")
     cfg = yaml.safe_load((HERE / "train.yaml").read_text())
-    creds = credentials.load(Path(topo.state_dir))  # the stack's: weight pushes need its token
     cfg.update(
-        nats_url=topo.nats_url,
-        redis_url=topo.redis_url,
-        admin_token=creds.admin_token if creds else None,
-        proxy_url=f"http://127.0.0.1:{topo.services['proxy'].port}",
+        **train_addresses(topo),  # the stack's: weight pushes need its admin token
         model_dir=str(model_dir),
         checkpoint_dir=str(out / "ckpt"),
         tasks={"path": str(tasks)},

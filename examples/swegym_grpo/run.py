@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from evaluators.swebench_tasks import polar_task
-from examples.runner import REPO, stack
+from examples.runner import REPO, stack, train_addresses
 from examples.swebench import instance as example
 from services.demo.topology import MODEL_NAME, stack_topology
 from services.engine.modelinit import init_model_dir
@@ -63,11 +63,8 @@ def main() -> int:
     tasks.write_text(json.dumps(template(inst)) + "\n")
     with stack(lambda state: stack_topology(state, model_dir, max_run=2, max_batch=8)) as topo:
         cfg = yaml.safe_load((HERE / "toy.yaml").read_text())
-        port = topo.services["proxy"].port
         cfg.update(
-            nats_url=topo.nats_url,
-            redis_url=topo.redis_url,
-            proxy_url=f"http://127.0.0.1:{port}",
+            **train_addresses(topo),  # the stack's: weight pushes need its admin token
             model_dir=str(model_dir),
             checkpoint_dir=str(out / "ckpt"),
             tasks={"path": str(tasks)},

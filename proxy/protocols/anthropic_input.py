@@ -97,25 +97,34 @@ def tool_message(b: dict[str, Any], at: str, dropped: list[str]) -> Message:
 
 def user_parts(blocks: list[dict[str, Any]], at: str, dropped: list[str]) -> list[Part]:
     parts: list[Part] = []
-    for b in blocks:
+    for i, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text":
             parts.append(TextPart(req_str(b, "text", at + "content[].")))
-        elif kind == "image" and (url := image_url(b.get("source"))):
-            parts.append(ImagePart(url))
+        elif kind == "image":
+            parts.append(ImagePart(image_url(b.get("source"), f"{at}content[{i}].source")))
         else:
             dropped.append(str(kind))
     return parts
 
 
-def image_url(source: Any) -> str | None:
-    if not isinstance(source, dict):
-        return None
-    if source.get("type") == "base64" and isinstance(source.get("data"), str):
-        media = source.get("media_type")
-        return data_url(media if isinstance(media, str) else "", source["data"])
-    url = source.get("url")
-    return url if source.get("type") == "url" and isinstance(url, str) else None
+def image_url(source: Any, at: str) -> str:
+    """An image block's URL. One the proxy cannot read (a Files API ``file`` source: Polar
+    has no files API) is a 400 naming it, never an image silently left out."""
+    src = as_dict(source, at)
+    kind = src.get("type")
+    if kind == "base64":
+        media = opt_str(src, "media_type", at + ".") or ""
+        return data_url(media, req_str(src, "data", at + "."))
+    if kind == "url":
+        return req_str(src, "url", at + ".")
+    if kind == "file":
+        raise bad(
+            f"{at}: an image source of type 'file' is not supported (Polar has no files API): "
+            "send the image's bytes as a base64 source",
+            at + ".file_id",
+        )
+    raise bad(f"{at}.type must be 'base64' or 'url', not {kind!r}", at + ".type")
 
 
 def assistant_message(blocks: list[dict[str, Any]], at: str, dropped: list[str]) -> Message:

@@ -143,10 +143,26 @@ def parse_content(v: Any, where: str) -> list[Part]:
             parts.append(TextPart(req_str(p, "text", f"{where}[{i}].")))
         elif kind == "refusal":
             parts.append(TextPart(opt_str(p, "refusal", f"{where}[{i}].") or ""))
-        elif kind == "input_image" and isinstance(p.get("image_url"), str):
-            parts.append(ImagePart(p["image_url"]))
-        # files and image references by file id cannot be resolved here: skipped
+        elif kind == "input_image":
+            parts.append(ImagePart(_image_url(p, f"{where}[{i}].")))
+        # input_file parts (documents) have no place in a text prompt: skipped
     return parts
+
+
+def _image_url(p: dict[str, Any], at: str) -> str:
+    """An ``input_image``'s URL. Polar has no files API, so an image named only by
+    ``file_id`` cannot be resolved: a 400 naming the field, never a silently
+    dropped image (the model would answer about a picture it never saw)."""
+    url = opt_str(p, "image_url", at)
+    if url:
+        return url
+    if p.get("file_id") is not None:
+        raise bad(
+            f"{at}file_id: input_image.file_id is not supported (Polar has no files API): "
+            "send the image's bytes in image_url as a data: URL (data:<type>;base64,...)",
+            at + "file_id",
+        )
+    raise bad(f"{at}image_url is required for an input_image", at + "image_url")
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:

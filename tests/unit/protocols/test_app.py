@@ -10,6 +10,7 @@ import pytest
 from litestar.testing import TestClient
 
 from proxy.app import create_app
+from proxy.conversation import ImagePart
 from proxy.errors import ErrorKind, UpstreamError
 from proxy.io.serving import after_reply
 from proxy.sse import parse
@@ -121,6 +122,71 @@ def test_body_over_the_limit_is_413_in_the_callers_protocol(client, handler, pro
     r = client.post(path, content=orjson.dumps(body), headers={**auth("not-a-session")})
     assert r.status_code == 401 and "connection" not in r.headers  # read whole: stays open
     assert handler.calls == []
+
+
+def test_a_responses_image_by_file_id_is_a_400_naming_the_field(client, handler) -> None:
+    """Polar has no files API: an image it cannot resolve is refused, never dropped."""
+    path, body = GENERATE["openai_responses"]
+    text = {"type": "input_text", "text": "how many stars?"}
+    by_id = {"type": "input_image", "file_id": "file-abc123", "detail": "auto"}
+    for item in (
+        {"role": "user", "content": [text, by_id]},  # a user message
+        {"type": "function_call_output", "call_id": "c1", "output": [by_id]},  # a tool result
+    ):
+        r = client.post(path, json={**body, "input": [item]}, headers=auth())
+        assert r.status_code == 400 and protocol_shaped("openai_responses", r.json())
+        error = r.json()["error"]
+        assert "input_image.file_id is not supported" in error["message"]
+        assert "data: URL" in error["message"]
+        assert error["param"].startswith("input[0].") and error["param"].endswith(".file_id")
+    # neither a URL nor a file id: the URL is what is missing
+    r = client.post(
+        path,
+        json={**body, "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+        headers=auth(),
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[0].image_url"
+    assert handler.calls == []
+    # an image_url with a file_id beside it is read by its URL
+    url = {"type": "input_image", "image_url": "data:image/png;base64,iVBO", "file_id": "f"}
+    r = client.post(
+        path, json={**body, "input": [{"role": "user", "content": [url]}]}, headers=auth()
+    )
+    assert r.status_code == 200 and len(handler.calls) == 1
+    (message,) = handler.calls[0][1].messages
+    assert message.content == [ImagePart(url["image_url"])]
+
+
+def test_an_anthropic_image_by_file_source_is_a_400_naming_the_field(client, handler) -> None:
+    """The same for Anthropic's Files API source: refused in Anthropic's error shape."""
+    path, body = MESSAGES
+    by_file = {"type": "image", "source": {"type": "file", "file_id": "file_011abc"}}
+    for content in (
+        [{"type": "text", "text": "how many stars?"}, by_file],
+        [{"type": "tool_result", "tool_use_id": "t1", "content": [by_file]}],
+    ):
+        r = client.post(
+            path, json={**body, "messages": [{"role": "user", "content": content}]}, headers=auth()
+        )
+        assert r.status_code == 400 and protocol_shaped("anthropic_messages", r.json())
+        message = r.json()["error"]["message"]
+        assert message.startswith("messages[0].content[") and "'file' is not supported" in message
+    for source in ({"type": "base64"}, {"type": "pdf"}, None):  # no data, no such type, none
+        image = {"type": "image", "source": source}
+        r = client.post(
+            path, json={**body, "messages": [{"role": "user", "content": [image]}]}, headers=auth()
+        )
+        assert r.status_code == 400 and "messages[0].content[0].source" in r.text
+    assert handler.calls == []
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
+    }
+    r = client.post(
+        path, json={**body, "messages": [{"role": "user", "content": [image]}]}, headers=auth()
+    )
+    assert r.status_code == 200
+    assert handler.calls[0][1].messages[0].content == [ImagePart("data:image/png;base64,AA==")]
 
 
 EXPECTED_STATUS = {
