@@ -71,6 +71,13 @@ def test_port_zero_stack_sends_the_harness_to_its_own_proxy(tmp_path, fresh_serv
         assert refused.status_code == 401 and refused.json()["code"] == 401, refused.text
         keyed = {"authorization": f"Bearer {key}"}
         assert httpx.get(f"{model}/get_weight_version", headers=keyed, trust_env=False).is_success
+        # the trainer's controls reach the keyed engine through the proxy's /admin/*
+        proxy = f"http://127.0.0.1:{ports['proxy']}/admin"
+        admin = {"authorization": f"Bearer {credentials.load(tmp_path).admin_token}"}
+        version = httpx.get(f"{proxy}/weight_version", headers=admin, trust_env=False)
+        assert version.json() == {"weight_version": "1"}, version.text
+        flushed = httpx.post(f"{proxy}/flush_cache", headers=admin, trust_env=False)
+        assert flushed.status_code == 200, flushed.text
     finally:
         devstack.down(tmp_path)
     # the agent's model calls were captured by this stack's proxy, served by its model
