@@ -3,6 +3,8 @@
 - ``admin_token``: the scheduler's write routes (submit, cancel) and the proxy's
   ``/admin/*``; the trainer and the operator's CLI hold it.
 - ``read_token``: the scheduler's read routes (tasks, sessions).
+- ``engine_key``: the embedded engine's api key (the ``model`` service); the proxy
+  presents it, nothing else of the stack calls the engine.
 - ``nats_passwords``: one NATS user per service kind, plus ``cli`` for the operator's
   tools (CLI, export, client, demo), when the stack starts its own nats-server.
 - ``redis_password``: Valkey's password, when the stack starts its own Valkey.
@@ -28,6 +30,7 @@ OPERATOR = "cli"
 class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     admin_token: str
     read_token: str
+    engine_key: str | None = None  # None: a credentials file from before it existed
     nats_passwords: dict[str, str] = {}  # user -> password; {}: not our nats-server
     redis_password: str | None = None  # None: not our Valkey
 
@@ -48,6 +51,7 @@ def generate(nats_users: list[str], *, own_nats: bool, own_redis: bool) -> Crede
     return Credentials(
         admin_token=token("pa_"),
         read_token=token("pr_"),
+        engine_key=token("pe_"),
         nats_passwords={u: secrets.token_urlsafe(24) for u in nats_users} if own_nats else {},
         redis_password=secrets.token_urlsafe(24) if own_redis else None,
     )

@@ -103,7 +103,7 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
         )
         creds = _only_own(creds, own_nats, own_redis)
         credentials.save(state_dir, creds)
-        plans = wiring.with_credentials(plans, creds)
+        plans = wiring.with_credentials(plans, creds, topo.host)
         spawned = [(plan, _start_service(state, plan, topo, creds, log)) for plan in plans]
         deadline = time.monotonic() + topo.startup_timeout_seconds
         _wait_healthy(spawned, wiring.connect_host(topo.host), deadline, state_dir, log)

@@ -17,7 +17,8 @@ sent to whatever listens at a default port:
 
 ``with_credentials`` hands each service the tokens it checks or presents
 (``infra/credentials.py``): the scheduler its admin and read tokens, the proxy its admin
-token, the trainer the admin token it pushes weights with.
+token and the engine key for its backends that are the stack's ``model`` service, the
+model service that key (``api_key``), the trainer the admin token it pushes weights with.
 
 ``cannot_work`` then refuses, before anything starts, a stack whose proxy could not
 serve (token mode with no tokenizer to template with).
@@ -145,12 +146,49 @@ TOKENS_OF = {  # which stack tokens each service is given (its config may set it
 }
 
 
-def with_credentials(plans: list[ServicePlan], creds: Credentials) -> list[ServicePlan]:
+def with_credentials(
+    plans: list[ServicePlan], creds: Credentials, host: str = "127.0.0.1"
+) -> list[ServicePlan]:
+    """``host``: the stack's (its model service listens there)."""
+    model_port = next((p.port for p in plans if p.service == MODEL), None)
     out = []
     for p in plans:
         given = {name: getattr(creds, name) for name in TOKENS_OF.get(p.service, ())}
-        out.append(msgspec.structs.replace(p, config={**given, **p.config}) if given else p)
+        config = {**given, **p.config}
+        if creds.engine_key and p.service == MODEL:
+            config = {"api_key": creds.engine_key, **config}
+        if creds.engine_key and p.service == PROXY and model_port is not None:
+            config = _keyed_backends(config, host, model_port, creds.engine_key)
+        out.append(msgspec.structs.replace(p, config=config) if config != p.config else p)
     return out
+
+
+_LOCAL = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", ""})
+
+
+def _keyed_backends(config: dict[str, Any], host: str, port: int, key: str) -> dict[str, Any]:
+    """The proxy's backends at the stack's model service (this machine, its port, however
+    the URL spells the host) present its key; a key set in ``settings.http`` wins."""
+
+    def at_model(url: Any) -> bool:
+        try:
+            parts = urlsplit(str(url))
+            return parts.port == port and (parts.hostname or "") in _LOCAL | {host}
+        except ValueError:
+            return False
+
+    def keyed(entry: dict[str, Any]) -> dict[str, Any]:
+        settings = entry.get("settings") or {}
+        http = {"api_key": key, **(settings.get("http") or {})}
+        return {**entry, "settings": {**settings, "http": http}}
+
+    if "backends" in config:
+        backends = [keyed(b) if at_model(b.get("url")) else b for b in config["backends"]]
+        config = {**config, "backends": backends}
+    backend = config.get("backend")
+    if isinstance(backend, dict) and any(at_model(u) for u in backend.get("urls") or []):
+        config = {**config, "backend": keyed(backend)}
+    return config
 
 
 def _embedded_backends(config: dict[str, Any], service: str, model_url: str) -> dict[str, Any]:

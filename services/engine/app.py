@@ -4,6 +4,10 @@ Routes: /generate, /v1/chat/completions, /v1/models, /model_info (/get_model_inf
 /server_info (/get_server_info), /get_weight_version, /health, /health_generate,
 /update_weights_from_disk, /pause_generation, /continue_generation, /flush_cache,
 /abort_request, /metrics (SGLang's queue gauges, read by the runtime pool's backpressure).
+
+With ``api_key`` set (``polar up`` always sets one), every route but the liveness and
+metrics pages needs ``Authorization: Bearer <api_key>``, as SGLang's ``--api-key`` does:
+a 401 in the engine's error shape, decided before the body is read.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post, route
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.handlers.base import BaseRouteHandler
 
+from services.common import auth
 from services.common.logs import service_logging
 from services.common.metrics import render as render_metrics
 from services.common.tokenization import TemplateRenderError
@@ -85,6 +92,31 @@ async def generate(request: Request) -> Response:
 
 class _ClientGone(Exception):
     pass
+
+
+class Unauthorized(Exception):
+    pass
+
+
+# Open without the key: liveness (the stack's /healthz, SGLang's /health) and the
+# queue gauges the pools' backpressure reads. Nothing here generates or changes state.
+OPEN_PATHS = frozenset({"/healthz", "/health", "/metrics"})
+
+
+def key_guard(api_key: str):
+    """A guard (it runs before the handler reads the body) refusing a request without
+    ``Authorization: Bearer <api_key>``."""
+
+    def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+        if connection.scope["path"] in OPEN_PATHS:
+            return
+        given = auth.bearer(connection.headers)
+        if given is None:
+            raise Unauthorized("this engine needs `Authorization: Bearer <api key>`")
+        if not auth.matches(given, (api_key,)):
+            raise Unauthorized("the bearer token is not this engine's api key")
+
+    return guard
 
 
 async def _run_while_connected(
@@ -191,6 +223,7 @@ async def model_info(request: Request) -> Response:
 async def server_info(request: Request) -> Response:
     state = _state(request)
     info = msgspec.to_builtins(state.config)
+    info.pop("api_key", None)  # the credential itself is never served
     info.update(
         {
             "model_path": state.model_path,
@@ -331,7 +364,7 @@ async def abort_request(request: Request) -> Response:
 
 def _error_handler(status: int, kind: str):
     def handle(_: Request, exc: Exception) -> Response:
-        headers = {"Retry-After": "1"} if status == 503 else None
+        headers = {503: {"Retry-After": "1"}, 401: {"WWW-Authenticate": "Bearer"}}.get(status)
         return _json(protocol.error_body(str(exc), status, kind), status, headers)
 
     return handle
@@ -350,6 +383,7 @@ def _internal_error(_: Request, exc: Exception) -> Response:
 
 EXCEPTION_HANDLERS = {
     _ClientGone: lambda _, __: Response(b"", status_code=499),
+    Unauthorized: _error_handler(401, "Unauthorized"),
     protocol.ProtocolError: _error_handler(400, "BadRequest"),
     RequestRejected: _error_handler(400, "BadRequest"),
     TemplateRenderError: _error_handler(400, "BadRequest"),
@@ -397,6 +431,7 @@ def create_app(config: ServeConfig) -> Litestar:
 
     return Litestar(
         route_handlers=ROUTES,
+        guards=[key_guard(config.api_key)] if config.api_key else [],
         exception_handlers=EXCEPTION_HANDLERS,
         on_startup=[startup],
         on_shutdown=[shutdown],

@@ -75,6 +75,14 @@ def serve_command(
     weight_version: Annotated[str, typer.Option(help="Initial weight version.")] = "1",
     served_model_name: Annotated[str, typer.Option()] = "",
     default_max_tokens: Annotated[int, typer.Option()] = 256,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="POLAR_ENGINE_API_KEY",
+            help="Require `Authorization: Bearer KEY` on every route but /health and "
+            "/metrics (set it in the environment: a command line is visible to others).",
+        ),
+    ] = None,
 ) -> None:
     """Serve SGLang's HTTP surface (/generate, /v1/chat/completions, weight control)."""
     engine = EngineConfig(
@@ -94,6 +102,7 @@ def serve_command(
             threads=threads,
             default_max_tokens=default_max_tokens,
             engine=engine,
+            api_key=api_key or None,
         )
     )
 

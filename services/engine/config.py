@@ -33,6 +33,11 @@ class ServeConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     threads: int = 1  # torch intra-op threads for the engine
     default_max_tokens: int = 256
     engine: EngineConfig = EngineConfig()
+    # Every route but /healthz and /metrics needs `Authorization: Bearer <api_key>`
+    # (SGLang's and vLLM's --api-key); None: open, for a server only its user reaches.
+    # `polar up` always sets one: a harness on the node's network must not pause the
+    # engine, swap its weights or sample from it uncaptured.
+    api_key: str | None = None
 
 
 def config_from_env() -> ServeConfig:

@@ -99,7 +99,12 @@ class Executor:
         if spec is None or session is None or session.attempt != work.attempt:
             return  # gone, or the hand-over of an earlier attempt (the runtime is not its)
         runtime = node_runtime(
-            self.config, spec.runtime, work.session_id, work.runtime_id, harness=spec.agent.harness
+            self.config,
+            spec.runtime,
+            work.session_id,
+            work.runtime_id,
+            harness=spec.agent.harness,
+            token=session.token,  # adopted (from the pool, or after a restart): pinned again
         )
         run = RunningSession(work.session_id, runtime)
         # Found by a cancel message from before the change on: a cancel of the RUNNING

@@ -60,11 +60,14 @@ def node_runtime(
     role: str = "main",
     *,
     harness: str | None = None,
+    token: str | None = None,
 ):
     """A runtime of this node: a new one (``runtime_id`` None) or one that exists already
     (prepared by the pool, or left by a process that died). ``harness``: the task's, which
     decides what ``sandbox: auto`` means (every caller passes it: the same session gets
-    the same sandbox from the pool, the executor and the evaluator)."""
+    the same sandbox from the pool, the executor and the evaluator). ``token``: the
+    session's, for the runtimes that run its harness (the pool's prepare, the
+    executor's run): a `network: none` sandbox reaches only that session's routes."""
     from services.runtimes.factory import adopt_runtime, create_runtime, with_default_sandbox
 
     spec = with_default_sandbox(spec, harness)
@@ -72,6 +75,7 @@ def node_runtime(
         base_dir=SessionPaths.of(config.work_dir, session_id).sessions_dir,
         proxy_url=config.proxy_url,
         docker_host=config.docker_host,
+        token=token,
     )
     if runtime_id is None:
         return create_runtime(spec, session_id, role=role, **kw)

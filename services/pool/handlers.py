@@ -228,7 +228,13 @@ class RuntimePool:
         spec = await self.registry.task_spec(item.task_id)
         session = await self.registry.get_session(sid)
         paths = SessionPaths.of(self.config.work_dir, sid)
-        runtime = node_runtime(self.config, spec.runtime, sid, harness=spec.agent.harness)
+        runtime = node_runtime(
+            self.config,
+            spec.runtime,
+            sid,
+            harness=spec.agent.harness,
+            token=session.token if session is not None else None,
+        )
         self.initializing[sid] = runtime
         await self._prepare(runtime, spec, session, paths, fresh)
         if not await self._become_ready(sid, runtime):  # cancelled while preparing

@@ -5,17 +5,19 @@ A sandbox without network has only its own loopback. `bridge_inner.py` listens o
 this forwarder carries the requests on to the real proxy. Nothing else is reachable.
 
 The forwarder reads the sandbox's side as HTTP/1.x, request by request, and passes on
-only requests for a session's routes (``/s/<token>/…``, where every harness's base URL
-points): the proxy's ``/admin/*``, ``/metrics`` and anything else at its root answer 403
-here, and so do requests it cannot frame safely (both Content-Length and chunked, two
-Content-Lengths, an Upgrade, dot segments or encoded slashes in the path). Replies go
-back as they come.
+only requests for its own session's routes (``/s/<its token>/…``, where the harness's
+base URL points): another session's token (leaked, guessed), the proxy's ``/admin/*``,
+``/metrics`` and anything else at its root answer 403 here, and so do requests it cannot
+frame safely (both Content-Length and chunked, two Content-Lengths, an Upgrade, dot
+segments or encoded slashes in the path). A bridge given no token passes nothing.
+Replies go back as they come.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -49,29 +51,32 @@ class Refused(Exception):
     """A request the sandbox may not send to the proxy (the reason, for its 403)."""
 
 
-def path_allowed(target: bytes) -> bool:
-    """A session route: ``/s/<token>/<something>``, with no way to climb out of it."""
-    path = target.split(b"?", 1)[0].lower()
-    if not path.startswith(b"/s/") or any(t in path for t in _ENCODED_TRICKS):
+def path_allowed(target: bytes, token: str | None) -> bool:
+    """``token``'s session route: ``/s/<token>/<something>``, with no way to climb out of
+    it (tokens are case-sensitive: only the checks for tricks ignore case)."""
+    path = target.split(b"?", 1)[0]
+    lowered = path.lower()
+    if not path.startswith(b"/s/") or any(t in lowered for t in _ENCODED_TRICKS):
         return False
     segments = path.split(b"/")
     dots = b"." in segments or b".." in segments
-    return len(segments) >= 4 and bool(segments[2]) and not dots
+    if len(segments) < 4 or not segments[2] or dots or not token:
+        return False
+    return hmac.compare_digest(segments[2], token.encode())
 
 
-def request_framing(head: bytes) -> tuple[str, int]:
-    """Check a request head (request line and headers, up to the blank line) and say how
-    its body is framed: ("length", n) or ("chunked", 0). Raises Refused."""
+def request_framing(head: bytes, token: str | None) -> tuple[str, int]:
+    """Check a request head (request line and headers, up to the blank line) for
+    ``token``'s session and say how its body is framed: ("length", n) or ("chunked", 0).
+    Raises Refused."""
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise Refused("the proxy bridge carries HTTP/1.x requests only")
     method, target = parts[0], parts[1]
-    if method == b"CONNECT" or not path_allowed(target):
-        raise Refused(
-            "a sandbox reaches only its session's proxy routes (/s/<token>/...), "
-            f"not {target[:200].decode('latin-1')!r}"
-        )
+    if method == b"CONNECT" or not path_allowed(target, token):
+        # the target is not echoed: it may carry another session's token
+        raise Refused("a sandbox reaches only its own session's proxy routes (/s/<token>/...)")
     lengths, chunked = [], False
     for line in lines[1:]:
         name, _, value = line.partition(b":")
@@ -128,7 +133,10 @@ async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 
 async def _requests(
-    reader: asyncio.StreamReader, upstream: asyncio.StreamWriter, client: asyncio.StreamWriter
+    reader: asyncio.StreamReader,
+    upstream: asyncio.StreamWriter,
+    client: asyncio.StreamWriter,
+    token: str | None,
 ) -> None:
     """The sandbox's requests, one by one, to the proxy; the first refused one is
     answered 403 and ends the connection."""
@@ -140,7 +148,7 @@ async def _requests(
                 raise Refused("request head over 64 KiB") from None
             except asyncio.IncompleteReadError:
                 break  # the sandbox closed its side
-            kind, length = request_framing(head[:-4])
+            kind, length = request_framing(head[:-4], token)
             upstream.write(head)
             if kind == "chunked":
                 await _copy_chunked(reader, upstream)
@@ -171,9 +179,12 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class ProxyBridge:
-    def __init__(self, socket_path: Path, target: tuple[str, int]) -> None:
+    """``token``: the session whose routes pass (None: none do)."""
+
+    def __init__(self, socket_path: Path, target: tuple[str, int], token: str | None) -> None:
         self.socket_path = socket_path
         self.target = target
+        self.token = token
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
 
@@ -193,7 +204,9 @@ class ProxyBridge:
             self._conns.discard(task)
             return
         try:
-            await asyncio.gather(_requests(reader, up_writer, writer), _pipe(up_reader, writer))
+            await asyncio.gather(
+                _requests(reader, up_writer, writer, self.token), _pipe(up_reader, writer)
+            )
         finally:
             for w in (writer, up_writer):
                 w.close()

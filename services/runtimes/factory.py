@@ -68,12 +68,15 @@ class RuntimeOptions:
     proxy_url: str | None = None  # the proxy as this node reaches it
     docker_host: str | None = None  # default: DOCKER_HOST / the platform default
     keep_files: bool = False  # keep session directories after stop (debugging)
+    # the session's token: a `network: none` sandbox's bridge passes only its routes
+    # (None: none; an eval runtime runs after the token stopped being valid anyway)
+    token: str | None = None
 
 
 def _local(spec: Any, session_id: str, runtime_id: str, o: RuntimeOptions) -> Runtime:
     return LocalSandboxRuntime(
         spec, session_id, runtime_id, base_dir=o.base_dir, proxy_url=o.proxy_url,
-        keep_files=o.keep_files,
+        keep_files=o.keep_files, token=o.token,
     )  # fmt: skip
 
 
@@ -114,12 +117,14 @@ def create_runtime(
     role: str = "main",
     docker_host: str | None = None,
     keep_files: bool = False,
+    token: str | None = None,
 ) -> Runtime:
-    """A runtime for one session (`role` tells apart e.g. the live and a fresh eval one)."""
+    """A runtime for one session (`role` tells apart e.g. the live and a fresh eval one);
+    ``token``: the session's (``RuntimeOptions.token``)."""
     factory = RUNTIME_FACTORIES.get(type(spec))
     if factory is None:
         raise SandboxConfigError(f"no runtime backend for {type(spec).__name__}")
-    options = RuntimeOptions(Path(base_dir), proxy_url, docker_host, keep_files)
+    options = RuntimeOptions(Path(base_dir), proxy_url, docker_host, keep_files, token)
     return factory(spec, session_id, runtime_id_for(session_id, role), options)
 
 
@@ -132,11 +137,12 @@ def adopt_runtime(
     proxy_url: str | None = None,
     docker_host: str | None = None,
     keep_files: bool = False,
+    token: str | None = None,
 ) -> Runtime:
     """A running runtime started elsewhere on this node (by the pool, or by a process
     that died), ready to exec, download and stop; same arguments as at creation."""
     factory = RUNTIME_FACTORIES.get(type(spec))
     if factory is None:
         raise SandboxConfigError(f"no runtime backend for {type(spec).__name__}")
-    options = RuntimeOptions(Path(base_dir), proxy_url, docker_host, keep_files)
+    options = RuntimeOptions(Path(base_dir), proxy_url, docker_host, keep_files, token)
     return factory(spec, session_id, runtime_id, options).adopt()

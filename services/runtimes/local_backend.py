@@ -46,6 +46,7 @@ class LocalSandboxRuntime(Runtime):
         base_dir: Path,
         proxy_url: str | None = None,
         keep_files: bool = False,
+        token: str | None = None,
     ) -> None:
         check_local_spec(spec)
         self.spec = spec
@@ -55,6 +56,7 @@ class LocalSandboxRuntime(Runtime):
         self._bridge: ProxyBridge | None = None
         self._bridge_dir: str | None = None
         self._proxy_target = proxy_url
+        self._token = token  # the session's: the only routes its bridge passes
         if self._uses_bridge and proxy_url is not None:
             proxy_url = inside_proxy_url(proxy_url)
         super().__init__(
@@ -100,7 +102,7 @@ class LocalSandboxRuntime(Runtime):
         # Unix socket paths are short (108 bytes): keep it out of the session path.
         self._bridge_dir = tempfile.mkdtemp(prefix="polar-br-")
         target = proxy_address(self._proxy_target)
-        self._bridge = ProxyBridge(Path(self._bridge_dir) / "proxy.sock", target)
+        self._bridge = ProxyBridge(Path(self._bridge_dir) / "proxy.sock", target, self._token)
         await self._bridge.start()
 
     async def _release(self) -> None:

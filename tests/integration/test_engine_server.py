@@ -30,7 +30,9 @@ TOOLS = [
 ]
 
 
-def _start(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def _start(
+    model_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
         sys.executable,
@@ -43,7 +45,11 @@ def _start(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
         *extra,
     ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     return proc, f"http://127.0.0.1:{port}"
 
@@ -334,3 +340,21 @@ def test_client_disconnect_aborts_its_generation(servers):
         assert time.monotonic() < deadline, "the abandoned request kept running"
         time.sleep(0.05)
     assert state["generated_tokens"] - before < 20000
+
+
+def test_a_keyed_server_answers_only_with_its_key(model_dirs):
+    """``polar model serve`` with ``POLAR_ENGINE_API_KEY`` (issue 17): the key stays off
+    the command line; /health stays open for whoever waits on it."""
+    proc, url = _start(model_dirs[0], env={"POLAR_ENGINE_API_KEY": "pe_server-key"})
+    try:
+        _wait_healthy(proc, url)
+        assert "pe_server-key" not in " ".join(proc.args)
+        refused = _post(url, "/continue_generation")
+        assert refused.status_code == 401 and refused.json()["type"] == "Unauthorized"
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+        keyed = httpx.post(
+            url + "/generate", json=body, headers={"authorization": "Bearer pe_server-key"}
+        )
+        assert keyed.status_code == 200, keyed.text
+    finally:
+        _stop(proc)

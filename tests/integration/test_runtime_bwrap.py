@@ -1,8 +1,9 @@
 """The local runtime under bubblewrap (needs the `bubblewrap` Debian package: `just setup`
 installs it as root with apt; without it these tests skip, saying so).
 
-With `network: none` the sandbox reaches the proxy only through the Unix-socket bridge:
-a stand-in proxy HTTP server answers through it, while another server on the node's
+With `network: none` the sandbox reaches the proxy only through the Unix-socket bridge,
+and there only its own session's routes (the token the runtime was created or adopted
+with): a stand-in proxy HTTP server answers through it, while another server on the node's
 loopback, the node's other addresses, host Unix sockets under /run and the outside world
 stay unreachable. The same probe with `network: host` reaches the other server (the
 positive control that shows the probe can see an open port).
@@ -105,7 +106,11 @@ async def test_network_none_reaches_only_the_proxy_through_the_bridge(servers, t
     proxy_port, other_port, proxy_hits, other_hits, run_socket = servers
     spec = LocalRuntime(sandbox="bwrap", network="none")
     rt = create_runtime(
-        spec, "bw-1", base_dir=tmp_path, proxy_url=f"http://127.0.0.1:{proxy_port}/s/tok"
+        spec,
+        "bw-1",
+        base_dir=tmp_path,
+        proxy_url=f"http://127.0.0.1:{proxy_port}/s/tok",
+        token="tok",
     )
     async with rt:
         assert rt.proxy_url == f"http://127.0.0.1:{proxy_port}/s/tok"
@@ -196,18 +201,33 @@ async def test_an_adopter_brings_its_own_bridge(servers, tmp_path):
     proxy_port, other_port, proxy_hits, _, run_socket = servers
     spec = LocalRuntime(sandbox="bwrap", network="none")
     url = f"http://127.0.0.1:{proxy_port}/s/tok"
-    pool_side = create_runtime(spec, "bw-7", base_dir=tmp_path, proxy_url=url)
+    pool_side = create_runtime(spec, "bw-7", base_dir=tmp_path, proxy_url=url, token="tok")
     await pool_side.start()
     pool_bridge = pool_side.bridge_dir
     await pool_side.detach()
     assert pool_bridge is not None and not pool_bridge.exists()
-    executor_side = adopt_runtime(spec, "bw-7", "bw-7-main", base_dir=tmp_path, proxy_url=url)
+    executor_side = adopt_runtime(
+        spec, "bw-7", "bw-7-main", base_dir=tmp_path, proxy_url=url, token="tok"
+    )
     lines = await _probe(executor_side, other_port, run_socket)
     assert lines[0] == "PROXY proxy-ok" and lines[1].startswith("BLOCKED")
+    # the adopter's bridge is pinned to the session's token too (issue 17)
+    other = await executor_side.exec(
+        [sys.executable, "-I", "-c", STATUS, executor_side.proxy_url.replace("/s/tok", "/s/ps_x")]
+    )
+    assert other.stdout.decode().strip() == "403", other.stderr.decode()
     assert proxy_hits == ["/s/tok/v1/models"]
     await executor_side.stop()
     assert not (tmp_path / "bw-7-main").exists() and executor_side.bridge_dir is None
 
+
+STATUS = r"""
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1] + "/v1/models", timeout=5).status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
 
 ADMIN_PROBE = r"""
 import sys, urllib.error, urllib.request
@@ -220,6 +240,8 @@ for method, path in [
     ("POST", "/s/tok/../../admin/pause"),
     ("POST", "/s/tok/%2e%2e/admin/pause"),
     ("POST", "/v1/chat/completions"),
+    ("GET", "/s/ps_another_session/v1/models"),  # a leaked token of another session
+    ("POST", "/s/TOK/v1/chat/completions"),
 ]:
     req = urllib.request.Request(root + path, data=b"{}" if method == "POST" else None, method=method)
     try:
@@ -230,12 +252,13 @@ for method, path in [
 """
 
 
-async def test_the_bridge_refuses_everything_but_session_routes(servers, tmp_path):
-    """Issue 17: /admin/pause answered 200 through the bridge of a network-less sandbox."""
+async def test_the_bridge_refuses_everything_but_its_sessions_routes(servers, tmp_path):
+    """Issue 17: /admin/pause answered 200 through the bridge of a network-less sandbox,
+    and so did any other session's routes."""
     proxy_port, _, proxy_hits, _, _ = servers
     spec = LocalRuntime(sandbox="bwrap", network="none")
     rt = create_runtime(
-        spec, "bw-adm", base_dir=tmp_path, proxy_url=f"http://127.0.0.1:{proxy_port}"
+        spec, "bw-adm", base_dir=tmp_path, proxy_url=f"http://127.0.0.1:{proxy_port}", token="tok"
     )
     async with rt:
         r = await rt.exec([sys.executable, "-I", "-c", ADMIN_PROBE, rt.proxy_url], timeout=30)
@@ -254,6 +277,6 @@ async def test_the_bridge_refuses_everything_but_session_routes(servers, tmp_pat
             timeout=30,
         )
     codes = [line.rsplit(" ", 1)[1] for line in r.stdout.decode().splitlines()]
-    assert codes == ["403"] * 7, r.stdout.decode()
+    assert codes == ["403"] * 9, r.stdout.decode()
     assert ok.stdout.decode().strip() == "PROXY proxy-ok"  # a session route still passes
     assert proxy_hits == ["/s/tok/v1/models"]  # nothing else reached the proxy

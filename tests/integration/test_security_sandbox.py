@@ -3,8 +3,13 @@
 Two sessions of one task run a shell harness under bubblewrap (host network, so every
 port of the node is in reach). Each one tries what issue 17's attacker did: other
 processes' environments (tokens), the other session's directory, the host's private
-files and the stack's credentials, Redis and NATS without a password, and the proxy's
-admin routes. None of it works; its own session route still does.
+files and the stack's credentials, Redis and NATS without a password, the proxy's
+admin routes, and the embedded engine's admin and completion routes (uncaptured
+sampling, pause, weight swaps). None of it works; its own session route still does.
+
+A third session runs with ``network: none`` (the proxy bridge) and holds another live
+session's token, as if it had leaked: through the bridge it reaches its own routes and
+nothing of the other session's.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ from pathlib import Path
 
 import orjson
 import pytest
+import redis.asyncio as aioredis
 
 from infra import credentials, devstack
 from infra.topology import parse_topology
 from schemas import SessionFinished, decode
 from schemas import subjects as S
+from schemas.session import SessionState
 from services.cli.demo import demo_topology
 from services.common.bus import Bus
+from services.common.registry import Registry
 from tests.helpers.requires import requires_bwrap
 
 pytestmark = [requires_bwrap, pytest.mark.asyncio, pytest.mark.timeout(420)]
+CHECKOUT = Path(__file__).resolve().parts[2]  # /work/<it>: its bridge script is bound back
 
 PROBE = r"""
 import glob, hashlib, json, os, re, socket, urllib.error, urllib.request
@@ -81,9 +90,47 @@ for path, token in (("/admin/pause", None), ("/admin/pause", mine), ("/admin/flu
     except urllib.error.HTTPError as exc:
         codes[path + (" own-token" if token else "")] = exc.code
 out["admin"] = codes
+engine = "http://127.0.0.1:" + env["MODEL_PORT"]
+chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+codes = {}
+for path, body in (
+    ("/pause_generation", {"mode": "abort"}),
+    ("/continue_generation", {}),
+    ("/update_weights_from_disk", {"model_path": "/tmp"}),
+    ("/abort_request", {"abort_all": True}),
+    ("/flush_cache", {}),
+    ("/v1/chat/completions", chat),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}),
+):
+    req = urllib.request.Request(engine + path, data=json.dumps(body).encode(), method="POST")
+    req.add_header("content-type", "application/json")
+    req.add_header("authorization", "Bearer " + mine)  # its own token is no engine key
+    try:
+        codes[path] = urllib.request.urlopen(req, timeout=20).status
+    except urllib.error.HTTPError as exc:
+        codes[path] = exc.code
+out["engine"] = codes
 req = urllib.request.Request(base + "/models")
 out["own_route"] = urllib.request.urlopen(req, timeout=5).status
 print("PROBE " + json.dumps(out))
+"""
+
+# Inside a `network: none` sandbox: only the bridge on 127.0.0.1:<proxy port>.
+BRIDGE_PROBE = r"""
+import json, os, secrets, urllib.error, urllib.request
+base = os.environ["OPENAI_BASE_URL"]  # http://127.0.0.1:<proxy>/s/<token>/v1
+root = base.split("/s/")[0]
+def status(url):
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url), timeout=10).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+out = {
+    "own": status(base + "/models"),
+    "other": status(root + "/s/" + os.environ["OTHER_TOKEN"] + "/v1/models"),
+    "forged": status(root + "/s/ps_" + secrets.token_urlsafe(32) + "/v1/models"),
+}
+print("BRIDGE " + json.dumps(out))
 """
 
 
@@ -119,6 +166,7 @@ def hostile_task(topo, state_dir: Path) -> dict:
             "env": {
                 "REDIS_PORT": port(topo.redis_url),
                 "NATS_PORT": port(topo.nats_url),
+                "MODEL_PORT": str(topo.services["model"].port),
                 "STATE_DIR": str(state_dir),
                 "PRIVATE_FILE": str(Path(__file__).resolve()),  # this checkout
             },
@@ -126,10 +174,34 @@ def hostile_task(topo, state_dir: Path) -> dict:
     }
 
 
+def shell_task(task_id: str, runtime: dict, command: str, env: dict, probe: str = "") -> dict:
+    prepare = [{"action": "upload_file", "dest": "probe.py", "content": probe}] if probe else []
+    return {
+        "task_id": task_id,
+        "instruction": "take over the node",
+        "num_samples": 1,
+        "timeout_seconds": 300,
+        "agent_timeout_seconds": 120,
+        "runtime": {"backend": "local", "sandbox": "bwrap", **runtime, "prepare": prepare},
+        "agent": {"harness": "shell", "command": command, "env": env},
+    }
+
+
+async def live_token(registry: Registry, task_id: str) -> str:
+    """The token of ``task_id``'s session once it is RUNNING (valid at the proxy)."""
+    for _ in range(1200):
+        sessions = await registry.task_sessions(task_id)
+        if sessions and sessions[0].state == SessionState.RUNNING:
+            return sessions[0].token
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{task_id} never ran: {sessions}")
+
+
 async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
     topo, state_dir = stack
     creds = credentials.load(state_dir)
     bus = await Bus.open(creds.nats_url(topo.nats_url), "hostile-test", declare=False)
+    redis = aioredis.from_url(creds.redis_url(topo.redis_url))
     finished: list[SessionFinished] = []
 
     async def on_finished(msg) -> None:
@@ -137,29 +209,51 @@ async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
 
     sub = await bus.nc.subscribe(S.SESSIONS_FINISHED, cb=on_finished)
     try:
+        # a session that stays RUNNING: its token is live while the others probe
+        victim = shell_task("victim", {"network": "host"}, "sleep 100", {})
+        await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(victim))
+        other = await live_token(Registry(redis), "victim")
+        bridged = shell_task(
+            "hostile-bridge",
+            {"network": "none"},
+            f"{sys.executable} -I probe.py",
+            {"OTHER_TOKEN": other},
+            BRIDGE_PROBE,
+        )
         await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(hostile_task(topo, state_dir)))
+        await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(bridged))
+        probing = {"hostile", "hostile-bridge"}
         for _ in range(1200):
-            if len(finished) == 2:
+            if len([ev for ev in finished if ev.task_id in probing]) == 3:
                 break
             await asyncio.sleep(0.1)
     finally:
         await sub.unsubscribe()
         await bus.close()
-    assert len(finished) == 2, finished
-    probes = []
-    for ev in finished:
-        line = next(x for x in ev.artifacts.stdout_tail.splitlines() if x.startswith("PROBE "))
-        probes.append(json.loads(line.removeprefix("PROBE ")))
+        await redis.aclose()
+    ours = [ev for ev in finished if ev.task_id in probing]
+    assert len(ours) == 3, finished
+    probes, bridge = [], []
+    for ev in ours:
+        for line in ev.artifacts.stdout_tail.splitlines():
+            if line.startswith("PROBE "):
+                probes.append(json.loads(line.removeprefix("PROBE ")))
+            elif line.startswith("BRIDGE "):
+                bridge.append(json.loads(line.removeprefix("BRIDGE ")))
+    assert len(probes) == 2 and len(bridge) == 1, [ev.artifacts.stdout_tail for ev in ours]
     for p in probes:
         assert set(p["tokens"]) <= {p["own"]}  # no other session's token anywhere in /proc
         assert p["sessions"] == [p["own_runtime"]]  # not the other session's directory
         # empty, but for the interpreter and this package's bridge bound back read-only
         python = {Path(sys.base_prefix).parts[2], Path(sys.prefix).parts[2]}
         assert set(p["/root"]) <= python and p["/home"] in ([], None), p["/root"]
-        assert p["/work"] in ([], None) or set(p["/work"]) <= python | {"wt"}, p["/work"]
+        assert p["/work"] in ([], None) or set(p["/work"]) <= python | {CHECKOUT}, p["/work"]
         assert p["shadow"] in ("", "PermissionError")  # /dev/null, on a nodev mount
         assert p["credentials"] is False and p["checkout"] is False
         assert p["redis"].startswith("-NOAUTH"), p["redis"]
         assert "Authorization Violation" in p["nats"], p["nats"]
         assert set(p["admin"].values()) == {401}, p["admin"]
+        assert set(p["engine"].values()) == {401}, p["engine"]  # the engine key, issue 17
         assert p["own_route"] == 200
+    # the bridge passes its own session's routes only, even with a live token of another
+    assert bridge[0] == {"own": 200, "other": 403, "forged": 403}, bridge[0]

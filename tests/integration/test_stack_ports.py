@@ -4,10 +4,11 @@ proxy to this stack's model (not 127.0.0.1:30000)."""
 
 import asyncio
 
+import httpx
 import orjson
 import pytest
 
-from infra import devstack
+from infra import credentials, devstack
 from infra.catalog import SERVICES
 from infra.topology import parse_topology
 from schemas import subjects as S
@@ -63,6 +64,20 @@ def test_port_zero_stack_sends_the_harness_to_its_own_proxy(tmp_path, fresh_serv
         assert ports["model"] not in (0, SERVICES["model"].port)
         task = {**demo_task("ports-0"), "num_samples": 1}
         traj = asyncio.run(asyncio.wait_for(one_trajectory(nats_url, task), 300))
+        # the proxy presented the engine key `up` generated; nobody else has it (issue 17)
+        model = f"http://127.0.0.1:{ports['model']}"
+        key = credentials.load(tmp_path).engine_key
+        refused = httpx.post(f"{model}/continue_generation", trust_env=False)
+        assert refused.status_code == 401 and refused.json()["code"] == 401, refused.text
+        keyed = {"authorization": f"Bearer {key}"}
+        assert httpx.get(f"{model}/get_weight_version", headers=keyed, trust_env=False).is_success
+        # the trainer's controls reach the keyed engine through the proxy's /admin/*
+        proxy = f"http://127.0.0.1:{ports['proxy']}/admin"
+        admin = {"authorization": f"Bearer {credentials.load(tmp_path).admin_token}"}
+        version = httpx.get(f"{proxy}/weight_version", headers=admin, trust_env=False)
+        assert version.json() == {"weight_version": "1"}, version.text
+        flushed = httpx.post(f"{proxy}/flush_cache", headers=admin, trust_env=False)
+        assert flushed.status_code == 200, flushed.text
     finally:
         devstack.down(tmp_path)
     # the agent's model calls were captured by this stack's proxy, served by its model

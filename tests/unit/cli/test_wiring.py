@@ -190,3 +190,37 @@ services:
     assert creds.nats_url("nats://h:4222", "nobody") == "nats://h:4222"
     assert creds.redis_url("redis://h:1/0") == f"redis://:{creds.redis_password}@h:1/0"
     assert with_userinfo("redis://old:pw@h:1/0", "u", "p/@") == "redis://u:p%2F%40@h:1/0"
+
+
+def test_the_engine_key_reaches_the_model_service_and_the_proxys_backends_at_it():
+    """Issue 17: the stack's engine requires a key; the proxy presents it to that engine
+    only (a remote engine gets none of it), and a key the user set wins."""
+    from infra.credentials import generate
+    from infra.wiring import with_credentials
+
+    creds = generate(["cli"], own_nats=True, own_redis=True)
+    assert creds.engine_key and creds.engine_key.startswith("pe_")
+    _, plans = planned("services: {model: {port: 0}}")  # the proxy's default backend
+    p = by_name(with_credentials(plans, creds))
+    model_url = f"http://127.0.0.1:{p['model'].port}"
+    assert p["model"].config["api_key"] == creds.engine_key
+    backend = p["proxy"].config["backend"]
+    assert backend["urls"] == [model_url]
+    assert backend["settings"]["http"]["api_key"] == creds.engine_key
+    for name in set(p) - {"model", "proxy"}:
+        assert creds.engine_key not in str(p[name].config), name
+
+    _, plans = planned(
+        """
+backends:
+  - {name: gpu, kind: sglang, url: 'http://10.0.0.5:30000'}
+  - {name: cpu, kind: embedded}
+  - {name: own, kind: embedded, settings: {http: {api_key: mine, timeout_s: 5}}}
+"""
+    )
+    backends = {
+        b["name"]: b for b in by_name(with_credentials(plans, creds))["proxy"].config["backends"]
+    }
+    assert "api_key" not in str(backends["gpu"])  # not the stack's engine: not its key
+    assert backends["cpu"]["settings"]["http"]["api_key"] == creds.engine_key
+    assert backends["own"]["settings"]["http"] == {"api_key": "mine", "timeout_s": 5}
