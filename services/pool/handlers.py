@@ -290,7 +290,10 @@ class RuntimePool:
         """INITIALIZING -> READY once the READY buffer has room; False if the session
         ended meanwhile. Checked and moved under the admission lock (one pool per node),
         so READY never exceeds its bound even while the executor lags."""
-        look_at = 0.0  # the session is read at most every READY_POLL_SECONDS while waiting
+        # The session is read at most every READY_POLL_SECONDS while waiting, the first
+        # time after one: a move to READY checks its state anyway, and a cancel stops
+        # the runtime, which ends the wait without a read.
+        look_at = time.monotonic() + READY_POLL_SECONDS
         while True:
             self._ready_freed.clear()  # before counting: a later hand-over wakes us
             async with self._lock:
