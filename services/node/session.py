@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +21,27 @@ class SessionPaths:
 
     @classmethod
     def of(cls, work_dir: str | Path, session_id: str) -> SessionPaths:
-        path = Path(work_dir)
-        root = _resolved(path) if path.is_absolute() else path.resolve()  # cwd may change
-        return cls(sessions_dir=root / "sessions", logs=root / "logs" / session_id)
+        sessions, logs = _node_dirs(work_dir)
+        return cls(sessions_dir=sessions, logs=logs / session_id)
+
+
+def sessions_dir(work_dir: str | Path) -> Path:
+    """Where the node's runtimes keep their session directories."""
+    return _node_dirs(work_dir)[0]
+
+
+def _node_dirs(work_dir: str | Path) -> tuple[Path, Path]:
+    return _dirs(work_dir) if os.path.isabs(work_dir) else _dirs.__wrapped__(work_dir)
 
 
 @functools.lru_cache(maxsize=64)
-def _resolved(work_dir: Path) -> Path:
-    """The node's work dir, resolved once (a few syscalls per path part, several times
-    per session otherwise)."""
-    return work_dir.resolve()
+def _dirs(work_dir: str | Path) -> tuple[Path, Path]:
+    """The node's sessions and logs directories, from its work dir resolved once per
+    process when absolute (a relative one follows the cwd, which may change): a few
+    syscalls per path part and several pathlib joins, several times per session
+    otherwise."""
+    root = Path(work_dir).resolve()
+    return root / "sessions", root / "logs"
 
 
 def harness_context(
@@ -72,7 +84,7 @@ def node_runtime(
 
     spec = with_default_sandbox(spec, harness)
     kw = dict(
-        base_dir=SessionPaths.of(config.work_dir, session_id).sessions_dir,
+        base_dir=sessions_dir(config.work_dir),
         proxy_url=config.proxy_url,
         docker_host=config.docker_host,
         token=token,

@@ -73,6 +73,15 @@ class RuntimePool:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._ready_freed = asyncio.Event()  # a READY session was taken or ended
+        # The node's READY count as last read under the lock, plus this pool's own moves
+        # to READY since: (count, generation, monotonic time of the read). Only this pool
+        # adds to READY on its node, so until a session leaves READY (which bumps the
+        # generation) the count can only be too high, never too low: waiters for READY
+        # room need not each re-read it on every wake-up (every hand-over woke them all
+        # into a count of which one at most could win). Kept at most READY_POLL_SECONDS,
+        # in case the event of a session leaving READY was missed.
+        self._ready_seen: tuple[int, int, float] | None = None
+        self._ready_gen = 0
         # READY sessions whose hand-off this process published: the only READY ones it
         # renews (one it failed to hand off, or a dead predecessor's, must expire).
         self.handed_off: set[str] = set()
@@ -287,15 +296,21 @@ class RuntimePool:
         """INITIALIZING -> READY once the READY buffer has room; False if the session
         ended meanwhile. Checked and moved under the admission lock (one pool per node),
         so READY never exceeds its bound even while the executor lags."""
-        look_at = 0.0  # the session is read at most every READY_POLL_SECONDS while waiting
+        # The session is read at most every READY_POLL_SECONDS while waiting, the first
+        # time after one: a move to READY checks its state anyway, and a cancel stops
+        # the runtime, which ends the wait without a read.
+        look_at = time.monotonic() + READY_POLL_SECONDS
         while True:
             self._ready_freed.clear()  # before counting: a later hand-over wakes us
             async with self._lock:
-                counts = await self.registry.node_stage_counts(self.node, [ST.READY])
-                if logic.ready_room(counts["READY"], self.limits) > 0:
+                ready = await self._ready_count()
+                if logic.ready_room(ready, self.limits) > 0:
                     t = await self.registry.transition(
                         sid, ST.READY, from_=[ST.INITIALIZING], runtime_id=runtime.runtime_id
                     )
+                    if t.ok and self._ready_seen is not None:
+                        count, gen, read_at = self._ready_seen
+                        self._ready_seen = (count + 1, gen, read_at)
                     return t.ok
             if runtime.state != "running":  # cancelled (a cancel message, or stopping)
                 return False
@@ -306,6 +321,22 @@ class RuntimePool:
                 look_at = time.monotonic() + READY_POLL_SECONDS
             with contextlib.suppress(TimeoutError):  # the wake-up is a hint; poll anyway
                 await asyncio.wait_for(self._ready_freed.wait(), READY_POLL_SECONDS)
+
+    async def _ready_count(self) -> int:
+        """The node's READY count, read again only when a session left READY since the
+        last read (or it is READY_POLL_SECONDS old). Called under the admission lock."""
+        seen, gen = self._ready_seen, self._ready_gen
+        if seen is not None and seen[1] == gen and time.monotonic() - seen[2] < READY_POLL_SECONDS:
+            return seen[0]
+        read_at = time.monotonic()
+        counts = await self.registry.node_stage_counts(self.node, [ST.READY])
+        self._ready_seen = (counts["READY"], gen, read_at)  # gen as before the read: an
+        return counts["READY"]  # event during it makes the next waiter read again
+
+    def _ready_left(self) -> None:
+        """A session left READY (somewhere): the cached count may be too high."""
+        self._ready_gen += 1
+        self._ready_freed.set()
 
     async def _prepare(
         self, runtime: Runtime, spec, session, paths: SessionPaths, first_attempt: bool
@@ -364,7 +395,7 @@ class RuntimePool:
 
     async def on_taken(self, msg: Msg) -> None:
         """A READY session went RUNNING: room in the READY buffer, maybe."""
-        self._ready_freed.set()
+        self._ready_left()
 
     async def on_cancel(self, msg: Msg) -> None:
         """A session cancelled while this pool prepares it: stop its runtime now."""
@@ -384,7 +415,7 @@ class RuntimePool:
             return
         if ev.from_state != ST.READY:
             return
-        self._ready_freed.set()
+        self._ready_left()
         node, raw = await self.registry.redis.hmget(
             S.key_session(ev.session_id), ["node", "runtime_id"]
         )

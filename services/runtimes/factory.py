@@ -46,8 +46,9 @@ def default_sandbox(spec: Any, harness: str | None, bwrap_installed: bool) -> st
 def with_default_sandbox(spec: RuntimeSpec, harness: str | None) -> RuntimeSpec:
     """``spec`` with ``sandbox: auto`` decided for this node; a harness that runs
     something without bubblewrap is warned about, loudly, once per process."""
-    installed = shutil.which("bwrap") is not None
-    chosen = default_sandbox(spec, harness, installed)
+    if not isinstance(spec, LocalRuntime) or spec.sandbox != "auto":
+        return spec  # nothing to decide: no PATH search (several per session otherwise)
+    chosen = default_sandbox(spec, harness, shutil.which("bwrap") is not None)
     if chosen is None:
         return spec
     if chosen == "none" and harness not in RUNS_NOTHING and harness not in _warned:

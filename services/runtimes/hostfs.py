@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from pathlib import Path
 
@@ -10,11 +11,22 @@ from services.runtimes.errors import SandboxIOError
 
 
 def confined(root: Path, path: str | Path) -> Path:
-    """`path` resolved on the node, refusing anything (symlinks included) outside `root`."""
-    resolved = Path(path).resolve()
-    if not resolved.is_relative_to(root.resolve()):
+    """`path` resolved on the node, refusing anything (symlinks included) outside `root`.
+
+    Plain strings, not pathlib (several calls per session, each a few syscalls per path
+    part); `root` is resolved once per process: it is a directory this node made, under
+    the node's work dir, which no sandbox can replace (a sandbox sees it as its own root
+    at most), while `path` may cross links a sandbox planted and is resolved every time."""
+    resolved = os.path.realpath(path)
+    top = _real_root(str(root))
+    if resolved != top and not resolved.startswith(top.rstrip("/") + "/"):
         raise SandboxIOError(f"path {str(path)!r} is outside the session directory")
-    return resolved
+    return Path(resolved)
+
+
+@functools.lru_cache(maxsize=256)
+def _real_root(root: str) -> str:
+    return os.path.realpath(root)
 
 
 def read_node_file(src: Path | None) -> bytes:

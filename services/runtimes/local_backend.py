@@ -10,6 +10,7 @@ the node, HOME/TMPDIR from the session, then the spec's and the call's variables
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -89,9 +90,13 @@ class LocalSandboxRuntime(Runtime):
             raise SandboxUnavailable("bwrap is not installed (apt-get install bubblewrap)")
         if not self.first_attempt:  # an earlier attempt's processes, after a crash
             await kill_tree(None, (TAG_RUNTIME, self.runtime_id), 0.0)
-        shutil.rmtree(self.session_dir, ignore_errors=True)
+        root = str(self.session_dir)
+        if not self.first_attempt:  # a first attempt's directory cannot exist yet
+            shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root, exist_ok=True)  # plain os calls: once per session (hot path)
         for sub in SESSION_SUBDIRS:
-            (self.session_dir / sub).mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(f"{root}/{sub}")
         await self._ensure_bridge()
 
     async def _ensure_bridge(self) -> None:

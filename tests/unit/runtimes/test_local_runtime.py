@@ -202,6 +202,14 @@ async def test_paths_outside_the_session_are_refused(rt):
         await rt.download("planted")
     with pytest.raises(SandboxIOError):
         await rt.download("missing.txt")
+    # A sibling whose name starts with the session directory's is outside it too.
+    sibling = f"{rt.session_dir}-sibling"
+    assert (await rt.exec(f"mkdir {sibling} && echo x > {sibling}/f")).ok
+    with pytest.raises(SandboxIOError, match="outside"):
+        await rt.download(f"{sibling}/f")
+    await rt.exec(f"ln -s {sibling} planted-dir")
+    with pytest.raises(SandboxIOError, match="outside"):
+        await rt.download("planted-dir/f")
 
 
 def test_network_none_needs_bwrap(tmp_path):

@@ -65,3 +65,88 @@ async def test_kill_tree_escalates_to_sigkill_after_grace():
 
 async def test_kill_tree_with_nothing_to_kill_is_a_no_op():
     assert await kill_tree(None, ("POLAR_EXEC_ID", "nobody-has-this"), grace=0.5) == []
+
+
+def _sleeper(env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "1000"], env={**os.environ, **(env or {})})
+
+
+def test_a_scan_remembers_settled_untagged_processes_and_forgets_exited_ones(monkeypatch):
+    """An untagged process that started before the scan's settle window is pinned and
+    not read again; once it exits its pidfd says so and it is forgotten (its pid may be
+    reused by a tagged process, which must then be read)."""
+    from services.runtimes import procs
+
+    known = procs._Untagged(limit=1024)
+    monkeypatch.setattr(procs, "_UNTAGGED", known)
+    monkeypatch.setattr(procs, "_SETTLED_SECONDS", 0.0)
+    plain = _sleeper()
+    try:
+        time.sleep(0.05)  # start times count in clock ticks
+        assert tagged_pids("POLAR_EXEC_ID", "t-procs-3") == []
+        assert plain.pid in known.fds
+        reads: list[str] = []
+        read = procs._read_environ
+        monkeypatch.setattr(procs, "_read_environ", lambda p: reads.append(p) or read(p))
+        tagged = _sleeper({"POLAR_EXEC_ID": "t-procs-3"})
+        assert tagged_pids("POLAR_EXEC_ID", "t-procs-3") == [tagged.pid]
+        assert f"/proc/{plain.pid}/environ" not in reads  # remembered: not read again
+        assert tagged.pid not in known.fds  # a tagged process is never remembered
+        plain.kill()
+        plain.wait()
+        tagged_pids("POLAR_EXEC_ID", "t-procs-3")
+        assert plain.pid not in known.fds and len(known.fds) == len(known._pids)
+    finally:
+        for p in (plain, *([tagged] if "tagged" in locals() else [])):
+            p.kill()
+            p.wait()
+        known.clear()
+
+
+def test_a_scan_does_not_remember_a_process_younger_than_the_settle_window(monkeypatch):
+    """A process just forked may still be on its way to exec with a tag: it is read on
+    every scan until it is older than the window."""
+    from services.runtimes import procs
+
+    known = procs._Untagged(limit=1024)
+    monkeypatch.setattr(procs, "_UNTAGGED", known)
+    young = _sleeper()
+    try:
+        assert tagged_pids("POLAR_RUNTIME_ID", "t-procs-4") == []
+        assert young.pid not in known.fds
+        assert known.fds  # older processes (this test's own parents) are remembered
+    finally:
+        young.kill()
+        young.wait()
+        known.clear()
+
+
+def test_the_remembered_set_is_bounded(monkeypatch):
+    from services.runtimes import procs
+
+    known = procs._Untagged(limit=3)
+    monkeypatch.setattr(procs, "_UNTAGGED", known)
+    monkeypatch.setattr(procs, "_SETTLED_SECONDS", 0.0)
+    try:
+        tagged_pids("POLAR_SESSION_ID", "t-procs-5")
+        assert len(known.fds) == 3
+    finally:
+        known.clear()
+
+
+def test_a_scan_for_another_name_neither_uses_nor_fills_the_remembered_set(monkeypatch):
+    from services.runtimes import procs
+
+    known = procs._Untagged(limit=1024)
+    monkeypatch.setattr(procs, "_UNTAGGED", known)
+    monkeypatch.setattr(procs, "_SETTLED_SECONDS", 0.0)
+    other = _sleeper({"OTHER_TAG": "t-procs-6"})
+    try:
+        time.sleep(0.05)
+        tagged_pids("POLAR_EXEC_ID", "t-procs-6")
+        assert other.pid in known.fds  # untagged by every runtime tag: remembered
+        assert tagged_pids("OTHER_TAG", "t-procs-6") == [other.pid]  # still found
+    finally:
+        other.kill()
+        other.wait()
+        known.clear()
