@@ -116,6 +116,11 @@ async def test_a_lost_hand_off_is_retried_then_ended_never_held_ready(fresh_serv
             "the session ended once its retries were spent",
         )  # fmt: skip
         assert s.outcome == Outcome.ERROR and s.attempt == 1 and "init failed" in s.reason
+        # the INIT job lets go of the session just after ending it (it held it till then)
+        deadline = time.monotonic() + 10
+        while sid in pool.initializing and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert sid not in pool.initializing
         await pool.renew_leases()  # a READY session it never handed off is not renewed
         assert await pool.registry.redis.zscore(S.KEY_LEASES, sid) is None
         assert pool.handed_off == set()
