@@ -86,7 +86,7 @@ async def test_cancel_in_init(node_of, tmp_path, backend):
 
     await wait_until(lambda: gone(node, work, [s.session_id]), CLEAN_SECONDS, "INIT cleanup")
     assert await state_of(node, s.session_id) == ST.POSTRUN  # to yield its trajectory
-    await wait_until(lambda: not node.pool.initializing, 5, "the INIT job to end")
+    await wait_until(lambda: not node.pool.initializing, 15, "the INIT job to end")
     events = [e.to_state for e in await node.events() if e.session_id == s.session_id]
     assert events == [ST.INITIALIZING, ST.POSTRUN]  # never handed over
     assert finished_as_cancelled(node, [s.session_id])
