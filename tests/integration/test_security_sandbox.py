@@ -3,8 +3,9 @@
 Two sessions of one task run a shell harness under bubblewrap (host network, so every
 port of the node is in reach). Each one tries what issue 17's attacker did: other
 processes' environments (tokens), the other session's directory, the host's private
-files and the stack's credentials, Redis and NATS without a password, and the proxy's
-admin routes. None of it works; its own session route still does.
+files and the stack's credentials, Redis and NATS without a password, the proxy's
+admin routes and the dashboard's read API. None of it works; its own session route
+still does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from services.common.bus import Bus
 from tests.helpers.requires import requires_bwrap
 
 pytestmark = [requires_bwrap, pytest.mark.asyncio, pytest.mark.timeout(420)]
+CHECKOUT = Path(__file__).resolve().parts[2]  # /work/<this>: its bridge is bound back
 
 PROBE = r"""
 import glob, hashlib, json, os, re, socket, urllib.error, urllib.request
@@ -81,6 +83,16 @@ for path, token in (("/admin/pause", None), ("/admin/pause", mine), ("/admin/flu
     except urllib.error.HTTPError as exc:
         codes[path + (" own-token" if token else "")] = exc.code
 out["admin"] = codes
+dash = {}  # the dashboard's read API: every session's calls, output and diffs
+for token in (None, mine):
+    req = urllib.request.Request(f"http://127.0.0.1:{env['DASH_PORT']}/api/sessions")
+    if token:
+        req.add_header("authorization", "Bearer " + token)
+    try:
+        dash["own-token" if token else "none"] = urllib.request.urlopen(req, timeout=5).status
+    except urllib.error.HTTPError as exc:
+        dash["own-token" if token else "none"] = exc.code
+out["dashboard"] = dash
 req = urllib.request.Request(base + "/models")
 out["own_route"] = urllib.request.urlopen(req, timeout=5).status
 print("PROBE " + json.dumps(out))
@@ -119,6 +131,7 @@ def hostile_task(topo, state_dir: Path) -> dict:
             "env": {
                 "REDIS_PORT": port(topo.redis_url),
                 "NATS_PORT": port(topo.nats_url),
+                "DASH_PORT": str(topo.services["dashboard"].port),
                 "STATE_DIR": str(state_dir),
                 "PRIVATE_FILE": str(Path(__file__).resolve()),  # this checkout
             },
@@ -156,10 +169,11 @@ async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
         # empty, but for the interpreter and this package's bridge bound back read-only
         python = {Path(sys.base_prefix).parts[2], Path(sys.prefix).parts[2]}
         assert set(p["/root"]) <= python and p["/home"] in ([], None), p["/root"]
-        assert p["/work"] in ([], None) or set(p["/work"]) <= python | {"wt"}, p["/work"]
+        assert p["/work"] in ([], None) or set(p["/work"]) <= python | {CHECKOUT}, p["/work"]
         assert p["shadow"] in ("", "PermissionError")  # /dev/null, on a nodev mount
         assert p["credentials"] is False and p["checkout"] is False
         assert p["redis"].startswith("-NOAUTH"), p["redis"]
         assert "Authorization Violation" in p["nats"], p["nats"]
         assert set(p["admin"].values()) == {401}, p["admin"]
+        assert p["dashboard"] == {"none": 401, "own-token": 401}, p["dashboard"]
         assert p["own_route"] == 200
