@@ -11,9 +11,7 @@ task's env secret, though the session's harness put both in its output and its p
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,9 +26,9 @@ from schemas import subjects as S
 from services.cli.demo import demo_topology
 from services.common.bus import Bus
 from services.common.registry import Registry
+from tests.helpers.browser import printed_sign_in_url
 
 pytestmark = [pytest.mark.timeout(420)]
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-dashboard-plain-value"  # no known key shape: only its place says secret
 OTHER_SECRET = "correct-horse-battery-staple-value"
 
@@ -96,23 +94,6 @@ def bearer(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
-def sign_in_url(topology: Path) -> str:
-    """The link `polar dashboard` prints for the running stack's dashboard."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "dashboard", "--topology", str(topology)],
-        cwd=REPO,
-        env={**env, "COLUMNS": "400"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    found = re.search(r"(http://\S+/\?token=\S+)", done.stdout)
-    assert found, done.stdout
-    return found[1]
-
-
 API = (
     "/api/overview",
     "/api/sessions",
@@ -154,7 +135,7 @@ def test_no_credential_or_a_wrong_one_is_refused(stack):
 def test_the_printed_link_signs_a_browser_in_once(stack):
     topo, topology, url = stack
     creds = creds_of(topo)
-    link = sign_in_url(topology)
+    link = printed_sign_in_url(topology)
     assert link.startswith(url + "/?token=")
     assert creds.read_token not in link and creds.admin_token not in link
     with httpx.Client(timeout=10) as browser:
@@ -179,7 +160,7 @@ def test_the_printed_link_signs_a_browser_in_once(stack):
         assert r.status_code == 401 and "used already" in r.text
         assert other.get(url + "/api/sessions").status_code == 401
     # a deep link keeps its page and its other parameters
-    deep = sign_in_url(topology).replace(
+    deep = printed_sign_in_url(topology).replace(
         "/?token=", "/sessions/x/trajectory?view=per_request&token="
     )
     r = httpx.get(deep)
