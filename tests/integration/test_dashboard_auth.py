@@ -1,5 +1,5 @@
 """The dashboard's reads need the stack's read token (issue 17: read-only access kept
-separate; issue 19: the dashboard), on a real `polar up` stack running a real task.
+separate; issue 19: the dashboard), on a stack `polar up` started, running a real task.
 
 Without a credential, or with a wrong one (a session's own token included), every page
 and ``/api`` route is refused (401: JSON for the API, the sign-in page for a page); the
@@ -11,7 +11,9 @@ task's env secret, though the session's harness put both in its output and its p
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -74,14 +76,29 @@ def leaky_task(task_id: str) -> dict:
 
 @pytest.fixture(scope="module")
 def stack():
+    """The demo's stack, started by `polar up` (which prints the dashboard's sign-in link)."""
     state_dir = Path(tempfile.mkdtemp(prefix="polar-dash-auth-"))
     topology = state_dir.parent / f"{state_dir.name}.yaml"
     topology.write_text(demo_topology(state_dir))
     topo = parse_topology(topology.read_text(), "dashboard auth topology")
-    devstack.up(topo)
-    yield topo, topology, f"http://127.0.0.1:{topo.services['dashboard'].port}"
-    devstack.down(state_dir)
-    topology.unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    up = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "up", "--topology", str(topology)],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**env, "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        link = re.search(r"the dashboard: (http://\S+/\?token=\S+)", up.stdout)
+        assert link, up.stdout
+        url = f"http://127.0.0.1:{topo.services['dashboard'].port}"
+        yield topo, topology, url, link[1]
+    finally:
+        devstack.down(state_dir)
+        topology.unlink()
 
 
 def creds_of(topo) -> credentials.Credentials:
@@ -108,7 +125,7 @@ PAGES = ("/", "/tasks/dash-leak", "/sessions/dash-leak-0000", "/training", "/top
 
 
 def test_no_credential_or_a_wrong_one_is_refused(stack):
-    topo, _, url = stack
+    topo, _, url, _ = stack
     creds = creds_of(topo)
     session_token = "ps_" + "A" * 43  # a harness's own kind of token
     for headers in ({}, bearer("wrong"), bearer(session_token), bearer(creds.read_token + "x")):
@@ -133,9 +150,8 @@ def test_no_credential_or_a_wrong_one_is_refused(stack):
 
 
 def test_the_printed_link_signs_a_browser_in_once(stack):
-    topo, topology, url = stack
+    topo, topology, url, link = stack  # the link `polar up` printed
     creds = creds_of(topo)
-    link = printed_sign_in_url(topology)
     assert link.startswith(url + "/?token=")
     assert creds.read_token not in link and creds.admin_token not in link
     with httpx.Client(timeout=10) as browser:
@@ -194,7 +210,7 @@ async def until_ended(topo, session_id: str) -> None:
 
 
 def test_nothing_served_holds_a_session_token_or_an_env_secret(stack):
-    topo, _, url = stack
+    topo, _, url, _ = stack
     creds = creds_of(topo)
     asyncio.run(publish(topo, leaky_task("dash-leak")))
     asyncio.run(until_ended(topo, "dash-leak-0000"))
