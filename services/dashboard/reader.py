@@ -148,7 +148,8 @@ class StackReader:
             return
         if ev.task_id not in self.index.tasks:
             self._new_tasks.add(ev.task_id)
-        self.index.apply(ev)
+        if self.index.apply(ev) and ev.reason:
+            self._scrub_reasons(ev.session_id)
         self._dirty.add(ev.session_id)
 
     async def _on_finished(self, msg) -> None:
@@ -206,6 +207,18 @@ class StackReader:
     def _put(self, session: Session) -> None:
         self.index.put(session)
         self.tokens[session.session_id] = session.token
+        self._scrub_reasons(session.session_id)
+
+    def _scrub_reasons(self, session_id: str) -> None:
+        """A row's reasons as every list shows them (sessions table, errors by reason):
+        without the session's token or its task's env values (the executor scrubs the
+        reasons it writes; an evaluator's may quote what the harness left)."""
+        row = self.index.rows.get(session_id)
+        if row is None or not (row.reason or row.eval_reason):
+            return
+        scrub = self.secrets(row.task_id, [session_id])
+        row.reason = scrub.text(row.reason) if row.reason else row.reason
+        row.eval_reason = scrub.text(row.eval_reason) if row.eval_reason else row.eval_reason
 
     def secrets(self, task_id: str, session_ids: Iterable[str] = ()) -> Scrubber:
         """What a page about this task (and these of its sessions) must not show: their

@@ -71,6 +71,14 @@ def leaky_task(task_id: str) -> dict:
             "env": {"K": OTHER_SECRET},
         },
         "builder": {"name": "prefix_merging"},
+        # its test command prints the env secret and no test results: the evaluator's
+        # error reason quotes that output (redacted by shape only: this value has none)
+        "evaluator": {
+            "name": "test_on_output",
+            "config": {
+                "test_command": f"{sys.executable} -c \"import os; print(os.environ['DB_PASS'])\""
+            },
+        },
     }
 
 
@@ -275,5 +283,6 @@ def test_nothing_served_holds_a_session_token_or_an_env_secret(stack):
     # what was scrubbed is still visibly there, as a placeholder: the output (scrubbed by
     # the executor), the harness's request and the decoded prompt (by the dashboard)
     assert "[redacted]" in stdout
+    assert "[redacted]" in session["session"]["eval_reason"]  # the evaluator quoted it
     assert "my key is ps_[redacted]" in session["calls"][0]["request"]["text"]
     assert b"DB_PASS=[redacted]" in served["/api/sessions/dash-leak-0000/trajectory?view=stored"]
