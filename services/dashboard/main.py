@@ -44,7 +44,9 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'"
 )
-SHAPES = Scrubber()  # secrets by shape only: what a list of every task's sessions gets
+# secrets by shape only: the lists (each row's reasons were scrubbed with its own task's
+# secrets as it entered the index, reader._scrub_reasons)
+SHAPES = Scrubber()
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
