@@ -142,7 +142,7 @@ TOKENS_OF = {  # which stack tokens each service is given (its config may set it
     "scheduler": ("admin_token", "read_token"),
     PROXY: ("admin_token",),
     "trainer": ("admin_token",),
-    "dashboard": ("admin_token",),  # its cancel, the one thing it changes
+    "dashboard": ("admin_token", "read_token"),  # its cancel; every read
 }
 
 

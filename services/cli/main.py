@@ -70,6 +70,10 @@ def up(topology: TopologyOpt = None, state_dir: StateDirOpt = None) -> None:
     except (devstack.StackError, TopologyError, RuntimeError) as exc:
         raise _fail(str(exc)) from None
     out.print(render.stack_table(state, devstack.alive_names(state)))
+    dash = state.get("dashboard")
+    if dash is not None:
+        stack = Stack(topo, Path(state.state_dir), state)
+        _print_sign_in("the dashboard", dash.url, _dashboard_key(stack))
 
 
 @app.command()
@@ -277,11 +281,12 @@ def dashboard(
     stack = _stack(topology, state_dir)
     running = stack.state.get("dashboard") if stack.state else None
     if running is not None and port is None:
-        out.print(f"the stack's dashboard: {running.url}", highlight=False)
+        _print_sign_in("the stack's dashboard", running.url, _dashboard_key(stack))
         return
     config = _dashboard_config(stack, host, port)
     os.environ["POLAR_CONFIG"] = json.dumps(config)
-    out.print(f"dashboard at http://{config['host']}:{config['port']}", highlight=False)
+    shown = "127.0.0.1" if config["host"] in ("0.0.0.0", "") else config["host"]
+    _print_sign_in("dashboard", f"http://{shown}:{config['port']}", config.get("read_token"))
     from services.common.http import serve as serve_app
 
     serve_app(SERVICES["dashboard"].target, config["host"], config["port"])
@@ -291,8 +296,14 @@ def _dashboard_config(stack: Stack, host: str | None, port: int | None) -> dict:
     from infra import wiring
 
     plans = wiring.wire(plan_services(stack.topology), stack.topology, stack.state_dir)
+    if stack.credentials is not None:  # the stack's tokens, as `polar up` gives its own
+        plans = wiring.with_credentials(plans, stack.credentials)
     plan = next((p for p in plans if p.service == "dashboard"), None)
     config = dict(plan.config) if plan else {"state_dir": str(stack.state_dir)}
+    if not config.get("read_token"):  # no stack credentials: a token of this process's own
+        from infra.credentials import token
+
+        config["read_token"] = token("pr_")
     config.update(nats_url=stack.nats_url, redis_url=stack.redis_url)
     config["host"] = host or config.get("host") or "127.0.0.1"
     config["port"] = SERVICES["dashboard"].port if port is None else port
@@ -301,6 +312,36 @@ def _dashboard_config(stack: Stack, host: str | None, port: int | None) -> dict:
 
         config["port"] = free_port()
     return config
+
+
+def _dashboard_key(stack: Stack) -> str | None:
+    """The token the stack's dashboard checks sign-in links against: the read token the
+    topology gives it, else the stack's (as `polar up` wired it)."""
+    from infra import wiring
+
+    plan = next((p for p in plan_services(stack.topology) if p.service == "dashboard"), None)
+    if plan is not None and stack.credentials is not None:
+        plan = wiring.with_credentials([plan], stack.credentials)[0]
+    config = plan.config if plan else {}
+    return config.get("read_token") or config.get("admin_token")
+
+
+def _print_sign_in(what: str, url: str, key: str | None) -> None:
+    """``url`` with a one-time sign-in ticket: the browser trades it for a cookie."""
+    import time
+
+    from services.common.auth import TICKET_SECONDS, sign_in_ticket
+
+    if key is None:
+        out.print(f"{what}: {url} (no read token known: it refuses every reader)", highlight=False)
+        return
+    ticket = sign_in_ticket(key, "dashboard", now=time.time())
+    out.print(f"{what}: {url.rstrip('/')}/?token={ticket}", highlight=False, soft_wrap=True)
+    out.print(
+        f"  (a one-time sign-in link, good for {TICKET_SECONDS // 60} minutes: "
+        "`polar dashboard` prints a fresh one)",
+        highlight=False,
+    )
 
 
 # -- the embedded model server (its own typer app, when installed) --------------------

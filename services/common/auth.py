@@ -3,12 +3,16 @@
 Two roles: ``admin`` (anything that changes what runs: submit, cancel, pause, swap
 weights) and ``read`` (task and session records). The admin token also reads. A
 service with no token for a role refuses that role's routes: closed unless configured
-(``polar up`` generates both, ``infra/credentials.py``).
+(``polar up`` generates both, ``infra/credentials.py``). A browser signs in with a
+one-time ticket that it exchanges for a signed cookie (below).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
+import secrets
 from collections.abc import Iterable, Mapping
 
 ADMIN, READ = "admin", "read"
@@ -53,3 +57,81 @@ def refusal(
     if not matches(given, accepted):
         return f"the bearer token is not the {service}'s {role} token"
     return None
+
+
+# -- sign-in links and cookies (the dashboard's browsers) ------------------------------
+# A browser cannot be handed a bearer token without friction, so whoever holds the read
+# token (the operator's CLI, from credentials.json) mints a *ticket*: a signed, short-lived,
+# single-use value that may show in a URL without giving the token away. The service
+# exchanges it for a *session cookie*, signed the same way, that stops working when the
+# token changes (a new `polar up`). Both are HMAC-SHA256 over their purpose, so neither
+# passes for the other, nor for another service's.
+TICKET_SECONDS = 900  # how long a printed sign-in URL is good for (once)
+MAX_TICKET_SECONDS = 86400  # a ticket claiming to live longer is refused
+COOKIE_SECONDS = 86400  # how long a browser stays signed in
+
+
+def _mac(key: str, *parts: str) -> str:
+    digest = hmac.new(key.encode(), "|".join(parts).encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def sign_in_ticket(key: str, service: str, *, now: float, ttl: float = TICKET_SECONDS) -> str:
+    """A one-time ticket for ``service``'s sign-in: ``<expiry>.<nonce>.<mac>``."""
+    expiry, nonce = str(int(now + ttl)), secrets.token_urlsafe(12)
+    return f"{expiry}.{nonce}.{_mac(key, service, 'ticket', expiry, nonce)}"
+
+
+def _signed_by(mac: str, keys: Iterable[str | None], *parts: str) -> bool:
+    return any(key and hmac.compare_digest(mac, _mac(key, *parts)) for key in keys)
+
+
+def _expiry(text: str) -> int | None:
+    return int(text) if text.isdigit() and len(text) < 16 else None
+
+
+class Tickets:
+    """The tickets one service accepts (signed by one of ``keys``), each once: the
+    nonces redeemed are kept until their ticket expires (in memory: a restarted service
+    forgets them, so a ticket used before its restart works once more until it expires)."""
+
+    def __init__(self, keys: Iterable[str | None], service: str, renew: str) -> None:
+        self.keys = [k for k in keys if k]
+        self.service, self.renew = service, renew  # renew: how to get a fresh link
+        self.used: dict[str, int] = {}  # nonce -> its ticket's expiry
+
+    def redeem(self, ticket: str, *, now: float) -> str | None:
+        """Why ``ticket`` is refused; None when it is good (it is used up then)."""
+        fresh = self.renew
+        expiry_text, _, rest = ticket.partition(".")
+        nonce, _, mac = rest.partition(".")
+        expiry = _expiry(expiry_text)
+        if (
+            expiry is None
+            or not nonce
+            or not _signed_by(mac, self.keys, self.service, "ticket", expiry_text, nonce)
+        ):
+            return f"this sign-in link is not one of this {self.service}'s: {fresh}"
+        if expiry <= now:
+            return f"this sign-in link has expired: {fresh}"
+        if expiry > now + MAX_TICKET_SECONDS:
+            return f"this sign-in link claims to last more than a day: {fresh}"
+        self.used = {n: e for n, e in self.used.items() if e > now}
+        if nonce in self.used:
+            return f"this sign-in link was used already: {fresh}"
+        self.used[nonce] = expiry
+        return None
+
+
+def session_cookie(key: str, service: str, *, now: float) -> str:
+    """A signed-in browser's cookie value: ``<expiry>.<mac>``."""
+    expiry = str(int(now + COOKIE_SECONDS))
+    return f"{expiry}.{_mac(key, service, 'cookie', expiry)}"
+
+
+def cookie_valid(value: str, keys: Iterable[str | None], service: str, *, now: float) -> bool:
+    expiry_text, _, mac = value.partition(".")
+    expiry = _expiry(expiry_text)
+    if expiry is None or expiry <= now or expiry > now + COOKIE_SECONDS + 1:
+        return False
+    return _signed_by(mac, keys, service, "cookie", expiry_text)

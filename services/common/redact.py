@@ -175,6 +175,18 @@ def redact_value(value: object) -> object:
 MIN_KNOWN = 8  # shorter known values would blank out ordinary words
 
 
+def known_secrets(token: str | None, spec) -> list[str]:
+    """What a session's output must not carry, whatever it looks like: its own token
+    (with and without ``ps_``) and every env value its task (a ``TaskRequest``, or None)
+    gave it. The executor scrubs the output with these; the dashboard what it shows."""
+    found = [token, token.removeprefix("ps_")] if token else []
+    if spec is not None:
+        envs = [spec.agent.env, spec.runtime.env]
+        envs += [a.env for a in spec.runtime.prepare if hasattr(a, "env")]
+        found += [v for env in envs for v in env.values()]
+    return found
+
+
 def scrub_known(raw: bytes, known: Iterable[str]) -> bytes:
     """``raw`` with every occurrence of these exact values (a session's own token, the
     task's env values) replaced, whatever their shape; then redacted by shape. A harness
@@ -195,6 +207,49 @@ def scrub_known_struct(value: T, known: Iterable[str]) -> T:
     escaped = [msgspec.json.encode(k)[1:-1].decode() for k in known]
     clean = scrub_known(raw, escaped)
     return value if clean == raw else msgspec.json.decode(clean, type=type(value))
+
+
+class Scrubber:
+    """``scrub_known`` for plain data a reader is shown (the dashboard's JSON): every
+    string redacted by shape, then these known values replaced, each as given and as JSON
+    writes it inside a string (a request body shown as JSON text)."""
+
+    def __init__(self, known: Iterable[str] = ()) -> None:
+        forms = {f for k in known if len(k) >= MIN_KNOWN for f in (k, _json_inner(k))}
+        self.known = sorted(forms, key=len, reverse=True)
+
+    def text(self, text: str) -> str:
+        if len(text) < MIN_KNOWN:  # too short to hold a known value or a shape
+            return text
+        text = _TEXT(text)
+        for value in self.known:
+            if value in text:
+                text = text.replace(value, REDACTED)
+        return text
+
+    def value(self, value: object) -> object:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {k: self.value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where ``text`` holds a secret (by shape or known), sorted, maybe overlapping:
+        to mask the pieces (tokens) a secret was cut into."""
+        found = [(m.start(), m.end()) for m in _TEXT.matches(text)]
+        for value in self.known:
+            i = text.find(value)
+            while i != -1:
+                found.append((i, i + len(value)))
+                i = text.find(value, i + 1)
+        return sorted(found)
+
+
+def _json_inner(text: str) -> str:
+    return msgspec.json.encode(text)[1:-1].decode()
 
 
 ENV_KEYS = frozenset({"env"})

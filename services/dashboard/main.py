@@ -3,9 +3,12 @@
 A thin HTTP shell over ``reader`` (what it reads) and ``views`` (what each page shows):
 pages are one static HTML shell each whose script (``static/app.js``, no build step)
 fetches ``/api/...`` JSON and listens to ``/api/live`` (server-sent events) for changes.
-Pages and the API answer 404 for an unknown task or session; a cancel is a POST with
-the stack's admin token as a bearer token (none configured: refused) and the pages carry
-a strict Content-Security-Policy, so injected markup could not run a script even if it got in.
+Pages and the API answer 404 for an unknown task or session. Every page and ``/api``
+route needs the stack's read token (``access.py``: a bearer token, or the cookie the sign-in
+link ``polar dashboard`` prints gives a browser; without one a page is the sign-in page and
+the API a 401); a cancel is a POST with the stack's admin token as a bearer token (none
+configured: refused); the pages carry a strict Content-Security-Policy, so injected
+markup could not run a script even if it got in.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from schemas import Outcome
 from services.common.auth import ADMIN, refusal
 from services.common.http import ops_routes
 from services.common.logs import service_logging
+from services.common.redact import Scrubber
 from services.common.settings import load
 from services.dashboard import views
+from services.dashboard.access import TICKET_PARAM, Access, cookie_header, without_ticket
 from services.dashboard.config import DashboardConfig
 from services.dashboard.index import BadQuery, parse_query
 from services.dashboard.reader import StackReader
@@ -39,6 +44,9 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'"
 )
+# secrets by shape only: the lists (each row's reasons were scrubbed with its own task's
+# secrets as it entered the index, reader._scrub_reasons)
+SHAPES = Scrubber()
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
@@ -75,6 +83,17 @@ def html_page(page: str, status: int = 200, **data: str) -> Response:
     )
 
 
+def unauthorized(why: str, api: bool) -> Response:
+    """The API's 401 (litestar's error shape, as the cancel's), or the sign-in page."""
+    if not api:
+        return html_page("signin", 401, why=why)
+    return Response(
+        {"status_code": 401, "detail": why},
+        status_code=401,
+        headers={**SECURITY_HEADERS, "WWW-Authenticate": "Bearer"},
+    )
+
+
 def not_found(what: str) -> HTTPException:
     return HTTPException(status_code=404, detail=what)
 
@@ -82,6 +101,7 @@ def not_found(what: str) -> HTTPException:
 def create_app(config: DashboardConfig | None = None) -> Litestar:
     cfg = config or load(DashboardConfig)
     reader = StackReader(cfg)
+    access = Access(cfg)
 
     @asynccontextmanager
     async def lifespan(app: Litestar):
@@ -99,9 +119,36 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             "index": {"ok": True, "sessions": len(reader.index.rows), "loaded": reader.loaded},
         }
 
-    def api(route: str, body: Any) -> Response:
+    async def gate(request: Request) -> Response | None:
+        """Before every route: the open ones pass, a sign-in link is redeemed for a cookie,
+        anything else needs a credential (None: go on to the route)."""
+        if request.route_handler.opt.get("open"):
+            return None
+        now, path = time.time(), request.url.path
+        is_api = path == "/api" or path.startswith("/api/")
+        why = access.refusal(request.headers, request.cookies, now=now)
+        ticket = request.query_params.get(TICKET_PARAM)
+        if ticket is not None and not is_api and request.method == "GET":
+            cookie, bad = access.sign_in(ticket, now=now)
+            if bad is not None and why is not None:
+                return unauthorized(bad, api=False)
+            headers = {
+                **SECURITY_HEADERS,
+                "Location": without_ticket(path, request.query_params.multi_items()),
+                "Cache-Control": "no-store",
+            }
+            if cookie is not None:
+                secure = request.url.scheme == "https"
+                headers["Set-Cookie"] = cookie_header(access.cookie_name, cookie, secure=secure)
+            return Response(b"", status_code=303, headers=headers, media_type=MediaType.TEXT)
+        return None if why is None else unauthorized(why, api=is_api)
+
+    def api(route: str, body: Any, scrub: Scrubber = SHAPES) -> Response:
+        """A JSON answer, every string in it scrubbed: secrets by shape, and what ``scrub``
+        knows (the tokens and env values of the task and sessions it is about)."""
         body = body if isinstance(body, dict) else {"data": body}
-        return Response({**body, "problems": reader.problems()}, headers=SECURITY_HEADERS)
+        body = scrub.value({**body, "problems": reader.problems()})
+        return Response(body, headers=SECURITY_HEADERS)
 
     # -- pages ------------------------------------------------------------------------
     @get("/", include_in_schema=False)
@@ -189,7 +236,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             )
             submitted = record.submitted_at if record else reader.index.submitted.get(task_id, 0)
             body = views.task_view(task_id, spec, rows, trajs, submitted, time.time())
-            return api("task", body)
+            return api("task", body, reader.secrets(task_id, (r.session_id for r in rows)))
 
     @get("/api/sessions/{session_id:str}")
     async def api_session(session_id: str) -> Response:
@@ -201,7 +248,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             traj = await reader.trajectory(session_id, row.attempt, row.state in views._ENDED)
             art = reader.artifacts.get(session_id)
             body = views.session_view(row, records, problems, art, traj, time.time())
-            return api("session", body)
+            return api("session", body, reader.secrets(row.task_id, [session_id]))
 
     @get("/api/sessions/{session_id:str}/trajectory")
     async def api_trajectory(session_id: str, view: str = "stored") -> Response:
@@ -226,8 +273,9 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
                     traces, note = [], f"{view} could not build this session: {exc}"
                 if problems:
                     note = "; ".join(problems)
-            body = views.trajectory_view(session_id, view, traces, reader.decoder, note)
-            return api("trajectory", body)
+            scrub = reader.secrets(row.task_id, [session_id])
+            body = views.trajectory_view(session_id, view, traces, reader.decoder, note, scrub)
+            return api("trajectory", body, scrub)
 
     @get("/api/training")
     async def api_training() -> Response:
@@ -319,13 +367,15 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
                         yield {
                             "event": "change",
                             "data": _json(
-                                {
-                                    "version": v,
-                                    "trainer_log": log,  # the training page follows it
-                                    "ts": time.time(),
-                                    "states": reader.index.state_counts(),
-                                    "problems": reader.problems(),
-                                }
+                                SHAPES.value(
+                                    {
+                                        "version": v,
+                                        "trainer_log": log,  # the training page follows it
+                                        "ts": time.time(),
+                                        "states": reader.index.state_counts(),
+                                        "problems": reader.problems(),
+                                    }
+                                )
                             ),
                         }
                     await asyncio.sleep(cfg.refresh_seconds)
@@ -335,9 +385,12 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
 
         return ServerSentEvent(changes(), headers={"Cache-Control": "no-store"})
 
+    ops = ops_routes("dashboard", health)
+    for handler in ops:  # /healthz and /metrics: open, as on every service
+        handler.opt["open"] = True
     return Litestar(
         route_handlers=[
-            *ops_routes("dashboard", health),
+            *ops,
             overview_page,
             task_page,
             session_page,
@@ -353,10 +406,14 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             api_topology,
             api_cancel,
             api_live,
-            create_static_files_router(
-                path="/static", directories=[str(STATIC)], include_in_schema=False
+            create_static_files_router(  # no data: what a sign-in page needs
+                path="/static",
+                directories=[str(STATIC)],
+                include_in_schema=False,
+                opt={"open": True},
             ),
         ],
+        before_request=gate,
         lifespan=[lifespan],
         logging_config=service_logging(),
         openapi_config=None,

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from infra.stackstate import read_state
 from schemas import (
     CompletionRecord,
     ContractError,
+    Session,
     SessionFinished,
     SessionStateChanged,
     TaskRequest,
@@ -39,7 +41,7 @@ from schemas import subjects as S
 from services.builder.completions import read_completions
 from services.cli.status import node_rows, stream_rows
 from services.common.bus import Bus
-from services.common.redact import redact
+from services.common.redact import Scrubber, known_secrets, redact
 from services.common.registry import Registry, TaskRecord
 from services.common.tokenization.lru import SizedLRU
 from services.dashboard.config import DashboardConfig
@@ -61,6 +63,8 @@ class StackReader:
         self.nats_error: str | None = "not connected yet"
         self.loaded = False  # the registry has been read once
         self.specs: dict[str, TaskRequest] = {}
+        # each session's token: never shown, scrubbed from what is (``secrets``)
+        self.tokens: dict[str, str] = {}
         self.artifacts: SizedLRU[str, Any] = SizedLRU(cfg.artifact_sessions, lambda k, v: 1)
         self.trajectories: SizedLRU[tuple[str, int], Trajectory] = SizedLRU(
             cfg.trajectory_cache, lambda k, v: 1
@@ -144,7 +148,8 @@ class StackReader:
             return
         if ev.task_id not in self.index.tasks:
             self._new_tasks.add(ev.task_id)
-        self.index.apply(ev)
+        if self.index.apply(ev) and ev.reason:
+            self._scrub_reasons(ev.session_id)
         self._dirty.add(ev.session_id)
 
     async def _on_finished(self, msg) -> None:
@@ -197,7 +202,32 @@ class StackReader:
             ids += [s.decode() for s in sids]
         for s in await reg.get_sessions(ids):
             if s is not None:
-                self.index.put(s)
+                self._put(s)
+
+    def _put(self, session: Session) -> None:
+        self.index.put(session)
+        self.tokens[session.session_id] = session.token
+        self._scrub_reasons(session.session_id)
+
+    def _scrub_reasons(self, session_id: str) -> None:
+        """A row's reasons as every list shows them (sessions table, errors by reason):
+        without the session's token or its task's env values (the executor scrubs the
+        reasons it writes; an evaluator's may quote what the harness left)."""
+        row = self.index.rows.get(session_id)
+        if row is None or not (row.reason or row.eval_reason):
+            return
+        scrub = self.secrets(row.task_id, [session_id])
+        row.reason = scrub.text(row.reason) if row.reason else row.reason
+        row.eval_reason = scrub.text(row.eval_reason) if row.eval_reason else row.eval_reason
+
+    def secrets(self, task_id: str, session_ids: Iterable[str] = ()) -> Scrubber:
+        """What a page about this task (and these of its sessions) must not show: their
+        tokens and the task's env values, as the executor scrubs the harness's output."""
+        spec = self.specs.get(task_id)
+        known = known_secrets(None, spec)
+        for sid in session_ids:
+            known += known_secrets(self.tokens.get(sid), None)
+        return Scrubber(known)
 
     async def refresh(self) -> None:
         """Re-read what the events said changed: a reward, reasons, the node."""
@@ -211,7 +241,7 @@ class StackReader:
                 dirty, self._dirty = list(self._dirty), set()
                 for s in await self._redis(self.registry.get_sessions(dirty)):
                     if s is not None:
-                        self.index.put(s)
+                        self._put(s)
         except REDIS_ERRORS:
             return
 
@@ -253,9 +283,12 @@ class StackReader:
     # -- one task, one session ---------------------------------------------------------
     async def task(self, task_id: str) -> TaskRecord | None:
         try:
-            return await self._redis(self.registry.get_task(task_id))
+            record = await self._redis(self.registry.get_task(task_id))
         except REDIS_ERRORS:
             return None
+        if record is not None:
+            self.specs[task_id] = record.spec
+        return record
 
     async def completions(self, session_id: str) -> tuple[list[CompletionRecord], list[str]]:
         if self.bus is None or not self.bus.nc.is_connected:

@@ -7,7 +7,9 @@ Nothing here does I/O, so each page's content is tested without a server.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
+from itertools import accumulate
 from typing import Any
 
 import msgspec
@@ -17,6 +19,7 @@ from schemas import BuilderSpec, CompletionRecord, Outcome, Trace, Trajectory
 from schemas.completion import reconstruct_prompts
 from services.builder.logic import run_builder
 from services.builder.strategies import default_registry
+from services.common.redact import REDACTED, Scrubber
 from services.dashboard.index import STATES, SessionIndex, SessionRow
 
 Decode = Callable[[int], str]  # one token id -> its text
@@ -327,21 +330,38 @@ def rebuild(records: list[CompletionRecord], builder: str, outcome: Outcome) -> 
     return built.traces
 
 
-def trace_view(trace: Trace, decode: Decode | None) -> dict[str, Any]:
+def hidden_pieces(pieces: list[str], scrub: Scrubber) -> set[int]:
+    """Which pieces (decoded tokens) hold part of a secret: a token the model echoed is
+    cut into many, none of which a scan of one piece would catch."""
+    spans = scrub.spans("".join(pieces))
+    starts = list(accumulate((len(p) for p in pieces), initial=0))
+    hidden: set[int] = set()
+    for start, end in spans:
+        i = max(bisect_right(starts, start) - 1, 0)
+        while i < len(pieces) and starts[i] < end:
+            hidden.add(i)
+            i += 1
+    return hidden
+
+
+def trace_view(
+    trace: Trace, decode: Decode | None, scrub: Scrubber | None = None
+) -> dict[str, Any]:
     """One trace as tokens: text, loss mask, logprob and weight version of each response
-    token; the prompt as one decoded block."""
+    token; the prompt as one decoded block. With ``scrub``, tokens that spell a secret
+    show as one ``[redacted]`` and lose their ids."""
     n = len(trace.response_ids)
     shown = min(n, MAX_TOKENS)
     versions = trace.token_versions()
+    ids: list[int | None] = list(trace.response_ids[:shown])
+    pieces = [decode(tid) if decode else str(tid) for tid in ids]
+    if decode and scrub is not None:
+        hidden = hidden_pieces(pieces, scrub)
+        for i in sorted(hidden):
+            pieces[i], ids[i] = ("" if i - 1 in hidden else REDACTED), None
     tokens = [
-        [
-            decode(tid) if decode else str(tid),
-            trace.loss_mask[i],
-            trace.response_logprobs[i],
-            versions[i],
-            tid,
-        ]
-        for i, tid in enumerate(trace.response_ids[:shown])
+        [pieces[i], trace.loss_mask[i], trace.response_logprobs[i], versions[i], tid]
+        for i, tid in enumerate(ids)
     ]
     prompt = (
         "".join(decode(t) for t in trace.prompt_ids)
@@ -368,7 +388,12 @@ def trace_view(trace: Trace, decode: Decode | None) -> dict[str, Any]:
 
 
 def trajectory_view(
-    session_id: str, view: str, traces: list[Trace], decode: Decode | None, note: str | None
+    session_id: str,
+    view: str,
+    traces: list[Trace],
+    decode: Decode | None,
+    note: str | None,
+    scrub: Scrubber | None = None,
 ) -> dict[str, Any]:
     return {
         "session_id": session_id,
@@ -376,7 +401,7 @@ def trajectory_view(
         "views": list(VIEWS),
         "note": note,
         "decoded": decode is not None,
-        "traces": [trace_view(t, decode) for t in traces],
+        "traces": [trace_view(t, decode, scrub) for t in traces],
     }
 
 

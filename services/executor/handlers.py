@@ -24,7 +24,7 @@ from schemas import Artifacts, NodeHeartbeat, Outcome, ReadyWork, SessionState, 
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.plugins import Registry as PluginRegistry
-from services.common.redact import redact, scrub_known, scrub_known_struct
+from services.common.redact import known_secrets, redact, scrub_known, scrub_known_struct
 from services.common.registry import Registry
 from services.executor.config import ExecutorConfig
 from services.node import artifacts as A
@@ -66,14 +66,6 @@ class RunResult:  # how one harness run ended
     exit_code: int | None
     stdout: bytes
     stderr: bytes
-
-
-def known_secrets(token: str, spec) -> list[str]:
-    """What this session's output must not carry, whatever it looks like: its own token
-    (with and without ``ps_``) and every env value the task gave it."""
-    envs = [spec.agent.env, spec.runtime.env]
-    envs += [a.env for a in spec.runtime.prepare if hasattr(a, "env")]
-    return [token, token.removeprefix("ps_"), *(v for env in envs for v in env.values())]
 
 
 class Executor:

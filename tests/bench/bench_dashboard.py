@@ -53,6 +53,8 @@ from tests.helpers.procs import ServiceProcess  # noqa: E402
 
 S = SessionState
 PER_TASK = 4
+READ_TOKEN = "pr_bench-dashboard"  # the bench's own dashboard reads with it
+READ = {"authorization": f"Bearer {READ_TOKEN}"}
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -133,7 +135,7 @@ class LiveListener(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("GET", self.url + "/api/live", timeout=None) as r:
+            with httpx.stream("GET", self.url + "/api/live", headers=READ, timeout=None) as r:
                 for line in r.iter_lines():
                     if self.stop:
                         return
@@ -236,11 +238,13 @@ obs.observe(document.getElementById("main"), { subtree: true, childList: true, c
 """
 
 
-def open_browser():
-    from tests.helpers.browser import new_browser
+def open_browser(url: str, read_token: str = READ_TOKEN):
+    """A chromium signed in to the dashboard at ``url`` (the link `polar dashboard` prints)."""
+    from tests.helpers.browser import minted_sign_in_url, new_browser
 
     driver = new_browser()
     driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": READY_JS})
+    driver.get(minted_sign_in_url(url, read_token))
     return driver
 
 
@@ -401,7 +405,7 @@ def real_task(sessions: int, group: int, idle_seconds: float, browser_rounds: in
     """The demo's stack as ``polar up`` starts it (scheduler, pool, executor, proxy with
     the embedded engine, builder, evaluator, dashboard); the overview open in chromium;
     the dashboard's CPU idle, then while ``sessions`` one-call sessions run."""
-    from infra import devstack
+    from infra import credentials, devstack
     from infra.topology import parse_topology
     from services.cli.demo import demo_topology
 
@@ -413,7 +417,7 @@ def real_task(sessions: int, group: int, idle_seconds: float, browser_rounds: in
         url = f"http://127.0.0.1:{topo.services['dashboard'].port}"
         root = next(p.pid for p in state.procs if p.name == "dashboard")
         pids = dashboard_pid(root)
-        driver = open_browser()
+        driver = open_browser(url, credentials.load(state_dir).read_token)
         load_page(driver, url + "/", ["#sessions-table"])
         time.sleep(2)
         idle = cpu_over(pids, idle_seconds)
@@ -482,7 +486,7 @@ def main() -> None:
         t0 = time.monotonic()
         dash = ServiceProcess(
             "services.dashboard.main:create_app",
-            {"nats_url": nats_url, "redis_url": redis_url},
+            {"nats_url": nats_url, "redis_url": redis_url, "read_token": READ_TOKEN},
             root,
         ).start(timeout=120)
         while httpx.get(dash.url + "/healthz").json()["checks"]["index"]["sessions"] < len(ids):
@@ -498,7 +502,7 @@ def main() -> None:
             "one task": "/api/tasks/bench-00042",
         }
         print(f"\n{'route':28} {'p50 ms':>8} {'p99 ms':>8}   ({args.rounds} GETs each)")
-        with httpx.Client(base_url=dash.url, timeout=10) as c:
+        with httpx.Client(base_url=dash.url, headers=READ, timeout=10) as c:
             for name, path in routes.items():
                 ms = []
                 for _ in range(args.rounds):
@@ -510,7 +514,7 @@ def main() -> None:
         live = [sid for sid, st in states.items() if st is not S.ERROR]
         random.Random(1).shuffle(live)
         if browser:
-            driver = open_browser()
+            driver = open_browser(dash.url)
         if args.browser_rounds:
             pages = {  # what must be in the DOM for the page's data to be shown
                 "overview": ("/", ["#n-sessions", "#tasks-table tr[data-task]", "#sessions-table"]),

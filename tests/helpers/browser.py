@@ -26,3 +26,37 @@ def new_browser():
         opts.add_argument(arg)
     service = webdriver.ChromeService(executable_path=DRIVER)
     return webdriver.Chrome(options=opts, service=service)
+
+
+def printed_sign_in_url(topology) -> str:
+    """The one-time sign-in link `polar dashboard` prints for the stack of ``topology`` (a
+    topology file whose stack runs)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "dashboard", "--topology", str(topology)],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**env, "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.search(r"(http://\S+/\?token=\S+)", done.stdout)
+    assert found, done.stdout
+    return found[1]
+
+
+def minted_sign_in_url(url: str, read_token: str) -> str:
+    """The link `polar dashboard` would print for a dashboard holding ``read_token`` (for
+    one a test started itself, with no stack record for the CLI to read)."""
+    import time
+
+    from services.common.auth import sign_in_ticket
+
+    return f"{url}/?token={sign_in_ticket(read_token, 'dashboard', now=time.time())}"

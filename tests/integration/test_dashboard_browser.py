@@ -2,7 +2,9 @@
 by selenium) against a live stack running real tasks: every page renders, live updates
 arrive while sessions move, the trajectory viewer shows the loss mask and a break
 reason, a cancel from the UI ends a task, a harness's markup stays text, unknown ids
-are 404 pages, and NATS or Redis going down gives a banner, not a crash.
+are 404 pages, and NATS or Redis going down gives a banner, not a crash. The browser
+signs in as an operator does: the sign-in page first, then the link `polar dashboard`
+prints.
 
 Screenshots of each page go to ``$POLAR_DASHBOARD_SHOTS`` when set (docs/img/).
 """
@@ -26,7 +28,13 @@ from schemas import subjects as S
 from services.cli.demo import demo_task, demo_topology
 from services.common.bus import Bus
 from services.common.registry import Registry
-from tests.helpers.browser import CHROMIUM, DRIVER, new_browser
+from tests.helpers.browser import (
+    CHROMIUM,
+    DRIVER,
+    minted_sign_in_url,
+    new_browser,
+    printed_sign_in_url,
+)
 from tests.helpers.procs import ServiceProcess
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -114,18 +122,40 @@ def admin_token(topo) -> str:
     return creds.admin_token
 
 
+def reader(topo) -> dict[str, str]:
+    """The stack's read token as a bearer token: what an API client sends."""
+    creds = credentials.load(Path(topo.state_dir))
+    assert creds is not None
+    return {"authorization": f"Bearer {creds.read_token}"}
+
+
 @pytest.fixture(scope="module")
 def stack():
     state_dir = Path(tempfile.mkdtemp(prefix="polar-dash-"))
-    topo = parse_topology(demo_topology(state_dir), "dashboard topology")
+    topology = state_dir / "topology.yaml"  # for `polar dashboard`, as an operator has it
+    topology.write_text(demo_topology(state_dir))
+    topo = parse_topology(topology.read_text(), "dashboard topology")
     devstack.up(topo)
     yield topo, f"http://127.0.0.1:{topo.services['dashboard'].port}"
     devstack.down(state_dir)
 
 
+def sign_in(driver, url: str, link: str) -> None:
+    """What an operator sees first (the sign-in page), then the printed link: the page
+    it opens is the overview, at the clean URL, signed in."""
+    goto(driver, url + "/")
+    wait(driver, lambda d: d.find_elements(By.ID, "sign-in"))
+    assert "polar dashboard" in driver.find_element(By.ID, "main").text
+    goto(driver, link)
+    wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
+    assert driver.current_url == url + "/"  # the ticket is not left in the address bar
+
+
 @pytest.fixture(scope="module")
-def browser():
+def browser(stack):
+    topo, url = stack
     driver = new_browser()
+    sign_in(driver, url, printed_sign_in_url(Path(topo.state_dir) / "topology.yaml"))
     yield driver
     driver.quit()
 
@@ -341,7 +371,11 @@ def test_pages_left_for_others_let_go_of_their_live_stream(stack, browser):
     d = browser
     asyncio.run(publish(topo, quick_task("dash-nav")))
     # registered before its page is opened (a page of an unknown task says so and stays)
-    wait(d, lambda _: httpx.get(url + "/api/tasks/dash-nav").status_code == 200, 30)
+    wait(
+        d,
+        lambda _: httpx.get(url + "/api/tasks/dash-nav", headers=reader(topo)).status_code == 200,
+        30,
+    )
     for i in range(8):
         goto(d, url + ("/" if i % 2 else "/tasks/dash-nav"))
         wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "#sessions-table tr[data-session]"), 10)
@@ -355,19 +389,26 @@ def test_pages_left_for_others_let_go_of_their_live_stream(stack, browser):
 
 
 def test_unknown_ids_are_404_pages_and_cancel_needs_the_admin_token(stack, browser):
-    _, url = stack
+    topo, url = stack
+    read = reader(topo)
     for path in ("/tasks/no-such-task", "/sessions/no-such-session", "/sessions/nope/trajectory"):
-        assert httpx.get(url + path).status_code == 404
+        assert httpx.get(url + path, headers=read).status_code == 404
+        assert httpx.get(url + path).status_code == 401  # not even whether it exists
         goto(browser, url + path)
         wait(browser, lambda d: d.find_elements(By.ID, "not-found"))
-    assert httpx.get(url + "/api/sessions/nope").status_code == 404
-    assert httpx.get(url + "/api/sessions?state=SLEEPING").status_code == 400
+    assert httpx.get(url + "/api/sessions/nope", headers=read).status_code == 404
+    assert httpx.get(url + "/api/sessions?state=SLEEPING", headers=read).status_code == 400
     forged = httpx.post(url + "/api/tasks/dash-calc/cancel")  # a harness on the host network
     assert forged.status_code == 401 and "Bearer" in forged.json()["detail"]
     wrong = httpx.post(url + "/api/tasks/dash-calc/cancel", headers={"Authorization": "Bearer no"})
     assert wrong.status_code == 401
-    page = httpx.get(url + "/")
-    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert httpx.post(url + "/api/tasks/dash-calc/cancel", headers=read).status_code == 401
+    for page in (httpx.get(url + "/", headers=read), httpx.get(url + "/")):  # sign-in page too
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+    # the browser's sign-in: a cookie its scripts cannot read, sent by no other site
+    cookie = next(c for c in browser.get_cookies() if c["name"].startswith("polar_dashboard_"))
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert browser.execute_script("return document.cookie") == ""
 
 
 def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
@@ -379,11 +420,12 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
         "redis_url": f"redis://127.0.0.1:{rport}/0",
         "refresh_seconds": 0.2,
         "stack_poll_seconds": 0.5,
+        "read_token": "pr_banner-test",
     }
     dash = ServiceProcess("services.dashboard.main:create_app", cfg, tmp_path).start(timeout=60)
     driver = new_browser()
     try:
-        goto(driver, dash.url + "/")
+        goto(driver, minted_sign_in_url(dash.url, cfg["read_token"]))
         wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
         assert not driver.find_element(By.ID, "banner").is_displayed()
         metrics = httpx.get(dash.url + "/metrics").text  # its own, beside every service's

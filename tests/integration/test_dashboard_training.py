@@ -20,7 +20,7 @@ import pytest
 from infra import devstack
 from infra.topology import parse_topology
 from services.trainer import checkpoint as ck
-from tests.helpers.browser import new_browser
+from tests.helpers.browser import new_browser, printed_sign_in_url
 from tests.helpers.procs import ServiceProcess
 from tests.helpers.trainer_stack import model_copy, topology_yaml, trainer_config
 from tests.integration.test_dashboard_browser import By, goto, shot, wait
@@ -52,6 +52,8 @@ def test_the_training_page_draws_a_live_trainers_curves_step_by_step():
     driver = new_browser()
     trainer = None
     try:
+        (state_dir / "topology.yaml").write_text(yaml)
+        goto(driver, printed_sign_in_url(state_dir / "topology.yaml"))  # as an operator does
         goto(driver, url + "/training")
         wait(driver, lambda d: d.find_element(By.ID, "train-steps").text == "0 steps")
         loaded = driver.find_element(By.TAG_NAME, "body").get_attribute("data-rendered")

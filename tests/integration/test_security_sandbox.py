@@ -4,8 +4,9 @@ Two sessions of one task run a shell harness under bubblewrap (host network, so 
 port of the node is in reach). Each one tries what issue 17's attacker did: other
 processes' environments (tokens), the other session's directory, the host's private
 files and the stack's credentials, Redis and NATS without a password, the proxy's
-admin routes, and the embedded engine's admin and completion routes (uncaptured
-sampling, pause, weight swaps). None of it works; its own session route still does.
+admin routes, the embedded engine's admin and completion routes (uncaptured
+sampling, pause, weight swaps) and the dashboard's read API. None of it works; its own
+session route still does.
 
 A third session runs with ``network: none`` (the proxy bridge) and holds another live
 session's token, as if it had leaked: through the bridge it reaches its own routes and
@@ -110,6 +111,16 @@ for path, body in (
     except urllib.error.HTTPError as exc:
         codes[path] = exc.code
 out["engine"] = codes
+dash = {}  # the dashboard's read API: every session's calls, output and diffs
+for token in (None, mine):
+    req = urllib.request.Request(f"http://127.0.0.1:{env['DASH_PORT']}/api/sessions")
+    if token:
+        req.add_header("authorization", "Bearer " + token)
+    try:
+        dash["own-token" if token else "none"] = urllib.request.urlopen(req, timeout=5).status
+    except urllib.error.HTTPError as exc:
+        dash["own-token" if token else "none"] = exc.code
+out["dashboard"] = dash
 req = urllib.request.Request(base + "/models")
 out["own_route"] = urllib.request.urlopen(req, timeout=5).status
 print("PROBE " + json.dumps(out))
@@ -167,6 +178,7 @@ def hostile_task(topo, state_dir: Path) -> dict:
                 "REDIS_PORT": port(topo.redis_url),
                 "NATS_PORT": port(topo.nats_url),
                 "MODEL_PORT": str(topo.services["model"].port),
+                "DASH_PORT": str(topo.services["dashboard"].port),
                 "STATE_DIR": str(state_dir),
                 "PRIVATE_FILE": str(Path(__file__).resolve()),  # this checkout
             },
@@ -254,6 +266,7 @@ async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
         assert "Authorization Violation" in p["nats"], p["nats"]
         assert set(p["admin"].values()) == {401}, p["admin"]
         assert set(p["engine"].values()) == {401}, p["engine"]  # the engine key, issue 17
+        assert p["dashboard"] == {"none": 401, "own-token": 401}, p["dashboard"]
         assert p["own_route"] == 200
     # the bridge passes its own session's routes only, even with a live token of another
     assert bridge[0] == {"own": 200, "other": 403, "forged": 403}, bridge[0]

@@ -370,6 +370,23 @@ pages.topology = async function () {
     section("Harnesses seen", el("p", {}, d.harnesses.join(", ") || "none yet")));
 };
 
+// Without the read token's cookie every page is this one (the server answers 401 with it)
+function signIn(why) {
+  document.title = "sign in · Polar dashboard";
+  signedOut = true;
+  unfollow();
+  const live = document.getElementById("live");
+  live.textContent = "signed out";
+  live.className = "off";
+  main.replaceChildren(el("h1", { id: "sign-in" }, "Sign in"),
+    el("p", {}, "This dashboard shows the stack's sessions only to its operator. Open the URL ",
+      el("code", {}, "polar dashboard"), " printed (run it on the stack's host: it prints a one-time sign-in link, good for 15 minutes; ",
+      el("code", {}, "polar up"), " prints one too). The link signs this browser in for a day."),
+    el("p", { class: "muted", id: "sign-in-why" }, why || ""));
+}
+
+pages.signin = async function () { signIn(body.dataset.why); };
+
 pages.notfound = async function () {
   document.title = "not found · Polar dashboard";
   main.replaceChildren(el("h1", { id: "not-found" }, "Not found"), el("p", {}, `There is no ${body.dataset.what || "such page"} in this stack. `, link("/", "Back to the overview")));
@@ -377,7 +394,7 @@ pages.notfound = async function () {
 
 // -- live updates ---------------------------------------------------------------------
 const LIVE_PAGES = { overview: 1000, task: 1000, session: 3000, training: 1000 }; // least ms between re-renders
-let rendering = false, again = false, lastRender = 0;
+let rendering = false, again = false, lastRender = 0, signedOut = false;
 let settled = false; // the page shows something final: live changes elsewhere leave it be
 
 async function render() {
@@ -388,7 +405,9 @@ async function render() {
     lastRender = Date.now();
     body.dataset.rendered = String(lastRender);
   } catch (e) {
-    if (e.status === 404) {
+    if (e.status === 401) {
+      signIn(e.message); // the sign-in expired, or the stack has new credentials
+    } else if (e.status === 404) {
       main.replaceChildren(el("h1", { id: "not-found" }, "Not found"), el("p", {}, e.message));
     } else {
       main.replaceChildren(el("p", { class: "error" }, `could not load this page: ${e.message}`));
@@ -396,7 +415,7 @@ async function render() {
     }
   } finally {
     rendering = false;
-    if (again) { again = false; setTimeout(render, LIVE_PAGES[PAGE] || 1000); }
+    if (again && !signedOut) { again = false; setTimeout(render, LIVE_PAGES[PAGE] || 1000); }
   }
 }
 
@@ -420,7 +439,8 @@ function follow() {
       unfollow();
       reconnects += 1;
       body.dataset.reconnects = String(reconnects);
-      follow();
+      // a stream refused (401: signed out) closes for good: a render says which it was
+      render().then(() => { if (!signedOut) follow(); });
     }
   }, 5000);
   source.addEventListener("change", (ev) => {
@@ -444,7 +464,7 @@ function follow() {
 }
 
 render();
-if (PAGE !== "notfound") {
+if (PAGE !== "notfound" && PAGE !== "signin") {
   follow();
   // A page left for another stays in the browser's back/forward cache: with its stream
   // open it would hold one of the six connections a browser gives a host, and after five
@@ -452,5 +472,5 @@ if (PAGE !== "notfound") {
   // the page is left; opened again if it is shown again (its first message re-renders
   // the page if anything changed meanwhile).
   window.addEventListener("pagehide", unfollow);
-  window.addEventListener("pageshow", (ev) => { if (ev.persisted && !source) follow(); });
+  window.addEventListener("pageshow", (ev) => { if (ev.persisted && !source && !signedOut) follow(); });
 }

@@ -107,3 +107,36 @@ def test_train_reports_a_model_dir_it_cannot_load(tmp_path):
     )
     r = invoke("train", str(cfg))
     assert r.exit_code == 1 and "model_dir" in r.output and "no config.json" in r.output
+
+
+def test_a_foreground_dashboard_reads_with_the_stacks_token_or_one_of_its_own(tmp_path):
+    """`polar dashboard --port`: the stack's tokens when `polar up` made them, else a read
+    token of this process's own, in the sign-in link it prints (never an open dashboard)."""
+    import re
+    import time
+
+    from infra import credentials
+    from infra.stackstate import StackState, write_state
+    from services.cli.context import Stack
+    from services.common.auth import Tickets
+
+    topo = tmp_path / "t.yaml"
+    topo.write_text(f"state_dir: {tmp_path}\n")
+    alone = main._dashboard_config(Stack.load(topo, None), None, 0)
+    assert alone["read_token"].startswith("pr_") and "admin_token" not in alone
+
+    write_state(StackState(state_dir=str(tmp_path), created_at=time.time()))
+    creds = credentials.generate([], own_nats=False, own_redis=False)
+    credentials.save(tmp_path, creds)
+    stack = Stack.load(topo, None)
+    config = main._dashboard_config(stack, None, 0)
+    assert config["read_token"] == creds.read_token
+    assert config["admin_token"] == creds.admin_token  # its cancel
+    assert main._dashboard_key(stack) == creds.read_token
+
+    with main.out.capture() as printed:
+        main._print_sign_in("dashboard", "http://127.0.0.1:8160/", creds.read_token)
+    link = re.search(r"http://127\.0\.0\.1:8160/\?token=(\S+)", printed.get())
+    assert link and creds.read_token not in printed.get()
+    book = Tickets([creds.read_token], "dashboard", "")
+    assert book.redeem(link[1], now=time.time()) is None

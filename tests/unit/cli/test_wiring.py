@@ -185,6 +185,7 @@ services:
     assert p["scheduler"].config["read_token"] == "mine"  # what the user set wins
     assert p["proxy"].config["admin_token"] == p["trainer"].config["admin_token"]
     assert p["dashboard"].config["admin_token"] == creds.admin_token  # its cancel needs it
+    assert p["dashboard"].config["read_token"] == creds.read_token  # every read needs it
     assert "admin_token" not in p["pool-node0"].config and "admin_token" not in p["builder"].config
     assert creds.nats_url("nats://h:4222", "scheduler").startswith("nats://scheduler:")
     assert creds.nats_url("nats://h:4222", "nobody") == "nats://h:4222"

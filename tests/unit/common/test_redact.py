@@ -12,6 +12,8 @@ from schemas import Artifacts, Outcome, Trace, Trajectory
 from services.common.redact import (
     REDACTED,
     RedactFilter,
+    Scrubber,
+    known_secrets,
     redact,
     redact_bytes,
     redact_struct,
@@ -133,3 +135,50 @@ def test_every_service_process_logs_through_the_filter():
     assert r.returncode == 0, out
     assert TOKEN not in out and f"/s/ps_{REDACTED}/v1/responses" in out
     assert "HTTP Request" not in out  # http clients log quietly
+
+
+def test_the_scrubber_hides_known_values_and_shapes_in_plain_data():
+    secret = 'pass"word\\value'  # a quote and a backslash: JSON writes it escaped
+    scrub = Scrubber([TOKEN, TOKEN.removeprefix("ps_"), secret, "short"])
+    request_text = json.dumps({"content": f"env: DB={secret} key {TOKEN.removeprefix('ps_')}"})
+    body = {
+        "stdout": f"my token {TOKEN} and {secret}",
+        "calls": [{"request": {"text": request_text}}, 7, None],
+        "short": "short",  # under MIN_KNOWN: left alone, ordinary words stay
+    }
+    out = scrub.value(body)
+    assert out["stdout"] == f"my token ps_{REDACTED} and {REDACTED}"
+    assert TOKEN.removeprefix("ps_") not in out["calls"][0]["request"]["text"]
+    assert "pass" not in out["calls"][0]["request"]["text"]
+    assert out["calls"][1:] == [7, None] and out["short"] == "short"
+    assert Scrubber().value({"a": f"x {TOKEN}"}) == {"a": f"x ps_{REDACTED}"}  # shapes only
+    text = f"ab {TOKEN} cd {secret}"
+    spans = scrub.spans(text)
+    assert (text.index(TOKEN), text.index(TOKEN) + len(TOKEN)) in spans
+    assert (text.index(secret), len(text)) in spans
+
+
+def test_known_secrets_of_a_session():
+    from schemas import TaskRequest
+
+    spec = msgspec.convert(
+        {
+            "instruction": "x",
+            "agent": {"harness": "shell", "command": "true", "env": {"A": "agent-secret"}},
+            "runtime": {
+                "backend": "local",
+                "env": {"B": "runtime-secret"},
+                "prepare": [{"action": "exec", "command": "true", "env": {"C": "prep-secret"}}],
+            },
+        },
+        TaskRequest,
+    )
+    assert known_secrets(TOKEN, spec) == [
+        TOKEN,
+        TOKEN.removeprefix("ps_"),
+        "agent-secret",
+        "runtime-secret",
+        "prep-secret",
+    ]
+    assert known_secrets(None, spec)[0] == "agent-secret"
+    assert known_secrets(TOKEN, None) == [TOKEN, TOKEN.removeprefix("ps_")]

@@ -62,6 +62,54 @@ def test_trace_tokens_are_decoded_with_versions_and_cut_when_huge(monkeypatch):
     assert len(cut["tokens"]) == 2 and cut["tokens_cut"] == 1 and cut["tokens"][0][0] == "10"
 
 
+def test_tokens_that_spell_a_secret_are_hidden_with_their_ids():
+    from services.common.redact import Scrubber
+
+    token = "ps_" + "Ab3_" * 10 + "xyz"
+    pieces = [
+        "Your",
+        " key",
+        " is",
+        " ps",
+        "_Ab3",
+        "_Ab3" * 9,
+        "xyz",
+        ".",
+        " env:",
+        " hunter",
+        "2-pass",
+        "word!",
+    ]
+    trace = Trace(
+        trace_id="s:0",
+        prompt_ids=[0],
+        response_ids=list(range(len(pieces))),
+        loss_mask=[1] * len(pieces),
+        response_logprobs=[-0.5] * len(pieces),
+    )
+    scrub = Scrubber([token, "hunter2-password"])
+    v = views.trace_view(trace, lambda i: pieces[i], scrub)
+    shown = [t[0] for t in v["tokens"]]
+    assert shown == [
+        "Your",
+        " key",
+        " is",
+        "[redacted]",
+        "",
+        "",
+        "",
+        ".",
+        " env:",
+        "[redacted]",
+        "",
+        "",
+    ]
+    assert [t[4] for t in v["tokens"]] == [0, 1, 2, None, None, None, None, 7, 8, None, None, None]
+    assert all(t[1] == 1 and t[2] == -0.5 for t in v["tokens"])  # mask and logprobs kept
+    assert views.trace_view(trace, lambda i: pieces[i])["tokens"][4][0] == "_Ab3"  # no scrub
+    assert views.hidden_pieces(["a", "b"], scrub) == set()
+
+
 def test_session_view_lists_calls_with_timings_tools_and_markup_as_plain_text():
     records = records_with_a_break()
     evil = "<script>alert(1)</script><b>bold</b>"
