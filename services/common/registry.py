@@ -177,8 +177,11 @@ class Registry:
         self._specs: OrderedDict[str, TaskRequest] = OrderedDict()
 
     @classmethod
-    def from_url(cls, url: str, publish: Publisher | None = None) -> Registry:
-        return cls(redis_client(url), publish)
+    def from_url(
+        cls, url: str, publish: Publisher | None = None, *, client_name: str | None = None
+    ) -> Registry:
+        """``client_name``: what ``CLIENT LIST`` calls its connections (who sent what)."""
+        return cls(redis_client(url, client_name=client_name), publish)
 
     async def close(self) -> None:
         await self.redis.aclose()

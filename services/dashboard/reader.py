@@ -51,6 +51,7 @@ from services.pool.backpressure import queue_length
 log = logging.getLogger(__name__)
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 TASK_BATCH = 500  # task records read per pipeline at start
+REDIS_CLIENT_NAME = "polar-dashboard"
 
 
 class StackReader:
@@ -58,7 +59,8 @@ class StackReader:
         self.cfg = cfg
         self.index = SessionIndex()
         self.bus: Bus | None = None
-        self.registry = Registry.from_url(cfg.redis_url)
+        # named, so the server tells its commands apart (tests/integration/test_dashboard_readonly.py)
+        self.registry = Registry.from_url(cfg.redis_url, client_name=REDIS_CLIENT_NAME)
         self.redis_error: str | None = "not connected yet"
         self.nats_error: str | None = "not connected yet"
         self.loaded = False  # the registry has been read once
