@@ -167,8 +167,8 @@ def hostile_task(topo, state_dir: Path) -> dict:
         "agent_timeout_seconds": 120,
         "runtime": {
             "backend": "local",
-            "sandbox": "bwrap",
-            "network": "host",
+            # the local runtime's defaults (sandbox: auto -> bubblewrap, network: host):
+            # what a task gets that names no sandbox
             "prepare": [{"action": "upload_file", "dest": "probe.py", "content": PROBE}],
         },
         "agent": {
