@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from schemas.engine import DEFAULT_MODEL_DIR
 from schemas.topology import EMBEDDED_URL, Backend
-from services.common.settings import ServiceSettings
+from services.common.settings import ENGINE_KEY_ENV, ServiceSettings, unset
+
+EMBEDDED = "embedded"
 
 
 class BackendConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -52,6 +55,32 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     # it is closed: a harness can reach this port, and must not pause it or swap weights.
     admin_token: str | None = None
 
+    def with_env_secrets(self, env: Mapping[str, str]) -> ProxyConfig:
+        """``POLAR_ENGINE_API_KEY``, when set, is presented to the backends of kind
+        ``embedded`` (Polar's own engine, which reads that same variable) that name no
+        ``settings.http.api_key``. An SGLang or vLLM backend never gets it: a key meant
+        for one engine must not be sent to another's server; give theirs in the config."""
+        key = env.get(ENGINE_KEY_ENV)
+        return self.with_engine_key(key) if key else self
+
+    def with_engine_key(self, key: str) -> ProxyConfig:
+        backend = self.backend
+        if backend.kind == EMBEDDED and not _has_key(backend.settings):
+            backend = msgspec.structs.replace(backend, settings=_keyed(backend.settings, key))
+        embedded = [b for b in self.backends if b.kind == EMBEDDED]
+        # one pool serves a kind's entries with their settings merged (merged_settings):
+        # a key any of them names is the group's, so none is added beside it
+        if embedded and not any(_has_key(b.settings) for b in embedded):
+            backends = [
+                msgspec.structs.replace(b, settings=_keyed(b.settings, key))
+                if b.kind == EMBEDDED
+                else b
+                for b in self.backends
+            ]
+        else:
+            backends = self.backends
+        return msgspec.structs.replace(self, backend=backend, backends=backends)
+
     def engine(self) -> BackendConfig:
         """The backend to use: the topology's first kind (all its URLs, their settings
         merged), else ``backend``."""
@@ -73,3 +102,13 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
         if self.engine().kind == "embedded":
             return str(DEFAULT_MODEL_DIR)
         return None
+
+
+def _has_key(settings: dict[str, Any]) -> bool:
+    http = settings.get("http") or {}
+    # a malformed `http` is left as it is, for the backend factory to refuse by name
+    return not isinstance(http, dict) or not unset(http.get("api_key"))
+
+
+def _keyed(settings: dict[str, Any], key: str) -> dict[str, Any]:
+    return {**settings, "http": {**(settings.get("http") or {}), "api_key": key}}

@@ -4,12 +4,20 @@
 ``POLAR_NATS_URL`` and ``POLAR_REDIS_URL`` override the connection URLs (their forms:
 ``services/common/endpoints.py``), ``POLAR_NATS_REPLICAS`` the streams' replica count. Unknown keys
 are an error (a typo in topology.yaml must not be silently ignored).
+
+Credentials a deployment keeps out of its config (a Secret, an env file) come from the
+environment when the config leaves them unset (absent, null or empty): ``POLAR_ADMIN_TOKEN``
+and ``POLAR_READ_TOKEN`` for a service whose settings have ``admin_token`` / ``read_token``
+(``ENV_TOKENS``), and ``POLAR_ENGINE_API_KEY`` where a service says it presents or checks
+the embedded engine's key (``ServiceSettings.with_env_secrets``: the proxy). A token set in
+the config always wins: ``polar up`` writes its generated ones there.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import Self, TypeVar
 
 import msgspec
 
@@ -77,6 +85,27 @@ class Retention(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         return self.streams.get(stream) or DEFAULT_STREAM_LIMITS.get(stream)
 
 
+# settings field -> the environment variable it is taken from when the config leaves it unset
+ENV_TOKENS = {"admin_token": "POLAR_ADMIN_TOKEN", "read_token": "POLAR_READ_TOKEN"}
+# the embedded engine's api key (services/engine reads it too, as `polar model serve` does)
+ENGINE_KEY_ENV = "POLAR_ENGINE_API_KEY"
+
+
+def unset(value: object) -> bool:
+    """A credential the config does not give: absent, null or empty (an empty token
+    would close the routes it guards, never open them)."""
+    return value is None or value == ""
+
+
+def fill_from_env(data: dict, fields: dict[str, str], env: Mapping[str, str]) -> dict:
+    """``data`` with each of ``fields`` (field -> env var) that it leaves unset taken
+    from the environment, when the variable is set and not empty: the config wins."""
+    for field, var in fields.items():
+        if unset(data.get(field)) and env.get(var):
+            data[field] = env[var]
+    return data
+
+
 class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     nats_url: str = DEFAULT_NATS_URL
     redis_url: str = DEFAULT_REDIS_URL
@@ -88,6 +117,11 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     nats_replicas: int = 1  # copies of each stream / store (3 on a 3-node JetStream cluster)
     retention: Retention = Retention()
 
+    def with_env_secrets(self, env: Mapping[str, str]) -> Self:
+        """These settings with the credentials beyond ``ENV_TOKENS`` that this kind
+        takes from ``env`` (``load`` calls it last); none by default."""
+        return self
+
 
 def load(cls: type[T], env: dict[str, str] | None = None) -> T:
     env = os.environ if env is None else env
@@ -96,6 +130,8 @@ def load(cls: type[T], env: dict[str, str] | None = None) -> T:
         data = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"POLAR_CONFIG is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"POLAR_CONFIG is not a JSON object: {raw[:80]}")
     for key, var in (("nats_url", "POLAR_NATS_URL"), ("redis_url", "POLAR_REDIS_URL")):
         if env.get(var):
             data[key] = env[var]
@@ -104,7 +140,12 @@ def load(cls: type[T], env: dict[str, str] | None = None) -> T:
             data["nats_replicas"] = int(env["POLAR_NATS_REPLICAS"])
         except ValueError:
             raise ConfigError("POLAR_NATS_REPLICAS is not a whole number") from None
+    declared = {f.name for f in msgspec.structs.fields(cls)}
+    fill_from_env(data, {k: v for k, v in ENV_TOKENS.items() if k in declared}, env)
     try:
-        return msgspec.convert(data, cls)
+        settings = msgspec.convert(data, cls)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{cls.__name__}: {exc}") from None
+    if isinstance(settings, ServiceSettings):
+        settings = settings.with_env_secrets(env)
+    return settings

@@ -9,6 +9,7 @@ import msgspec
 from litestar import Litestar
 
 from services.common.http import ops_routes
+from services.common.settings import ENGINE_KEY_ENV, fill_from_env
 from services.engine.app import create_app as create_engine_app
 from services.engine.server import ServeConfig, ensure_model_dir
 
@@ -25,6 +26,8 @@ def create_app() -> Litestar:
     raw = msgspec.json.decode(os.environ.get("POLAR_CONFIG", "{}"))
     for key in _STACK_KEYS:
         raw.pop(key, None)
+    # the key from the environment (a deployment's Secret) unless the config sets one
+    raw = fill_from_env(raw, {"api_key": ENGINE_KEY_ENV}, os.environ)
     config = msgspec.convert(raw, ServeConfig)
     ensure_model_dir(config.model_dir)
     app = create_engine_app(config)
