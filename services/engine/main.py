@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import msgspec
 from litestar import Litestar
@@ -22,13 +23,18 @@ _STACK_KEYS = (
 )  # every stack service gets these; unused here
 
 
-def create_app() -> Litestar:
-    raw = msgspec.json.decode(os.environ.get("POLAR_CONFIG", "{}"))
+def service_config(env: Mapping[str, str]) -> ServeConfig:
+    """The model service's settings: ``POLAR_CONFIG`` less the stack's keys, the api key
+    from ``POLAR_ENGINE_API_KEY`` (a deployment's Secret) unless the config sets one."""
+    raw = msgspec.json.decode(env.get("POLAR_CONFIG") or "{}")
     for key in _STACK_KEYS:
         raw.pop(key, None)
-    # the key from the environment (a deployment's Secret) unless the config sets one
-    raw = fill_from_env(raw, {"api_key": ENGINE_KEY_ENV}, os.environ)
-    config = msgspec.convert(raw, ServeConfig)
+    raw = fill_from_env(raw, {"api_key": ENGINE_KEY_ENV}, env)
+    return msgspec.convert(raw, ServeConfig)
+
+
+def create_app() -> Litestar:
+    config = service_config(os.environ)
     ensure_model_dir(config.model_dir)
     app = create_engine_app(config)
 

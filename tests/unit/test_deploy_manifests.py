@@ -2,17 +2,17 @@
 tests/deploy): the Kubernetes manifests against the Kubernetes API schemas (strict:
 unknown fields fail), every service's POLAR_CONFIG in the manifests and in the compose
 file against that service's own settings type (they reject unknown keys, so a typo
-would only show when the pod starts), the JetStream cluster and Sentinel sizes, and the
-Slurm templates' shell syntax."""
+would only show when the pod starts), the credentials each service must hold (from the
+Secret polar-tokens, compose's required variables, the Slurm job's environment) and
+that the gateways hold none, the JetStream cluster and Sentinel sizes, and the Slurm
+templates' shell syntax."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
 
-import msgspec
 import pytest
 import yaml
 
@@ -21,7 +21,7 @@ from services.builder.config import BuilderConfig
 from services.common.endpoints import nats_servers, parse_redis
 from services.common.settings import load
 from services.dashboard.config import DashboardConfig
-from services.engine.config import ServeConfig
+from services.engine.main import service_config
 from services.evaluator.config import EvaluatorConfig
 from services.executor.config import ExecutorConfig
 from services.pool.config import PoolConfig
@@ -40,6 +40,21 @@ SETTINGS = {
 }
 # what Kubernetes substitutes for $(VAR) in an env value, for the check
 K8S_VARS = {"POD_NAME": "gateway-0", "REDIS_PASSWORD": "secret"}
+# the token variables and what each service does with them (docs/security.md): the
+# scheduler and dashboard check admin and read, the proxy checks admin and presents the
+# engine key, the model checks that key; the rest, the gateways' harnesses above all,
+# must hold none
+TOKEN_VARS = {
+    "admin": "POLAR_ADMIN_TOKEN",
+    "read": "POLAR_READ_TOKEN",
+    "engine": "POLAR_ENGINE_API_KEY",
+}
+NEEDS = {
+    "scheduler": {"admin", "read"},
+    "dashboard": {"admin", "read"},
+    "proxy": {"admin", "engine"},
+    "model": {"engine"},
+}
 
 
 def k8s_docs() -> list[dict]:
@@ -51,12 +66,22 @@ def kind(name: str) -> list[dict]:
 
 
 def check_service_config(service: str, env: dict[str, str]) -> None:
-    """``env`` is what the service's process sees; it must load as its settings."""
+    """``env`` is what the service's process sees; it must load as its settings, and
+    those hold the tokens the service needs (each its variable's value in ``env``)."""
+    needs = NEEDS.get(service, set())
+    given = {role for role, var in TOKEN_VARS.items() if var in env}
+    assert given == needs, f"{service}: given {sorted(given)}, needs {sorted(needs)}"
     if service == "model":  # the engine's own settings, minus the stack's keys
-        raw = json.loads(env.get("POLAR_CONFIG", "{}"))
-        msgspec.convert(raw, ServeConfig)
+        assert service_config(env).api_key == env["POLAR_ENGINE_API_KEY"]
         return
-    load(SETTINGS[service], env)
+    cfg = load(SETTINGS[service], env)
+    if "admin" in needs:
+        assert cfg.admin_token == env["POLAR_ADMIN_TOKEN"], service
+    if "read" in needs:
+        assert cfg.read_token == env["POLAR_READ_TOKEN"], service
+    if "engine" in needs:  # the proxy presents the model service's key to its engine
+        assert cfg.engine().kind == "embedded"
+        assert cfg.engine().settings["http"]["api_key"] == env["POLAR_ENGINE_API_KEY"]
 
 
 @pytest.mark.parametrize("path", K8S, ids=lambda p: p.name)
@@ -73,8 +98,25 @@ def _expand(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)
 
 
+def secrets() -> dict[str, dict[str, str]]:
+    return {d["metadata"]["name"]: d["stringData"] for d in kind("Secret")}
+
+
+def test_k8s_secret_polar_tokens_holds_placeholders_only():
+    tokens = secrets()["polar-tokens"]
+    assert set(tokens) == set(TOKEN_VARS)
+    # a placeholder to replace (the file says how), never a usable shared default
+    assert set(tokens.values()) == {"change-me"}
+
+
 def test_k8s_every_service_container_config_loads():
     common = kind("ConfigMap")[0]["data"]
+    # distinct values, so a variable bound to the wrong key shows
+    stored = {
+        "valkey": {"password": "secret"},
+        "polar-tokens": {r: f"{r}-value" for r in TOKEN_VARS},
+    }
+    assert {n: set(v) for n, v in secrets().items()} == {n: set(v) for n, v in stored.items()}
     seen = set()
     for workload in kind("Deployment") + kind("StatefulSet"):
         for c in workload["spec"]["template"]["spec"]["containers"]:
@@ -84,6 +126,10 @@ def test_k8s_every_service_container_config_loads():
             for e in c.get("env", []):
                 if "value" in e:
                     env[e["name"]] = _expand(e["value"], env)
+                elif ref := e["valueFrom"].get("secretKeyRef"):
+                    env[e["name"]] = stored[ref["name"]][ref["key"]]
+            for role, var in TOKEN_VARS.items():  # each token from its own key
+                assert env.get(var, f"{role}-value") == f"{role}-value", (c["name"], var)
             assert "$(" not in env["POLAR_CONFIG"], env["POLAR_CONFIG"]
             check_service_config(c["command"][2], env)
             seen.add(c["command"][2])
@@ -114,12 +160,29 @@ def test_k8s_backbone_is_a_3_node_jetstream_cluster_and_valkey_with_sentinels():
     assert endpoint.via_sentinel and len(endpoint.sentinels) == 3
 
 
+# what the compose test's shell exports (each value distinct: a swapped variable shows)
+COMPOSE_ENV = {var: f"{role}-value" for role, var in TOKEN_VARS.items()}
+
+
+def _interpolate(value: str) -> str:
+    """Compose's ``${VAR:-default}`` and ``${VAR:?message}`` with COMPOSE_ENV set."""
+    value = re.sub(r"\$\{(\w+):-([^}]*)\}", r"\2", value)
+    return re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: COMPOSE_ENV[m.group(1)], value)
+
+
+def test_compose_tokens_have_no_default():
+    text = (DEPLOY / "compose/compose.yaml").read_text()
+    for var in TOKEN_VARS.values():
+        uses = re.findall(r"\$\{" + var + r"([^}]*)\}", text)
+        assert uses and all(u.startswith(":?") for u in uses), (var, uses)
+
+
 def test_compose_every_service_config_loads():
     compose = yaml.safe_load((DEPLOY / "compose/compose.yaml").read_text())
     seen = set()
     for name, svc in compose["services"].items():
         env = {k: str(v) for k, v in svc.get("environment", {}).items()}
-        env = {k: re.sub(r"\$\{(\w+):-([^}]*)\}", r"\2", v) for k, v in env.items()}
+        env = {k: _interpolate(v) for k, v in env.items()}
         command = svc["command"]
         if command[:2] == ["polar", "serve"]:
             check_service_config(command[2], env)
