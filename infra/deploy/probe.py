@@ -2,8 +2,11 @@
 in infra/deploy/ is run with (compose, Slurm; the tests call ``probe``).
 
     python -m infra.deploy.probe --nats nats://127.0.0.1:14222 [--samples 2]
+        [--scheduler http://127.0.0.1:18100]   # with POLAR_ADMIN_TOKEN in the environment
 
-It publishes a task on ``polar.tasks.submit`` whose shell harness makes one chat call
+It submits a task (on ``polar.tasks.submit``, or with ``--scheduler`` through the
+scheduler's ``POST /tasks`` with the admin token, which checks the deployment's tokens
+too: a scheduler without one refuses every submission) whose shell harness makes one chat call
 through the proxy (``OPENAI_BASE_URL``, which the gateway gives each session) and writes
 the reply to ``reply.txt``; then it reads ``polar.trajectories.<task>`` until every
 sample's trajectory is there and prints one line per trajectory: session, outcome,
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 import time
 import uuid
@@ -75,6 +80,26 @@ async def wait_healthy(urls: list[str], timeout: float) -> None:
                 await asyncio.sleep(0.3)
 
 
+class Refused(Exception):
+    """The scheduler did not take the probe task (its token, or the task)."""
+
+
+async def submit_http(
+    scheduler: str, admin_token: str | None, spec: dict, client: httpx.AsyncClient | None = None
+) -> None:
+    """POST ``spec`` to the scheduler's ``/tasks``; Refused unless it answers 201."""
+    headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
+    async with contextlib.AsyncExitStack() as stack:
+        if client is None:
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(timeout=30.0, trust_env=False)
+            )
+        r = await client.post(f"{scheduler.rstrip('/')}/tasks", json=spec, headers=headers)
+    if r.status_code != 201:
+        hint = "" if admin_token else " (no POLAR_ADMIN_TOKEN given)"
+        raise Refused(f"{scheduler} refused the probe task{hint}: {r.status_code} {r.text[:300]}")
+
+
 async def probe(
     nats_url: str,
     samples: int = 2,
@@ -82,10 +107,15 @@ async def probe(
     python: str = "python3",
     sandbox: str = "auto",
     wait: list[str] = (),
+    scheduler: str | None = None,
+    admin_token: str | None = None,
 ) -> list[Trajectory]:
-    """Submit the probe task (once every URL in ``wait`` is healthy); its trajectories
-    once all ``samples`` are delivered (TimeoutError with what did arrive when not
-    within ``timeout``)."""
+    """Submit the probe task (once every URL in ``wait`` is healthy), on NATS or, given
+    ``scheduler``, over its HTTP API with ``admin_token`` (default: POLAR_ADMIN_TOKEN);
+    its trajectories once all ``samples`` are delivered (TimeoutError with what did
+    arrive when not within ``timeout``; Refused when the scheduler does not take it)."""
+    if scheduler and admin_token is None:
+        admin_token = os.environ.get("POLAR_ADMIN_TOKEN") or None
     task_id = f"probe-{uuid.uuid4().hex[:8]}"
     await wait_healthy(list(wait), timeout)
     bus = await Bus.open(nats_url, "deploy-probe", declare=False)
@@ -105,7 +135,10 @@ async def probe(
             ordered_consumer=True,
         )
         spec = probe_task(task_id, samples, python, sandbox)
-        await bus.publish(S.TASKS_SUBMIT, orjson.dumps(spec), msg_id=task_id)
+        if scheduler:
+            await submit_http(scheduler, admin_token, spec)
+        else:
+            await bus.publish(S.TASKS_SUBMIT, orjson.dumps(spec), msg_id=task_id)
         got: list[Trajectory] = []
         while len(got) < samples:
             left = deadline - time.monotonic()
@@ -145,13 +178,19 @@ def main(argv: list[str] | None = None) -> int:
         "--wait", action="append", default=[], metavar="URL",
         help="a service (the proxy, ...) whose /healthz must answer first; repeatable",
     )  # fmt: skip
+    ap.add_argument(
+        "--scheduler", metavar="URL",
+        help="submit through this scheduler's POST /tasks with POLAR_ADMIN_TOKEN "
+        "(from the environment: a command line is visible to others)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     started = time.monotonic()
     try:
         got = asyncio.run(
-            probe(args.nats, args.samples, args.timeout, args.python, args.sandbox, args.wait)
-        )
-    except TimeoutError as exc:
+            probe(args.nats, args.samples, args.timeout, args.python, args.sandbox, args.wait,
+                  scheduler=args.scheduler)
+        )  # fmt: skip
+    except (TimeoutError, Refused) as exc:
         print(f"probe: {exc}", file=sys.stderr)
         return 1
     for t in got:

@@ -25,6 +25,12 @@ IMAGE = os.environ.get("POLAR_IMAGE", "localhost/polar:latest")
 CONTAINERS_CONF = Path(os.environ.get("POLAR_PODMAN_DIR", "/tmp/polar-podman")) / "containers.conf"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# compose.yaml requires these (no default): the services' credentials
+TOKENS = {
+    "POLAR_ADMIN_TOKEN": f"pa_{uuid.uuid4().hex}",
+    "POLAR_READ_TOKEN": f"pr_{uuid.uuid4().hex}",
+    "POLAR_ENGINE_API_KEY": f"pe_{uuid.uuid4().hex}",
+}
 
 
 def _podman_env() -> dict[str, str]:
@@ -52,7 +58,7 @@ def stack():
         for name in ("POLAR_NATS_PORT", "POLAR_SCHEDULER_PORT", "POLAR_PROXY_PORT",
                      "POLAR_DASHBOARD_PORT")
     }  # fmt: skip
-    env = {**_podman_env(), **{k: str(v) for k, v in ports.items()}}
+    env = {**_podman_env(), **TOKENS, **{k: str(v) for k, v in ports.items()}}
     project = f"polartest{uuid.uuid4().hex[:6]}"
     compose = ["podman-compose", "-f", str(COMPOSE), "-p", project]
     try:
@@ -68,7 +74,10 @@ def test_compose_stack_runs_a_task_to_its_trajectories(stack):
     nats = f"nats://127.0.0.1:{stack['POLAR_NATS_PORT']}"
     scheduler = f"http://127.0.0.1:{stack['POLAR_SCHEDULER_PORT']}"  # declares the streams
     proxy = f"http://127.0.0.1:{stack['POLAR_PROXY_PORT']}"
-    got = asyncio.run(probe(nats, samples=2, timeout=180, sandbox="bwrap", wait=[scheduler, proxy]))
+    got = asyncio.run(
+        probe(nats, samples=2, timeout=180, sandbox="bwrap", wait=[scheduler, proxy],
+              scheduler=scheduler, admin_token=TOKENS["POLAR_ADMIN_TOKEN"])
+    )  # fmt: skip
     assert reachable("127.0.0.1", stack["POLAR_NATS_PORT"])
     for t in got:
         print(describe(t))
@@ -77,5 +86,11 @@ def test_compose_stack_runs_a_task_to_its_trajectories(stack):
     assert all(t.reward == 1.0 for t in got)
     # the harness's one model call, captured token-exact by the proxy container
     assert all(sum(sum(tr.loss_mask) for tr in t.traces) > 0 for t in got)
-    dash = httpx.get(f"http://127.0.0.1:{stack['POLAR_DASHBOARD_PORT']}/", timeout=10)
-    assert dash.status_code == 200
+    dashboard = f"http://127.0.0.1:{stack['POLAR_DASHBOARD_PORT']}/"
+    assert httpx.get(dashboard, timeout=10).status_code == 401  # no reader without the token
+    read = {"authorization": f"Bearer {TOKENS['POLAR_READ_TOKEN']}"}
+    assert httpx.get(dashboard, headers=read, timeout=10).status_code == 200
+    # the proxy's /admin/* takes the admin token; this one asks the engine (its key)
+    admin = {"authorization": f"Bearer {TOKENS['POLAR_ADMIN_TOKEN']}"}
+    assert httpx.get(f"{proxy}/admin/weight_version", timeout=10).status_code == 401
+    assert httpx.get(f"{proxy}/admin/weight_version", headers=admin, timeout=10).status_code == 200

@@ -22,6 +22,12 @@ from tests.deploy.test_compose import IMAGE, _missing, _podman_env
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 NATS = ",".join(f"nats://nats-{i}.nats:4222" for i in range(3))
+# the admin key of Secret polar-tokens as the manifests ship it (podman_pods plays them)
+ADMIN_TOKEN = next(
+    d["stringData"]["admin"]
+    for d in podman_pods.load()
+    if d["kind"] == "Secret" and d["metadata"]["name"] == "polar-tokens"
+)
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -44,9 +50,11 @@ def pods():
 
 def probe_in(net: str, samples: int) -> str:
     """The probe run from a container on the pods' network (no port is published)."""
-    out = podman("run", "--rm", "--network", net, IMAGE, "python", "-m", "infra.deploy.probe",
+    # submitted through the scheduler with the admin token of Secret polar-tokens
+    out = podman("run", "--rm", "--network", net, "-e", f"POLAR_ADMIN_TOKEN={ADMIN_TOKEN}",
+                 IMAGE, "python", "-m", "infra.deploy.probe",
                  "--nats", NATS, "--samples", str(samples), "--sandbox", "none",
-                 "--wait", "http://proxy:8200",
+                 "--wait", "http://proxy:8200", "--scheduler", "http://scheduler:8100",
                  "--timeout", "180", check=False)  # fmt: skip
     print(out.stdout, out.stderr[-2000:])
     assert out.returncode == 0, out.stderr[-2000:]

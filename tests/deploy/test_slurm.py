@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,11 @@ SLURM = ROOT / "infra/deploy/slurm"
 OFFSET = 31000  # the stack's ports: 35222 (NATS), 37379 (Valkey), 39100 (scheduler), ...
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+TOKENS = {
+    "POLAR_ADMIN_TOKEN": f"pa_{uuid.uuid4().hex}",
+    "POLAR_READ_TOKEN": f"pr_{uuid.uuid4().hex}",
+    "POLAR_ENGINE_API_KEY": f"pe_{uuid.uuid4().hex}",
+}
 
 
 def _missing() -> str | None:
@@ -45,7 +51,9 @@ def cluster(tmp_path):
     out = subprocess.run([str(SLURM / "local-cluster.sh"), "up"], capture_output=True,
                          text=True, check=True)  # fmt: skip
     conf = out.stdout.strip().removeprefix("export SLURM_CONF=")
-    env = {**os.environ, "SLURM_CONF": conf}
+    # the services job's credentials (polar-services.sbatch requires them); the gateway
+    # jobs inherit them too (--export=ALL) and must drop them
+    env = {**os.environ, "SLURM_CONF": conf, **TOKENS}
     jobs: list[str] = []
 
     def sbatch(*args: str) -> str:
@@ -87,8 +95,9 @@ def test_slurm_services_job_and_gateway_array_run_a_task(cluster):
 
     async def run() -> collections.Counter:
         got = await probe(
-            stack["POLAR_NATS_URL"], samples=8, timeout=180, wait=[stack["POLAR_PROXY_URL"]]
-        )
+            stack["POLAR_NATS_URL"], samples=8, timeout=180, wait=[stack["POLAR_PROXY_URL"]],
+            scheduler=stack["POLAR_SCHEDULER_URL"], admin_token=TOKENS["POLAR_ADMIN_TOKEN"],
+        )  # fmt: skip
         for t in got:
             print(describe(t))
         reg = Registry.from_url(stack["POLAR_REDIS_URL"])
