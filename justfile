@@ -74,13 +74,15 @@ test-harness *ARGS: setup
 image:
     PYTHON={{py}} infra/deploy/container/build.sh
 
-# The whole stack in podman containers (infra/deploy/compose/compose.yaml; `just image` first).
+# The whole stack in podman containers (infra/deploy/compose/compose.yaml; `just image` first),
+# with the tokens of build/compose/tokens.env (generated once, 0600; infra/deploy/README.md).
 compose-up:
-    CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar up -d
+    {{py}} -m infra.deploy.tokens build/compose/tokens.env
+    set -a; . build/compose/tokens.env; set +a; CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar up -d
 
 # Stop the compose stack and delete its volumes.
 compose-down:
-    CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar down -v
+    set -a; . build/compose/tokens.env; set +a; CONTAINERS_CONF=/tmp/polar-podman/containers.conf podman-compose -f infra/deploy/compose/compose.yaml -p polar down -v
 
 # tests/deploy: compose and the k8s pods in podman, Slurm on a one-machine cluster (~95 s;
 # each skips saying what is missing). Not in `just test`.

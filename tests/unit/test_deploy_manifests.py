@@ -230,3 +230,17 @@ def test_podman_pods_play_each_replica_under_its_kubernetes_dns_names():
     )
     nats = runs["t-nats-2-nats"]
     assert nats[nats.index("--server_name") + 1] == "nats-2"
+
+
+def test_the_token_file_is_private_fresh_and_kept(tmp_path):
+    from infra.deploy.tokens import ensure
+
+    path = tmp_path / "compose/tokens.env"
+    assert ensure(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    values = dict(line.split("=", 1) for line in path.read_text().splitlines())
+    assert set(values) == set(TOKEN_VARS.values())
+    assert values["POLAR_ADMIN_TOKEN"].startswith("pa_") and len(set(values.values())) == 3
+    before = path.read_text()
+    assert not ensure(path)  # a restarted stack keeps the tokens its clients hold
+    assert path.read_text() == before
