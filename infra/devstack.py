@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from infra.stackstate import (
     write_state,
 )
 from infra.topology import ServicePlan, Topology, plan_services
+from services.common.settings import ENV_SECRETS
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", ""})
 Log = Callable[[str], None]
@@ -214,13 +215,22 @@ def _record(name: str, pid: int, url: str, port: int, log_path: str) -> Proc:
     )
 
 
+def inherited_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a stack service inherits from ``polar up``'s environment: all but the token
+    variables a deployment sets (``ENV_SECRETS``). This stack's credentials are its
+    own (credentials.json, in each service's config); an operator's shell holding
+    another stack's tokens must not reach its pools and executors, nor key its proxy's
+    other embedded backends."""
+    return {k: v for k, v in env.items() if k not in ENV_SECRETS}
+
+
 def _start_service(
     state: StackState, plan: ServicePlan, topo: Topology, creds: Credentials, log: Log
 ) -> subprocess.Popen:
     log_path = Path(state.state_dir) / "logs" / f"{plan.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
+        **inherited_env(os.environ),
         "POLAR_CONFIG": json.dumps(plan.config),
         "POLAR_NATS_URL": creds.nats_url(topo.nats_url, plan.service),  # its own user
         "POLAR_REDIS_URL": creds.redis_url(topo.redis_url),

@@ -89,6 +89,7 @@ class Retention(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 ENV_TOKENS = {"admin_token": "POLAR_ADMIN_TOKEN", "read_token": "POLAR_READ_TOKEN"}
 # the embedded engine's api key (services/engine reads it too, as `polar model serve` does)
 ENGINE_KEY_ENV = "POLAR_ENGINE_API_KEY"
+ENV_SECRETS = (*ENV_TOKENS.values(), ENGINE_KEY_ENV)
 
 
 def unset(value: object) -> bool:

@@ -145,3 +145,11 @@ def test_the_model_service_config_key_wins(monkeypatch):
         assert client.get("/get_weight_version", headers=env_key).status_code == 401
         cfg_key = {"authorization": "Bearer pe_cfg"}
         assert client.get("/get_weight_version", headers=cfg_key).status_code == 200
+
+
+def test_polar_up_services_do_not_inherit_the_operators_tokens():
+    from infra.devstack import inherited_env
+
+    shell = {"PATH": "/usr/bin", "POLAR_NATS_URL": "nats://x:4222", **ENV}
+    shell["POLAR_ENGINE_API_KEY"] = "pe_other_stack"
+    assert inherited_env(shell) == {"PATH": "/usr/bin", "POLAR_NATS_URL": "nats://x:4222"}
