@@ -94,7 +94,7 @@ ENV_SECRETS = (*ENV_TOKENS.values(), ENGINE_KEY_ENV)
 
 def unset(value: object) -> bool:
     """A credential the config does not give: absent, null or empty (an empty token
-    would close the routes it guards, never open them)."""
+    matches nothing, services/common/auth.py, so it is no setting to keep)."""
     return value is None or value == ""
 
 
