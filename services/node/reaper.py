@@ -47,7 +47,13 @@ async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> b
     """Back to REGISTERED with the next attempt, and new init work."""
     nxt = session.attempt + 1
     t = await registry.transition(
-        session.session_id, ST.REGISTERED, attempt=nxt, reason=reason, node=None, runtime_id=None
+        session.session_id,
+        ST.REGISTERED,
+        expect_attempt=session.attempt,  # the attempt read: not one begun since by another
+        attempt=nxt,
+        reason=reason,
+        node=None,
+        runtime_id=None,
     )
     if t.ok:
         work = InitWork(
