@@ -13,9 +13,11 @@ class Integrity:
     problems: tuple[str, ...]
 
 
-def missing_seqs(calls: Calls) -> list[int]:
+def missing_seqs(calls: Calls, elsewhere: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Call numbers below the highest one with no record (``elsewhere``: numbers taken by
+    another attempt of the session, not missing)."""
     seqs = {c.seq for c in calls.calls} | set(calls.unreconstructable) | set(calls.void)
-    return sorted(set(range(max(seqs) + 1)) - seqs) if seqs else []
+    return sorted(set(range(max(seqs) + 1)) - seqs - set(elsewhere)) if seqs else []
 
 
 def continuation_of(cut: Call, calls: list[Call]) -> Call | None:
@@ -32,13 +34,17 @@ def cut_description(call: Call) -> str:
     return "was aborted"
 
 
-def assess(calls: Calls, read_problems: list[str] | tuple[str, ...] = ()) -> Integrity:
+def assess(
+    calls: Calls,
+    read_problems: list[str] | tuple[str, ...] = (),
+    elsewhere: set[int] | frozenset[int] = frozenset(),
+) -> Integrity:
     """Not intact when a completion is missing or unreadable, or a turn was cut mid-chain
     (aborted or errored, and the conversation went on after it). A cut last turn (a
     timeout ending the session mid-call) keeps the trace intact: every token in it was
     sampled and reported."""
     problems = list(read_problems)
-    missing = missing_seqs(calls)
+    missing = missing_seqs(calls, elsewhere)
     if missing:
         problems.append(f"completions missing from the capture: seqs {missing[:50]}")
     if calls.unreconstructable:

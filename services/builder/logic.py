@@ -131,9 +131,13 @@ def build_trajectory(
     read_problems: Sequence[str] = (),
 ) -> Trajectory:
     """The unscored trajectory of a finished session. Never raises for a bad build: a
-    builder that fails yields per_request traces, fully masked, with the error recorded."""
+    builder that fails yields per_request traces, fully masked, with the error recorded.
+    A retried session's subject also holds its earlier attempts' calls: the trajectory is
+    this attempt's own, and their call numbers are not missing from it."""
+    earlier = {r.seq for r in records if r.attempt != event.attempt}
+    records = [r for r in records if r.attempt == event.attempt]
     calls = full_calls(records)
-    integrity = assess(calls, list(read_problems))
+    integrity = assess(calls, list(read_problems), elsewhere=earlier)
     error = None
     try:
         built = run_builder(builders, spec, records, event.outcome)

@@ -171,3 +171,20 @@ def test_custom_builder_result_is_used():
 def test_zero_records_build_an_empty_intact_trajectory():
     tr = build([], Outcome.TIMEOUT)
     assert tr.traces == [] and tr.intact and tr.stats.completions == 0 and tr.protocol is None
+
+
+def test_a_retried_sessions_trajectory_is_its_own_attempts():
+    """The session's subject holds attempt 0's calls before attempt 1's (numbered on):
+    attempt 1's trajectory has only its own, intact (found by tests/cluster: a session
+    retried after its gateway was cut off delivered 3 calls where its run made 2)."""
+    first = Capture(delta=False)
+    agent_loop(first, random.Random(5), 2)
+    second = Capture(delta=False)
+    agent_loop(second, random.Random(6), 3)
+    records = [r.__replace__(attempt=0) for r in first.records]
+    records += [r.__replace__(attempt=1, seq=r.seq + len(first.records)) for r in second.records]
+    tr = build(records, attempt=1, name="per_request")
+    assert tr.attempt == 1 and tr.intact
+    assert tr.stats.completions == len(second.records) == 3
+    assert tr.metadata["records"] == 3
+    assert not build(records[:2] + records[3:], attempt=1).intact  # its own gap still counts
