@@ -127,7 +127,10 @@ class Executor:
         finally:
             self.running.pop(work.session_id, None)
             if ended:  # else the lease runs out and a reaper ends and cleans the session
-                await self.registry.release(work.session_id)
+                # its own lease only: cut off past it, the session may be another
+                # attempt's now, held by a pool elsewhere (dropping that lease had a
+                # reaper retry the new attempt at once, as held by nobody)
+                await self.registry.release(work.session_id, owner=self.owner)
             STAGE_SECONDS.labels(self.node, "run").observe(time.monotonic() - t0)
         STAGE_RESULTS.labels(self.node, "run", outcome.value).inc()
 

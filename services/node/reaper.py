@@ -34,7 +34,7 @@ from schemas.task import LocalRuntime
 from services.common.bus import Bus
 from services.common.faults import REGISTRY_DOWN
 from services.common.finish import fail_before_run, finish_session, may_retry
-from services.common.registry import Registry
+from services.common.registry import Registry, new_token
 from services.node.prewarm import ROLE as EVAL_ROLE
 from services.node.prewarm import prewarm_runtime_id
 from services.node.session import SessionPaths
@@ -51,6 +51,7 @@ async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> b
         ST.REGISTERED,
         expect_attempt=session.attempt,  # the attempt read: not one begun since by another
         attempt=nxt,
+        token=new_token(),  # the old attempt's harness, if still alive, is shut out
         reason=reason,
         node=None,
         runtime_id=None,

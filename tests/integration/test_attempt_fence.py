@@ -5,6 +5,8 @@ old attempt's SessionFinished while the new attempt's run could no longer finish
 no step before RUNNING may act on the new attempt either: the pool's INIT -> READY, its
 handling of a failed INIT, a reaper's retry, the executor's READY -> RUNNING."""
 
+import asyncio
+import math
 import time
 
 from schemas import Artifacts, Outcome, ReadyWork, SessionState, encode
@@ -15,6 +17,7 @@ from services.executor.config import ExecutorConfig
 from services.executor.handlers import Executor
 from services.node.harnesses import default_registry
 from services.node.reaper import retry_session
+from tests.helpers.node import wait_until
 from tests.helpers.stack import running_session
 from tests.integration.test_pool_faults import NODE, close_pool, open_pool, registered
 
@@ -134,5 +137,64 @@ async def test_a_stale_ready_hand_off_does_not_run_the_new_attempt(fresh_servers
         assert (now.state, now.attempt) == (ST.READY, 1)
         assert await _runtime_id(reg, sid) == b"rt-1"
         assert executor.running == {}
+    finally:
+        await close_pool(pool)
+
+
+async def test_a_retry_shuts_the_old_attempts_harness_out(fresh_servers, tmp_path):
+    """The proxy serves a token while its session is RUNNING, whichever attempt runs: the
+    retry gives the next attempt a new token and kills the old one, so the old attempt's
+    harness (on a host cut off past its lease, back while attempt 1 runs) is refused, not
+    captured as attempt 1's (found by tests/cluster: trajectories of 3 and 4 calls where
+    each attempt made 2)."""
+    pool = await open_pool(*fresh_servers, tmp_path)
+    try:
+        item = await registered(pool, "fence-token")
+        sid, reg = item.session_id, pool.registry
+        assert (await reg.transition(sid, ST.INITIALIZING, node=NODE)).ok
+        old = await reg.get_session(sid)
+        assert (await reg.session_by_token(old.token)).session_id == sid
+        assert await retry_session(reg, pool.bus, old, "holder lost")
+        new = await reg.get_session(sid)
+        assert new.token != old.token and new.attempt == 1
+        for st in (ST.INITIALIZING, ST.READY, ST.RUNNING):
+            assert (await reg.transition(sid, st, node="node1")).ok
+        assert await reg.session_by_token(old.token) is None  # before the fix: the session
+        assert (await reg.session_by_token(new.token)).session_id == sid
+        ttl = await reg.redis.expiretime(S.key_token(new.token))
+        assert ttl == math.ceil(new.deadline) + 3600  # as the first token's
+    finally:
+        await close_pool(pool)
+
+
+async def test_a_stale_executors_end_leaves_the_new_holders_lease(fresh_servers, tmp_path):
+    """An executor whose run outlived its lease (cut off) ends it after the session was
+    retried and taken by node1's pool: it must drop only its own lease, not node1's
+    (before the fix a reaper then found the new attempt held by nobody and retried it)."""
+    pool = await open_pool(*fresh_servers, tmp_path)
+    nats_url, redis_url = fresh_servers
+    cfg = ExecutorConfig(
+        nats_url=nats_url, redis_url=redis_url, work_dir=str(tmp_path / "work"), node=NODE
+    )
+    executor = Executor(pool.bus, pool.registry, cfg, default_registry())
+    try:
+        item = await registered(pool, "fence-lease", agent={"command": "sleep 1"})
+        sid, reg = item.session_id, pool.registry
+        assert (await reg.transition(sid, ST.INITIALIZING, node=NODE)).ok
+        assert await pool._init_once(item, fresh=True) == "ready"
+        work = ReadyWork(
+            ts=time.time(), session_id=sid, task_id="fence-lease", node=NODE,
+            runtime_id=pool.initializing[sid].runtime_id,
+        )  # fmt: skip
+        run = asyncio.create_task(executor.on_ready(Delivery(work)))
+        await wait_until(lambda: sid in executor.running, 10, "the run started")
+        # meanwhile its lease lapsed: retried, and node1's pool took attempt 1
+        t = await reg.transition(sid, ST.REGISTERED, attempt=1, node=None, runtime_id=None)
+        assert t.ok
+        t = await reg.transition(sid, ST.INITIALIZING, node="node1", lease=("pool:node1", 60))
+        assert t.ok
+        await asyncio.wait_for(run, 30)
+        await _untouched(reg, sid)
+        assert await reg.redis.zscore(S.KEY_LEASES, sid) is not None  # before: None
     finally:
         await close_pool(pool)
