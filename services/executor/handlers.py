@@ -319,7 +319,9 @@ class Executor:
             run.cancelled.set()
 
     async def renew_leases(self) -> None:
-        await self.registry.hold(list(self.running), self.owner, self.config.lease_seconds)
+        lost = await self.registry.hold(list(self.running), self.owner, self.config.lease_seconds)
+        if lost:  # its finish is fenced, and the retry took its harness's token
+            log.warning("leases lost (retried meanwhile), runs left to end: %s", ", ".join(lost))
 
     async def heartbeat(self) -> None:
         beat = NodeHeartbeat(

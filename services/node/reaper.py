@@ -52,6 +52,7 @@ async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> b
         expect_attempt=session.attempt,  # the attempt read: not one begun since by another
         attempt=nxt,
         token=new_token(),  # the old attempt's harness, if still alive, is shut out
+        lease_owner=None,  # nor can its holder renew a lease on the new attempt
         reason=reason,
         node=None,
         runtime_id=None,

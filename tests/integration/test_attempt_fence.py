@@ -198,3 +198,23 @@ async def test_a_stale_executors_end_leaves_the_new_holders_lease(fresh_servers,
         assert await reg.redis.zscore(S.KEY_LEASES, sid) is not None  # before: None
     finally:
         await close_pool(pool)
+
+
+async def test_a_stale_holder_cannot_renew_the_new_attempts_lease(fresh_servers, tmp_path):
+    """Renewing is not taking: an executor back from a cut renews the sessions it still
+    runs, and one retried meanwhile is the new holder's (before the fix its renewal
+    made it the owner again, and its run's end then dropped the new attempt's lease)."""
+    pool = await open_pool(*fresh_servers, tmp_path)
+    try:
+        item = await registered(pool, "fence-renew")
+        sid, reg = item.session_id, pool.registry
+        t = await reg.transition(sid, ST.INITIALIZING, node=NODE, lease=("executor:old", 60))
+        assert t.ok and await reg.hold([sid], "executor:old", 60) == []
+        assert await retry_session(reg, pool.bus, await reg.get_session(sid), "holder lost")
+        t = await reg.transition(sid, ST.INITIALIZING, node="node1", lease=("pool:node1", 60))
+        assert t.ok
+        assert await reg.hold([sid], "executor:old", 600) == [sid]
+        assert await reg.redis.hget(S.key_session(sid), "lease_owner") == b"pool:node1"
+        assert await reg.redis.zscore(S.KEY_LEASES, sid) < time.time() + 120
+    finally:
+        await close_pool(pool)
