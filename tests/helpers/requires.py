@@ -85,7 +85,11 @@ def _netns_refused() -> str | None:
         for argv in steps:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
             if done.returncode != 0:
-                return f"`{' '.join(argv)}` failed here: {done.stderr.strip()[:200]}"
+                return (
+                    f"network namespaces cannot be made here (`{' '.join(argv)}`: "
+                    f"{done.stderr.strip()[:200]}): they need root with CAP_SYS_ADMIN and "
+                    "CAP_NET_ADMIN, as CI has"
+                )
         return None
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
