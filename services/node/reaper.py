@@ -28,11 +28,13 @@ import shutil
 import time
 from collections.abc import Callable
 
+import redis.exceptions
+
 from schemas import Artifacts, InitWork, Outcome, SessionState, encode
 from schemas import subjects as S
 from schemas.task import LocalRuntime
 from services.common.bus import Bus
-from services.common.faults import REGISTRY_DOWN
+from services.common.faults import REGISTRY_DOWN, registry_refuses_writes
 from services.common.finish import fail_before_run, finish_session, may_retry
 from services.common.registry import Registry, new_token
 from services.node.prewarm import ROLE as EVAL_ROLE
@@ -97,6 +99,10 @@ class Reaper:
             return await self._reap_expired()
         except REGISTRY_DOWN:
             self._unreachable = True
+            raise
+        except redis.exceptions.ResponseError as exc:
+            if registry_refuses_writes(exc):  # no holder could renew either
+                self._unreachable = True
             raise
 
     async def _registry_just_back(self) -> bool:
