@@ -106,13 +106,20 @@ class Executor:
         # session cannot land between the change and this (no re-read of the session
         # after it). One that finds it still READY makes the change below fail.
         self.running[work.session_id] = run
-        started = await self.registry.transition(
-            work.session_id,
-            ST.RUNNING,
-            from_=[ST.READY],
-            expect_attempt=work.attempt,
-            lease=(self.owner, self.config.lease_seconds),  # one step: never unheld
-        )
+        try:
+            started = await self.registry.transition(
+                work.session_id,
+                ST.RUNNING,
+                from_=[ST.READY],
+                expect_attempt=work.attempt,
+                lease=(self.owner, self.config.lease_seconds),  # one step: never unheld
+            )
+        except BaseException:
+            # not started (e.g. NOREPLICAS in a failover): the redelivery must find it
+            # not running here, or it is skipped as a duplicate and the session waits
+            # READY until its deadline (tests/cluster: 6 sessions ended ERROR so)
+            self.running.pop(work.session_id, None)
+            raise
         if not started.ok:
             self.running.pop(work.session_id, None)
             if started.from_state in ABANDONED:  # cancelled or ended in the READY buffer

@@ -9,6 +9,8 @@ import asyncio
 import math
 import time
 
+import pytest
+
 from schemas import Artifacts, Outcome, ReadyWork, SessionState, encode
 from schemas import subjects as S
 from services.common.finish import finish_session
@@ -216,5 +218,41 @@ async def test_a_stale_holder_cannot_renew_the_new_attempts_lease(fresh_servers,
         assert await reg.hold([sid], "executor:old", 600) == [sid]
         assert await reg.redis.hget(S.key_session(sid), "lease_owner") == b"pool:node1"
         assert await reg.redis.zscore(S.KEY_LEASES, sid) < time.time() + 120
+    finally:
+        await close_pool(pool)
+
+
+async def test_a_hand_off_the_registry_refused_is_run_when_redelivered(fresh_servers, tmp_path):
+    """READY -> RUNNING refused by the registry (NOREPLICAS: a Valkey failover under
+    min-replicas-to-write) fails the delivery; its redelivery must start the run, not be
+    taken for a duplicate of a run that never started (before the fix the session
+    waited READY until its deadline: tests/cluster, 6 sessions ERROR)."""
+    import redis.exceptions
+
+    pool = await open_pool(*fresh_servers, tmp_path)
+    nats_url, redis_url = fresh_servers
+    cfg = ExecutorConfig(
+        nats_url=nats_url, redis_url=redis_url, work_dir=str(tmp_path / "work"), node=NODE
+    )
+    executor = Executor(pool.bus, pool.registry, cfg, default_registry())
+    reg = pool.registry
+    try:
+        item = await registered(pool, "refused-run", agent={"command": "true"})
+        sid = item.session_id
+        assert (await reg.transition(sid, ST.INITIALIZING, node=NODE)).ok
+        assert await pool._init_once(item, fresh=True) == "ready"
+        work = ReadyWork(
+            ts=time.time(), session_id=sid, task_id="refused-run", node=NODE,
+            runtime_id=pool.initializing[sid].runtime_id,
+        )  # fmt: skip
+        await reg.redis.config_set("min-replicas-to-write", 1)  # no replica: NOREPLICAS
+        try:
+            with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
+                await executor.on_ready(Delivery(work))
+        finally:
+            await reg.redis.config_set("min-replicas-to-write", 0)
+        assert executor.running == {}
+        await executor.on_ready(Delivery(work))  # the redelivery
+        assert (await reg.get_session(sid)).state in (ST.POSTRUN, ST.BUILDING)
     finally:
         await close_pool(pool)
