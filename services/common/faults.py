@@ -32,7 +32,7 @@ def registry_refuses_writes(exc: BaseException) -> bool:
 
 
 def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, TRANSIENT)
+    return isinstance(exc, TRANSIENT) or registry_refuses_writes(exc)
 
 
 async def retry_faults(
