@@ -33,6 +33,7 @@ from schemas import TERMINAL_STATES, Outcome, SessionState, Trajectory, decode
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.registry import Registry
+from tests.bench.pipeline_bench.run import ONE_CALL as CALL  # curl, as any client calls
 from tests.bench.proxy_bench.backend import MODEL
 from tests.cluster.hosts import Net, NsService
 from tests.helpers.requires import requires_netns
@@ -53,15 +54,12 @@ SIZES = {
     "ci": Size(tasks=10, samples=10, sleep=40, deadline=200, finish_within=300.0),
     "full": Size(tasks=15, samples=10, sleep=60, deadline=240, finish_within=420.0),
 }
-SIZE = SIZES[os.environ.get("POLAR_CLUSTER_SIZE", "ci")]
+SIZE_NAME = os.environ.get("POLAR_CLUSTER_SIZE", "ci")
+if SIZE_NAME not in SIZES:
+    raise pytest.UsageError(f"POLAR_CLUSTER_SIZE={SIZE_NAME!r}: use one of {', '.join(SIZES)}")
+SIZE = SIZES[SIZE_NAME]
 LEASE = 10.0  # under a loaded machine (load 20+ on 2 cores seen) a shorter lease expires
 ENGINE_PORT, PROXY_PORT = 30000, 8200
-CALL = (  # one chat call through the session's proxy route, as any OpenAI client makes
-    'curl -sSf -o /dev/null -H "authorization: Bearer $OPENAI_API_KEY" '
-    "-H 'content-type: application/json' "
-    f"""-d '{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":2}}' """
-    '"$OPENAI_BASE_URL/chat/completions"'
-)
 CALLS = 2  # per attempt: one before the faults, one after (through whichever replica is up)
 
 
@@ -328,7 +326,7 @@ async def test_multihost_faults(cluster: Cluster):
         counts = await _counts(reg, ids)
         sessions = {s.session_id: s for s in await reg.get_sessions(ids) if s}
         retried = sum(1 for s in sessions.values() if s.attempt > 0)
-        print(f"\nsize {os.environ.get('POLAR_CLUSTER_SIZE', 'ci')}: {SIZE}")
+        print(f"\nsize {SIZE_NAME}: {SIZE}")
         print("fault                                   | in flight | recovery s")
         for name, running, seconds in faults:
             print(f"{name:<40}| {running:>9} | {seconds:>9.1f}")
