@@ -55,10 +55,10 @@ setup *STEPS:
 test *ARGS: setup
     {{py}} -m pytest -q -rs -n "${POLAR_TEST_WORKERS:-2}" {{ARGS}}
 
-# The multi-host chaos test (tests/cluster: hosts as network namespaces, faults mid-run;
-# root, ~5 min on two shared cores). Not in `just test`: it is long.
+# The multi-host chaos test at its full size (tests/cluster: hosts as network namespaces,
+# faults mid-run; root). `just test` runs its CI size (100 sessions, ~2 min).
 test-cluster *ARGS:
-    {{py}} -m pytest -q -s -rs tests/cluster {{ARGS}}
+    POLAR_CLUSTER_SIZE=full {{py}} -m pytest -q -s -rs tests/cluster {{ARGS}}
 
 # The kill -9 chaos test alone, longer: every fault 5 times (`just test` runs it with each
 # fault 3 times); POLAR_CHAOS_ROUNDS=N to choose, CHAOS_FAULTS=proxy,valkey for a subset.

@@ -85,10 +85,11 @@ def wait_listening(host: str, port: int, proc: subprocess.Popen, timeout: float 
 
 def listens(pid: int, port: int) -> bool:
     """Whether process ``pid`` holds a socket listening on TCP ``port`` (Linux /proc;
-    True where /proc cannot tell)."""
+    True where /proc cannot tell). The tables are read as ``pid`` sees them: a server in
+    another network namespace (tests/cluster's hosts) listens in that one's."""
     inodes = set()
     try:
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
             with open(table) as rows:
                 next(rows)  # the header
                 for row in rows:

@@ -97,8 +97,12 @@ class CallNumber:
         await commit(self._numbering.publisher, record)
 
     def start_commit(self, record: CompletionRecord) -> Coroutine:
-        """``commit`` with the publish written at once (await the coroutine, or close it)."""
-        return start_commit(self._numbering.publisher, record)
+        """``commit`` with the publish written at once (await the coroutine, or close it).
+        A record whose number another call's record already has is refused, not dropped
+        as a retry (``DuplicateMessage``): the session's counter went back (a Valkey
+        failover lost its last writes), and the call is the harness's error, not a call
+        silently missing from the capture."""
+        return start_commit(self._numbering.publisher, record, new_only=True)
 
     async def settle(self, ctx: CallContext, reason: str, *, void: bool = True) -> None:
         """This call will have no record: the number is given back if no later call took
@@ -276,10 +280,12 @@ async def commit(publisher: JetStreamPublisher, record: CompletionRecord) -> Non
     await _acked(publisher.publish(subject, payload, msg_id=msg_id))
 
 
-def start_commit(publisher: JetStreamPublisher, record: CompletionRecord) -> Coroutine:
+def start_commit(
+    publisher: JetStreamPublisher, record: CompletionRecord, *, new_only: bool = False
+) -> Coroutine:
     """``commit`` with the publish written at once (await the coroutine, or close it)."""
     subject, payload, msg_id = _addressed(record)
-    return _acked(publisher.start(subject, payload, msg_id=msg_id))
+    return _acked(publisher.start(subject, payload, msg_id=msg_id, new_only=new_only))
 
 
 def _addressed(record: CompletionRecord) -> tuple[str, bytes, str]:

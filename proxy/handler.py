@@ -35,7 +35,7 @@ from proxy.io.resp import RedisReplyError, RedisUnavailable
 from proxy.modes import MODES, rejected
 from proxy.tito import PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
-from services.common.jspub import JetStreamPublisher
+from services.common.jspub import DuplicateMessage, JetStreamPublisher
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
 from services.common.tokenization.images import image_urls
 
@@ -224,13 +224,15 @@ class CompletionHandler:
             raise
         try:
             await committing
-        except UpstreamError:
+        except UpstreamError as err:
             metrics.CAPTURE_FAILURES.labels(ctx.protocol.value).inc()
             # not stored, or Redis is gone: then the state is gone with it
             with contextlib.suppress(RedisUnavailable, RedisReplyError):
                 await remembering
                 await self.store.forget(ctx.session_id, ctx.attempt, stored)
-            await number.settle(ctx, "capture failed", void=False)
+            # a number an earlier call's record has stays taken: the next call moves on
+            if not isinstance(err.__cause__, DuplicateMessage):
+                await number.settle(ctx, "capture failed", void=False)
             raise
         try:
             await remembering

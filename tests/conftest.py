@@ -80,6 +80,7 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "tests/integration/test_harness_presets.py",
     "tests/chaos/test_kill9.py",
+    "tests/cluster/test_multihost.py",
     "tests/integration/test_vllm_real.py",
     "tests/integration/test_proxy_vllm.py",
     "tests/integration/test_harness_vllm.py",

@@ -22,8 +22,17 @@ TRANSIENT = (nats.errors.Error, *REGISTRY_DOWN, ConnectionError, TimeoutError)
 TRANSIENT_WAIT_S = 30.0
 
 
+def registry_refuses_writes(exc: BaseException) -> bool:
+    """A Valkey failover under way: the demoted primary answers READONLY, and a primary
+    with fewer replicas following it than ``min-replicas-to-write`` answers NOREPLICAS.
+    No holder can renew a lease meanwhile, as when the registry is down."""
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("NOREPLICAS")
+
+
 def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, TRANSIENT)
+    return isinstance(exc, TRANSIENT) or registry_refuses_writes(exc)
 
 
 async def retry_faults(

@@ -41,6 +41,10 @@ class PublishError(ConnectionError):
     """The message was not (known to be) stored: no ack, a refusal, or no connection."""
 
 
+class DuplicateMessage(PublishError):
+    """The message id was stored before: this message was dropped (``new_only``)."""
+
+
 class Unsupported(Exception):
     """The server needs something this client does not speak (TLS, credentials)."""
 
@@ -146,34 +150,41 @@ class JetStreamPublisher:
         self._next = itertools.count(1)
         self.unsupported: str | None = None  # why everything goes to the fallback
 
-    async def publish(self, subject: str, payload: bytes, *, msg_id: str | None = None) -> int:
-        """Publish and wait for the ack: the stream sequence."""
-        return await self.start(subject, payload, msg_id=msg_id)
+    async def publish(
+        self, subject: str, payload: bytes, *, msg_id: str | None = None, new_only: bool = False
+    ) -> int:
+        """Publish and wait for the ack: the stream sequence. ``new_only``: a message
+        whose id was stored before is an error (``DuplicateMessage``), not a success."""
+        return await self.start(subject, payload, msg_id=msg_id, new_only=new_only)
 
     def start(
-        self, subject: str, payload: bytes, *, msg_id: str | None = None
+        self, subject: str, payload: bytes, *, msg_id: str | None = None, new_only: bool = False
     ) -> Coroutine[Any, Any, int]:
         """``publish``, written at once when connected (the caller does other work before
         awaiting the ack): await the coroutine returned, or close it."""
         proto = self._conn.live
         if proto is None or self.unsupported is not None or len(payload) > self.fallback_above:
-            return self._publish_slow(subject, payload, msg_id)
-        return self._send(proto, subject, payload, msg_id)
+            return self._publish_slow(subject, payload, msg_id, new_only)
+        return self._send(proto, subject, payload, msg_id, new_only)
 
-    async def _publish_slow(self, subject: str, payload: bytes, msg_id: str | None) -> int:
+    async def _publish_slow(
+        self, subject: str, payload: bytes, msg_id: str | None, new_only: bool
+    ) -> int:
         if self.unsupported is not None or len(payload) > self.fallback_above:
             ack = await self.fallback(subject, payload, msg_id=msg_id)
+            if new_only and getattr(ack, "duplicate", False):
+                raise DuplicateMessage(_dropped(subject, msg_id, ack.seq))
             return int(getattr(ack, "seq", 0) or 0)
         try:
             proto = await self._conn.get()
         except Unsupported as exc:
             self.unsupported = str(exc)
             log.info("lean JetStream publisher off (%s): publishing through nats-py", exc)
-            return await self._publish_slow(subject, payload, msg_id)
-        return await self._send(proto, subject, payload, msg_id)
+            return await self._publish_slow(subject, payload, msg_id, new_only)
+        return await self._send(proto, subject, payload, msg_id, new_only)
 
     def _send(
-        self, proto: _Protocol, subject: str, payload: bytes, msg_id: str | None
+        self, proto: _Protocol, subject: str, payload: bytes, msg_id: str | None, new_only: bool
     ) -> Coroutine[Any, Any, int]:
         reply = proto.inbox + str(next(self._next)).encode()
         future = asyncio.get_running_loop().create_future()
@@ -192,7 +203,7 @@ class JetStreamPublisher:
                 b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload)
             )
         timer = asyncio.get_running_loop().call_later(self.ack_timeout, _expire, future)
-        return _acked(subject, future, timer, proto, reply)
+        return _acked(subject, future, timer, proto, reply, msg_id if new_only else None)
 
     async def _open_any(self) -> _Protocol:
         errors = []
@@ -245,13 +256,15 @@ class JetStreamPublisher:
         self._conn.close()
 
 
-async def _acked(subject: str, future, timer, proto: _Protocol, reply: bytes) -> int:
+async def _acked(
+    subject: str, future, timer, proto: _Protocol, reply: bytes, new_id: str | None
+) -> int:
     try:
         head, body = await future
     finally:
         timer.cancel()
         proto.acks.pop(reply, None)
-    return _pub_ack(subject, head, body)
+    return _pub_ack(subject, head, body, new_id)
 
 
 def _expire(future: asyncio.Future) -> None:
@@ -259,7 +272,12 @@ def _expire(future: asyncio.Future) -> None:
         future.set_exception(PublishError("no JetStream ack in time"))
 
 
-def _pub_ack(subject: str, head: bytes, body: bytes) -> int:
+def _dropped(subject: str, msg_id: str | None, seq: int) -> str:
+    return f"{subject}: message id {msg_id!r} already stored (seq {seq}): this one was dropped"
+
+
+def _pub_ack(subject: str, head: bytes, body: bytes, new_id: str | None = None) -> int:
+    """The stored sequence; ``new_id``: the message's id, which must not be stored before."""
     if head[:12] == b"NATS/1.0 503":
         raise PublishError(f"no JetStream stream takes {subject!r}")
     if not body:
@@ -269,4 +287,6 @@ def _pub_ack(subject: str, head: bytes, body: bytes) -> int:
     if "error" in ack:
         e = ack["error"]
         raise PublishError(f"JetStream refused the message: {e.get('description')} ({e})")
+    if new_id is not None and ack.get("duplicate"):
+        raise DuplicateMessage(_dropped(subject, new_id, ack["seq"]))
     return int(ack["seq"])

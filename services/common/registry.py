@@ -43,27 +43,26 @@ if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1]
 return 0
 """
 
+# Renew leases (KEYS[1]) on the sessions ARGV[3..] that ARGV[1] still holds, to expiry
+# ARGV[2]; returns those it no longer holds (retried meanwhile: another's, or nobody's).
+_HOLD = """
+local lost = {}
+for i = 3, #ARGV do
+  if redis.call('HGET', @key_session('')@ .. ARGV[i], 'lease_owner') == ARGV[1] then
+    redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i])
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost
+"""
+
 # Remove a lease only if its owner is still the one named (a new holder may have it).
 _RELEASE_OWN = """
 if redis.call('HGET', KEYS[2], 'lease_owner') == ARGV[1] then
   return redis.call('ZREM', KEYS[1], string.sub(KEYS[2], string.len(@key_session('')@) + 1))
 end
 return 0
-"""
-
-# Renew leases (KEYS[1]) on the sessions (KEYS[2..], ids ARGV[3..]) whose hash still
-# exists: a renewal must not write a fragment (a hash holding only lease_owner) into a
-# registry that lost its state before this service noticed (issue 17.1).
-_HOLD_EXISTING = """
-local n = 0
-for i = 2, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i + 1])
-    redis.call('HSET', KEYS[i], 'lease_owner', ARGV[1])
-    n = n + 1
-  end
-end
-return n
 """
 
 # The sizes of sets (KEYS[2..]) and whether KEYS[1] exists, read in one atomic step: a
@@ -169,7 +168,7 @@ class Registry:
         self._create = redis.register_script(_script("create_task.lua"))
         self._take_expired = redis.register_script(_TAKE_EXPIRED)
         self._release_own = redis.register_script(expand_keys(_RELEASE_OWN))
-        self._hold_existing = redis.register_script(_HOLD_EXISTING)
+        self._hold = redis.register_script(expand_keys(_HOLD))
         self._count_sets = redis.register_script(_COUNT_SETS)
         # A task's spec never changes once registered (create_task.lua refuses another
         # spec under the same id), and every service stops when the registry loses its
@@ -338,15 +337,17 @@ class Registry:
         return {k.decode(): int(v) for k, v in raw.items() if int(v)}
 
     # -- leases: who holds a session's runtime, until when ------------------------------
-    async def hold(self, session_ids: Iterable[str], owner: str, ttl_seconds: float) -> int:
-        """Renew the lease on sessions (a holder renews well before expiry); a session
-        whose record is gone is skipped, not re-created. Returns how many were renewed."""
+    async def hold(self, session_ids: Iterable[str], owner: str, ttl_seconds: float) -> list[str]:
+        """Renew the leases ``owner`` holds on sessions (taken with their state change,
+        ``transition(lease=...)``; a holder renews well before expiry). Returns the ones
+        it no longer holds: a holder cut off past its lease, back after the session was
+        retried, must not take the new attempt's lease (its end would then drop it)."""
         ids = list(session_ids)
         if not ids:
-            return 0
-        expiry = time.time() + ttl_seconds
-        keys = [S.KEY_LEASES, *(S.key_session(sid) for sid in ids)]
-        return int(await self._hold_existing(keys=keys, args=[owner, repr(expiry), *ids]))
+            return []
+        expiry = repr(time.time() + ttl_seconds)
+        lost = await self._hold(keys=[S.KEY_LEASES], args=[owner, expiry, *ids])
+        return [sid.decode() for sid in lost]
 
     async def release(self, session_id: str, owner: str | None = None) -> None:
         """Drop the session's lease; with ``owner``, only while that owner holds it."""

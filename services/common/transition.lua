@@ -5,7 +5,8 @@
 -- a holder that dies right after it still leaves a lease to expire),
 -- ARGV[6] expected attempt or "" (a holder of an earlier attempt, back after its lease
 -- was lost and the session retried elsewhere, changes nothing),
--- ARGV[7..] field/value pairs to set ("" deletes the field)
+-- ARGV[7..] field/value pairs to set ("" deletes the field; a new `token` replaces the
+-- old one's key)
 -- Returns {1, from, version, seq} on success, {0, current, version, 0} when the CAS
 -- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
 -- transitions, so an event log can be replayed in exactly the order Redis applied it.
@@ -23,11 +24,23 @@ if cur[4] then redis.call('SREM', @key_node_state(cur[4], cur[1])@, sid) end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[4])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[3], ARGV[5], sid) end
+local old_token = redis.call('HGET', KEYS[1], 'token')
 for i = 7, #ARGV, 2 do
   if ARGV[i + 1] == '' then
     redis.call('HDEL', KEYS[1], ARGV[i])
   else
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+-- A new token (a retry gives the next attempt one): the old one dies in the same step,
+-- so an earlier attempt's harness, still running on a host cut off past its lease, can
+-- no longer call (and be captured) as the session. The new one expires as the first.
+local token = redis.call('HGET', KEYS[1], 'token')
+if token ~= old_token then
+  if old_token then redis.call('DEL', @key_token(old_token)@) end
+  if token then
+    local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or ARGV[4])
+    redis.call('SET', @key_token(token)@, sid, 'EXAT', math.ceil(deadline) + 3600)
   end
 end
 -- per-task counts live beside the task (derived key: single-node Redis only)

@@ -103,13 +103,20 @@ class Executor:
         # session cannot land between the change and this (no re-read of the session
         # after it). One that finds it still READY makes the change below fail.
         self.running[work.session_id] = run
-        started = await self.registry.transition(
-            work.session_id,
-            ST.RUNNING,
-            from_=[ST.READY],
-            expect_attempt=work.attempt,
-            lease=(self.owner, self.config.lease_seconds),  # one step: never unheld
-        )
+        try:
+            started = await self.registry.transition(
+                work.session_id,
+                ST.RUNNING,
+                from_=[ST.READY],
+                expect_attempt=work.attempt,
+                lease=(self.owner, self.config.lease_seconds),  # one step: never unheld
+            )
+        except BaseException:
+            # not started (e.g. NOREPLICAS in a failover): the redelivery must find it
+            # not running here, or it is skipped as a duplicate and the session waits
+            # READY until its deadline (tests/cluster: 6 sessions ended ERROR so)
+            self.running.pop(work.session_id, None)
+            raise
         if not started.ok:
             self.running.pop(work.session_id, None)
             if started.from_state in ABANDONED:  # cancelled or ended in the READY buffer
@@ -124,7 +131,10 @@ class Executor:
         finally:
             self.running.pop(work.session_id, None)
             if ended:  # else the lease runs out and a reaper ends and cleans the session
-                await self.registry.release(work.session_id)
+                # its own lease only: cut off past it, the session may be another
+                # attempt's now, held by a pool elsewhere (dropping that lease had a
+                # reaper retry the new attempt at once, as held by nobody)
+                await self.registry.release(work.session_id, owner=self.owner)
             STAGE_SECONDS.labels(self.node, "run").observe(time.monotonic() - t0)
         STAGE_RESULTS.labels(self.node, "run", outcome.value).inc()
 
@@ -313,7 +323,9 @@ class Executor:
             run.cancelled.set()
 
     async def renew_leases(self) -> None:
-        await self.registry.hold(list(self.running), self.owner, self.config.lease_seconds)
+        lost = await self.registry.hold(list(self.running), self.owner, self.config.lease_seconds)
+        if lost:  # its finish is fenced, and the retry took its harness's token
+            log.warning("leases lost (retried meanwhile), runs left to end: %s", ", ".join(lost))
 
     async def heartbeat(self) -> None:
         beat = NodeHeartbeat(

@@ -28,13 +28,15 @@ import shutil
 import time
 from collections.abc import Callable
 
+import redis.exceptions
+
 from schemas import Artifacts, InitWork, Outcome, SessionState, encode
 from schemas import subjects as S
 from schemas.task import LocalRuntime
 from services.common.bus import Bus
-from services.common.faults import REGISTRY_DOWN
+from services.common.faults import REGISTRY_DOWN, registry_refuses_writes
 from services.common.finish import fail_before_run, finish_session, may_retry
-from services.common.registry import Registry
+from services.common.registry import Registry, new_token
 from services.node.prewarm import ROLE as EVAL_ROLE
 from services.node.prewarm import prewarm_runtime_id
 from services.node.session import SessionPaths
@@ -47,7 +49,15 @@ async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> b
     """Back to REGISTERED with the next attempt, and new init work."""
     nxt = session.attempt + 1
     t = await registry.transition(
-        session.session_id, ST.REGISTERED, attempt=nxt, reason=reason, node=None, runtime_id=None
+        session.session_id,
+        ST.REGISTERED,
+        expect_attempt=session.attempt,  # the attempt read: not one begun since by another
+        attempt=nxt,
+        token=new_token(),  # the old attempt's harness, if still alive, is shut out
+        lease_owner=None,  # nor can its holder renew a lease on the new attempt
+        reason=reason,
+        node=None,
+        runtime_id=None,
     )
     if t.ok:
         work = InitWork(
@@ -89,6 +99,10 @@ class Reaper:
             return await self._reap_expired()
         except REGISTRY_DOWN:
             self._unreachable = True
+            raise
+        except redis.exceptions.ResponseError as exc:
+            if registry_refuses_writes(exc):  # no holder could renew either
+                self._unreachable = True
             raise
 
     async def _registry_just_back(self) -> bool:

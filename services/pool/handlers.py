@@ -246,7 +246,7 @@ class RuntimePool:
         )
         self.initializing[sid] = runtime
         await self._prepare(runtime, spec, session, paths, fresh)
-        if not await self._become_ready(sid, runtime):  # cancelled while preparing
+        if not await self._become_ready(item, runtime):  # cancelled, or retried, meanwhile
             await runtime.cancel()
             return "cancelled"
         work = ReadyWork(
@@ -292,10 +292,13 @@ class RuntimePool:
             return False
         return now is not None and now.state == ST.INITIALIZING and now.attempt == item.attempt
 
-    async def _become_ready(self, sid: str, runtime: Runtime) -> bool:
+    async def _become_ready(self, item: InitWork, runtime: Runtime) -> bool:
         """INITIALIZING -> READY once the READY buffer has room; False if the session
-        ended meanwhile. Checked and moved under the admission lock (one pool per node),
-        so READY never exceeds its bound even while the executor lags."""
+        ended meanwhile, or went on without this holder (its lease lapsed while cut off:
+        another attempt, maybe INITIALIZING on another node, must not get this sandbox).
+        Checked and moved under the admission lock (one pool per node), so READY never
+        exceeds its bound even while the executor lags."""
+        sid = item.session_id
         # The session is read at most every READY_POLL_SECONDS while waiting, the first
         # time after one: a move to READY checks its state anyway, and a cancel stops
         # the runtime, which ends the wait without a read.
@@ -306,7 +309,11 @@ class RuntimePool:
                 ready = await self._ready_count()
                 if logic.ready_room(ready, self.limits) > 0:
                     t = await self.registry.transition(
-                        sid, ST.READY, from_=[ST.INITIALIZING], runtime_id=runtime.runtime_id
+                        sid,
+                        ST.READY,
+                        from_=[ST.INITIALIZING],
+                        expect_attempt=item.attempt,
+                        runtime_id=runtime.runtime_id,
                     )
                     if t.ok and self._ready_seen is not None:
                         count, gen, read_at = self._ready_seen
@@ -316,7 +323,7 @@ class RuntimePool:
                 return False
             if time.monotonic() >= look_at:  # not on every wake-up: each hand-over wakes all
                 now = await self.registry.get_session(sid)
-                if now is None or now.state != ST.INITIALIZING:
+                if now is None or (now.state, now.attempt) != (ST.INITIALIZING, item.attempt):
                     return False
                 look_at = time.monotonic() + READY_POLL_SECONDS
             with contextlib.suppress(TimeoutError):  # the wake-up is a hint; poll anyway
@@ -376,7 +383,12 @@ class RuntimePool:
         reason = f"init failed: {exc}"[:2000]
         spec = await self.registry.task_spec(item.task_id)
         session = await self.registry.get_session(item.session_id)
-        if session is not None and session.state in (ST.INITIALIZING, ST.READY):
+        # only this attempt's: a later one (this holder's lease lapsed) is not this INIT's
+        if (
+            session is not None
+            and session.attempt == item.attempt
+            and session.state in (ST.INITIALIZING, ST.READY)
+        ):
             if spec and may_retry(session, spec, transient=transient):
                 await retry_session(self.registry, self.bus, session, reason)
             else:  # through POSTRUN: its empty ERROR trajectory is delivered

@@ -1,47 +1,81 @@
 """Polar across five hosts (network namespaces on one veth bridge), with faults mid-run.
 
 Hosts b1-b3 carry the backbone: a 3-node JetStream cluster (every stream R3), a Valkey
-primary (b1) and replica (b2), and three sentinels (quorum 2); b3 also runs the
-scheduler and the builder. Gateway hosts g1 and g2 each run a pool, an executor and an
-evaluator. With at least 100 sessions running: the NATS server on b2 is killed, Redis
+primary (b1) and replica (b2), each refusing writes while no replica follows it
+(min-replicas-to-write 1), and three sentinels (quorum 2); b3 also runs the
+scheduler, the builder and the model engine (the instant engine of the proxy bench).
+Gateway hosts g1 and g2 each run a pool, an executor, an evaluator and a proxy replica;
+each session's harness calls the model through its gateway's proxy before and after a
+sleep. With at least 100 sessions in flight: the NATS server on b2 is killed, Redis
 fails over (SENTINEL FAILOVER: the old primary is demoted and answers READONLY), and g2
 is cut off the network for two leases, then brought back. Every session must end in
-a final state and every session's trajectory must be on the stream exactly once.
+a final state, every session's trajectory must be on the stream exactly once, and every
+COMPLETED one must carry exactly its own attempt's two captured calls.
+
+Two sizes: ``ci`` (default; `just test`, ~3 minutes) and ``full`` (`just test-cluster`,
+``POLAR_CLUSTER_SIZE=full``): more sessions, longer harnesses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import sys
 import time
+from typing import NamedTuple
 
 import orjson
 import pytest
 
 from infra import clusterservers as cs
-from schemas import TERMINAL_STATES, SessionState, Trajectory, decode
+from schemas import TERMINAL_STATES, Outcome, SessionState, Trajectory, decode
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.registry import Registry
+from tests.bench.pipeline_bench.run import ONE_CALL as CALL  # curl, as any client calls
+from tests.bench.proxy_bench.backend import MODEL
 from tests.cluster.hosts import Net, NsService
 from tests.helpers.requires import requires_netns
 
 pytestmark = [pytest.mark.timeout(600), requires_netns]
 
-TASKS, SAMPLES = 15, 10  # 150 sessions
+
+class Size(NamedTuple):
+    tasks: int
+    samples: int
+    sleep: int  # seconds between a harness's two model calls
+    deadline: int  # each task's timeout_seconds
+    finish_within: float  # seconds from the first fault to every session final
+
+
+SIZES = {
+    # >= 100 in flight at the faults; 40 s harnesses outlast the first two faults' recovery
+    "ci": Size(tasks=10, samples=10, sleep=40, deadline=200, finish_within=300.0),
+    "full": Size(tasks=15, samples=10, sleep=60, deadline=240, finish_within=420.0),
+}
+SIZE_NAME = os.environ.get("POLAR_CLUSTER_SIZE", "ci")
+if SIZE_NAME not in SIZES:
+    raise pytest.UsageError(f"POLAR_CLUSTER_SIZE={SIZE_NAME!r}: use one of {', '.join(SIZES)}")
+SIZE = SIZES[SIZE_NAME]
 LEASE = 10.0  # under a loaded machine (load 20+ on 2 cores seen) a shorter lease expires
-RUN = 'sleep 60; echo "done $POLAR_ATTEMPT" > out.txt'
+ENGINE_PORT, PROXY_PORT = 30000, 8200
+CALLS = 2  # per attempt: one before the faults, one after (through whichever replica is up)
 
 
-def spec(i: int) -> dict:
+def run_command(sleep: int) -> str:
+    return f'{CALL} && sleep {sleep} && {CALL} && echo "done $POLAR_ATTEMPT" > out.txt'
+
+
+def spec(i: int, size: Size = SIZE) -> dict:
     return {
         "task_id": f"mh-{i}",
-        "instruction": "sleep, then write out.txt",
-        "num_samples": SAMPLES,
+        "instruction": "call the model, sleep, call it again",
+        "num_samples": size.samples,
         "max_retries": 2,
-        "timeout_seconds": 240,
-        "runtime": {"backend": "local"},
-        "agent": {"command": RUN},
+        "timeout_seconds": size.deadline,
+        "runtime": {"backend": "local", "sandbox": "none"},
+        "agent": {"command": run_command(size.sleep)},
         "evaluator": {"name": "session_completed"},
     }
 
@@ -52,10 +86,10 @@ class Cluster:
         self.servers: list[cs.Server] = []
         self.services: list[NsService] = []
 
-    def up(self) -> None:
+    def up(self, gateways: int = 2) -> None:
         net = self.net.open()
         b = [net.add(f"b{i}") for i in (1, 2, 3)]
-        g = [net.add(f"g{i}") for i in (1, 2)]
+        g = [net.add(f"g{i + 1}") for i in range(gateways)]
         nodes = [cs.NatsNode(f"n{i + 1}", h.addr, 4222, 6222) for i, h in enumerate(b)]
         self.nats = cs.nats_cluster(nodes, self.tmp / "nats", [h.wrap for h in b])
         self.nats_url = cs.nats_url(nodes)
@@ -69,24 +103,43 @@ class Cluster:
                         quorum=2, wrap=h.wrap)
             for i, h in enumerate(b)
         ]  # fmt: skip
+        # A write the old primary takes after its replica was promoted is lost with it (a
+        # session's call counter went back, its next call's record was dropped as a
+        # duplicate): it refuses writes once no replica follows it. As many replicas as
+        # min-replicas-to-write: with two replicas and 1, the old primary kept the other
+        # one until Sentinel moved it, and took (and lost) writes meanwhile. The price:
+        # the new primary takes no write until the old one follows it (docs/scaling.md).
+        for server in (primary, replica):
+            server.argv += ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"]
         self.redis = {"primary": primary, "replica": replica}
-        for server in (*self.nats, primary, replica, *self.sentinels):
+        engine = cs.Server(
+            "engine", b[2].addr, ENGINE_PORT,
+            [sys.executable, "-m", "tests.bench.proxy_bench.backend",
+             "--host", b[2].addr, "--port", str(ENGINE_PORT)],
+            self.tmp / "engine.log", wrap=b[2].wrap,
+        )  # fmt: skip
+        for server in (*self.nats, primary, replica, *self.sentinels, engine):
             self.servers.append(server.start())
         self.redis_url = cs.sentinel_url(self.sentinels)
+        _replica_following(primary)  # else the first writes are refused (min-replicas)
         common = {"nats_url": self.nats_url, "redis_url": self.redis_url, "nats_replicas": 3}
         logs = self.tmp / "logs"
         plan = [(b[2], "scheduler", {"reconcile_interval_seconds": 1.0}, 8100),
                 (b[2], "builder", {}, 8130)]  # fmt: skip
+        # each gateway's replica: the instant engine templates nothing (chat mode)
+        proxy = {"mode": "chat", "backend": {"kind": "sglang", "model": MODEL,
+                 "urls": [f"http://{b[2].addr}:{ENGINE_PORT}"]}}  # fmt: skip
         for host in g:
             node = {
                 "node": host.name, "work_dir": str(self.tmp / host.name),
-                "proxy_url": f"http://{host.addr}:8200",
+                "proxy_url": f"http://{host.addr}:{PROXY_PORT}",
             }  # fmt: skip
             limits = {"max_init": 16, "ready_buffer": 16, "max_run": 80,
                       "lease_seconds": LEASE, "heartbeat_seconds": 1.0}  # fmt: skip
             plan += [(host, "pool", {**node, **limits}, 8110),
                      (host, "executor", {**node, **limits}, 8120),
-                     (host, "evaluator", node, 8140)]  # fmt: skip
+                     (host, "evaluator", node, 8140),
+                     (host, "proxy", proxy, PROXY_PORT)]  # fmt: skip
         # the scheduler first: it declares the R3 streams the others then find
         first = NsService(*plan[0][:2], {**common, **plan[0][2]}, logs, plan[0][3]).start()
         first.wait_healthy()
@@ -104,10 +157,28 @@ class Cluster:
         self.net.close()
 
 
+def _replica_following(primary: cs.Server, timeout: float = 30.0) -> None:
+    import redis
+
+    r = redis.Redis(host=primary.host, port=primary.port)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:  # a write is taken once the replica is in sync and has acknowledged
+            try:
+                r.set("mh:writable", b"1")
+                return
+            except redis.ResponseError as exc:
+                assert "NOREPLICAS" in str(exc), exc
+                assert time.monotonic() < deadline, "the Valkey replica did not follow in time"
+                time.sleep(0.2)
+    finally:
+        r.close()
+
+
 @pytest.fixture
 def cluster(tmp_path):
     c = Cluster(tmp_path)
-    try:
+    try:  # down() also after a failed up(): nothing of the test's is left behind
         c.up()
         yield c
     finally:
@@ -161,19 +232,28 @@ STREAMS = (S.STREAM_TASKS, S.STREAM_SESSIONS, S.STREAM_EVENTS, S.STREAM_COMPLETI
            S.STREAM_TRAJECTORIES)  # fmt: skip
 
 
+async def submit(bus: Bus, reg: Registry, size: Size, prefix: str = "mh") -> list[str]:
+    """Submit ``size``'s tasks; their session ids once all are registered."""
+    for i in range(size.tasks):
+        task = {**spec(i, size), "task_id": f"{prefix}-{i}"}
+        await bus.publish(S.TASKS_SUBMIT, orjson.dumps(task), msg_id=f"{prefix}-{i}")
+    ids: list[str] = []
+    while len(ids) < size.tasks * size.samples:
+        ids = [
+            sid for i in range(size.tasks) for sid in await reg.task_session_ids(f"{prefix}-{i}")
+        ]
+        await asyncio.sleep(0.3)
+    return ids
+
+
 async def test_multihost_faults(cluster: Cluster):
     bus = await Bus.open(cluster.nats_url, "mh-driver", declare=False)
     reg = Registry.from_url(cluster.redis_url)
     try:
-        for i in range(TASKS):
-            await bus.publish(S.TASKS_SUBMIT, orjson.dumps(spec(i)), msg_id=f"mh-{i}")
-        ids: list[str] = []
-        while len(ids) < TASKS * SAMPLES:
-            ids = [sid for i in range(TASKS) for sid in await reg.task_session_ids(f"mh-{i}")]
-            await asyncio.sleep(0.3)
+        ids = await submit(bus, reg, SIZE)
         started = time.monotonic()
-        # in flight: >= 100 sessions not final, >= 60 of them running harnesses (INIT on
-        # two loaded cores does not get all of them running at once)
+        # in flight: every session not final yet, >= 60 of them running harnesses (INIT
+        # on two loaded cores does not get all of them running at once)
         while True:
             c = await _counts(reg, ids)
             live = sum(n for state, n in c.items() if state not in TERMINAL_STATES)
@@ -181,7 +261,7 @@ async def test_multihost_faults(cluster: Cluster):
                 break
             assert time.monotonic() - started < 150, c
             await asyncio.sleep(0.3)
-        faults: list[tuple[str, int, float]] = []  # (fault, running then, recovery s)
+        faults: list[tuple[str, int, float]] = []  # (fault, in flight then, recovery s)
 
         async def inject(name: str, act, recovered) -> None:
             c = await _counts(reg, ids)
@@ -212,6 +292,7 @@ async def test_multihost_faults(cluster: Cluster):
             host, _ = await pool.get_master_address()
             return host != old_primary
 
+        first_fault = time.monotonic()
         await inject("kill NATS server n2 (b2)", kill_nats, leaders_moved)
         await inject("Redis failover (SENTINEL FAILOVER)", failover, writable_elsewhere)
         cut_at = time.monotonic()
@@ -239,31 +320,51 @@ async def test_multihost_faults(cluster: Cluster):
         faults.append((f"cut g2 off for {2 * LEASE:.0f}s", len(on_g2), time.monotonic() - cut_at))
 
         while await _final(reg, ids) < len(ids):
-            assert time.monotonic() - started < 420, await _stuck(reg, ids)
+            assert time.monotonic() - first_fault < SIZE.finish_within, await _stuck(reg, ids)
             await asyncio.sleep(0.5)
         delivered = await _trajectories(bus, len(ids))
         counts = await _counts(reg, ids)
-        sessions = await reg.get_sessions(ids)
-        retried = sum(1 for s in sessions if s and s.attempt > 0)
-        print("\nfault                                   | in flight | recovery s")
+        sessions = {s.session_id: s for s in await reg.get_sessions(ids) if s}
+        retried = sum(1 for s in sessions.values() if s.attempt > 0)
+        print(f"\nsize {SIZE_NAME}: {SIZE}")
+        print("fault                                   | in flight | recovery s")
         for name, running, seconds in faults:
             print(f"{name:<40}| {running:>9} | {seconds:>9.1f}")
-        per = collections.Counter(delivered)
+        per = collections.Counter(t.session_id for t in delivered)
         lost = [sid for sid in ids if sid not in per]
         dup = [sid for sid, n in per.items() if n > 1]
+        completed = [t for t in delivered if t.outcome == Outcome.COMPLETED]
+        # exactly its own attempt's calls: not one of a stale attempt's, none missing
+        calls = collections.Counter(t.stats.completions for t in completed)
+        wrong = [
+            (t.session_id, t.attempt, sessions[t.session_id].attempt, t.stats.completions)
+            for t in completed
+            if t.stats.completions != CALLS
+            or not t.intact
+            or t.attempt != sessions[t.session_id].attempt
+        ]
         print(f"sessions {len(ids)}  final {sum(counts.values())}  {dict(counts)}")
         print(f"retried {retried}  trajectories {len(delivered)}  lost {len(lost)}  "
               f"duplicated {len(dup)}")  # fmt: skip
+        print(f"COMPLETED trajectories by captured calls {dict(calls)}  wrong {wrong[:5]}")
+        why = collections.Counter(
+            (s.state.value, s.attempt, (s.reason or "")[:60])
+            for s in sessions.values()
+            if s.state != SessionState.COMPLETED or s.attempt > 0
+        )
+        print("not COMPLETED, or retried (state, attempt, last reason):")
+        for key, n in why.most_common(8):
+            print(f"  {n:>4}  {key}")
         assert sum(counts.values()) == len(ids) and set(counts) <= TERMINAL_STATES
         assert not lost and not dup
+        assert completed and not wrong
     finally:
         await reg.close()
         await bus.close()
 
 
-async def _trajectories(bus: Bus, want: int, timeout: float = 60.0) -> list[str]:
-    """The session id of every message on the trajectories stream (once it holds
-    ``want``, or after ``timeout``)."""
+async def _trajectories(bus: Bus, want: int, timeout: float = 60.0) -> list[Trajectory]:
+    """Every trajectory on the stream (once it holds ``want``, or after ``timeout``)."""
     deadline = time.monotonic() + timeout
     while True:
         info = await _retry(lambda: bus.js.stream_info(S.STREAM_TRAJECTORIES))
@@ -273,5 +374,5 @@ async def _trajectories(bus: Bus, want: int, timeout: float = 60.0) -> list[str]
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         msg = await _retry(lambda seq=seq: bus.js.get_msg(S.STREAM_TRAJECTORIES, seq))
-        out.append(decode(await bus.payload(msg), Trajectory).session_id)
+        out.append(decode(await bus.payload(msg), Trajectory))
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -68,7 +69,30 @@ def netns_missing() -> str | None:
         return "network namespaces need root (`ip netns add`): run as root, as CI does"
     if shutil.which("ip") is None:
         return "iproute2 (`ip`) is not on PATH: `apt-get install iproute2`"
-    return None
+    return _netns_refused()
+
+
+@functools.cache
+def _netns_refused() -> str | None:
+    """Root is not always enough (a container without CAP_SYS_ADMIN / CAP_NET_ADMIN, or
+    a read-only /run): make a namespace with a veth pair in it, as the test does."""
+    name = f"polarprobe{os.getpid()}"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "-n", name, "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
+    ]
+    try:
+        for argv in steps:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            if done.returncode != 0:
+                return (
+                    f"network namespaces cannot be made here (`{' '.join(argv)}`: "
+                    f"{done.stderr.strip()[:200]}): they need root with CAP_SYS_ADMIN and "
+                    "CAP_NET_ADMIN, as CI has"
+                )
+        return None
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
 
 
 def vllm_missing() -> str | None:

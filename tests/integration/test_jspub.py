@@ -15,7 +15,7 @@ import pytest
 from infra import localservers
 from schemas import subjects as S
 from services.common.bus import CLAIM_HEADER, CLAIM_THRESHOLD, Bus
-from services.common.jspub import JetStreamPublisher, PublishError
+from services.common.jspub import DuplicateMessage, JetStreamPublisher, PublishError
 
 
 def publisher(url: str, bus: Bus | None = None, **kw) -> JetStreamPublisher:
@@ -167,3 +167,16 @@ async def test_a_tls_server_is_left_to_nats_py(tmp_path, nats_with):
     assert await pub.publish("polar.completions.x", b"q", msg_id="x:1") == 42
     assert calls == [("polar.completions.x", b"p", "x:0"), ("polar.completions.x", b"q", "x:1")]
     assert "TLS" in pub.unsupported
+
+
+async def test_new_only_refuses_a_message_whose_id_is_stored(bus, nats_url):
+    pub = publisher(nats_url)
+    subject = S.completions("jspub-new")
+    try:
+        first = await pub.publish(subject, b"call 0", msg_id="jspub-new:0", new_only=True)
+        assert await pub.publish(subject, b"call 0, again", msg_id="jspub-new:0") == first
+        with pytest.raises(DuplicateMessage, match="already stored"):
+            await pub.publish(subject, b"another call 0", msg_id="jspub-new:0", new_only=True)
+    finally:
+        await pub.aclose()
+    assert [m.data for m in await stored(bus, subject)] == [b"call 0"]

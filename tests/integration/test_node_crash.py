@@ -310,3 +310,38 @@ async def test_leases_lapsed_while_the_registry_was_down_are_not_reaped(tmp_path
         await reg.close()
         await bus.close()
         localservers.stop_process(valkey.pid)
+
+
+async def test_leases_lapsed_while_the_registry_refused_writes_are_not_reaped(
+    fresh_servers,
+):
+    """A Valkey failover with ``min-replicas-to-write`` refuses writes (NOREPLICAS) until
+    a replica follows the new primary: 16 s in the multi-host test, longer than a lease.
+    No holder can renew meanwhile, so the reaper waits a lease period once writes are
+    taken again, as after an outage. Before: it reaped live sessions at once, killing
+    their harnesses (exit 143) and ending them ERROR (tests/cluster, full size: 31)."""
+    nats_url, redis_url = fresh_servers
+    bus = await Bus.open(nats_url, "test-lease-norep")
+    reg = Registry.from_url(redis_url)
+    lease = 1.0
+    try:
+        _, (s,) = await reg.create_task(task("norep", 1))
+        for st in (ST.INITIALIZING, ST.READY):
+            assert (await reg.transition(s.session_id, st, node="n")).ok
+        t = await reg.transition(s.session_id, ST.RUNNING, lease=("holder", lease))
+        assert t.ok
+        reaper = Reaper(reg, bus, lambda *a: None, keep=lambda sid: False, orphan_after=lease)
+        await asyncio.sleep(lease + 1.2)  # the server's uptime past a lease
+        await reg.redis.config_set("min-replicas-to-write", 1)  # no replica: NOREPLICAS
+        try:
+            with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
+                await reaper.reap()  # the lease lapsed, and it cannot be taken
+        finally:
+            await reg.redis.config_set("min-replicas-to-write", 0)
+        assert await reaper.reap() == 0  # before the fix: 1, the live holder's session
+        assert await reg.hold([s.session_id], "holder", lease) == []  # it renews
+        assert await reaper.reap() == 0
+        assert (await reg.get_session(s.session_id)).attempt == 0
+    finally:
+        await reg.close()
+        await bus.close()

@@ -192,6 +192,29 @@ async def test_when_capture_fails_the_state_is_taken_back_and_the_number_given_b
         await redis_client.aclose()
 
 
+async def test_a_counter_that_went_back_fails_the_call_instead_of_losing_it(
+    stack, bus, redis_client
+):
+    """A Valkey failover can lose the counter's last INCRs (found by tests/cluster): the
+    next call then takes a number an earlier call's record has, and JetStream dropped
+    its record as a retried publish while the harness got its answer: a call missing
+    from a trajectory marked intact. Now the call fails (503) and keeps the number
+    taken, so the one after it is numbered past the collision and captured."""
+    handler, engine, resolver = stack
+    s = await new_session(redis_client, "numbering-back")
+    engine.release("one", answer(1))
+    await call(handler, resolver, s.token, "one")
+    await redis_client.set(SEQ_KEY + s.session_id, 0)  # what the failover lost
+    engine.release("two", answer(2))
+    with pytest.raises(UpstreamError) as caught:  # before the fix: answered, not captured
+        await call(handler, resolver, s.token, "two")
+    assert caught.value.status == 503 and "already stored" in caught.value.message
+    engine.release("three", answer(3))
+    assert (await call(handler, resolver, s.token, "three")).text == "answer 3"
+    recs = await captured(bus, s.session_id, expect=2)
+    assert [(r.seq, r.output_ids) for r in recs] == [(0, [7, 1]), (1, [7, 3])]
+
+
 async def test_a_refused_request_gives_back_the_number_its_lookup_took(stack, bus, redis_client):
     handler, engine, resolver = stack
     s = await new_session(redis_client, "numbering-refused")

@@ -83,8 +83,10 @@ async def test_a_renewal_writes_no_fragment_of_a_session_the_registry_lost(redis
             TaskRequest(task_id="fragments", instruction="x", num_samples=2)
         )
         kept, lost = (s.session_id for s in sessions)
+        for sid in (kept, lost):  # both held (as a transition with a lease leaves them)
+            await reg.redis.hset(S.key_session(sid), "lease_owner", "holder")
         await reg.redis.delete(S.key_session(lost))  # gone, as in a registry that lost it
-        assert await reg.hold([kept, lost], "holder", 30.0) == 1
+        assert await reg.hold([kept, lost], "holder", 30.0) == [lost]  # not held any more
         assert not await reg.redis.exists(S.key_session(lost))  # no fragment
         assert await reg.redis.zscore(S.KEY_LEASES, lost) is None
         assert await reg.redis.zscore(S.KEY_LEASES, kept) is not None

@@ -20,7 +20,7 @@ def test_script_sources_hold_no_key_prefix(name):
 def test_inline_scripts_hold_no_key_prefix():
     assert S.REDIS_PREFIX not in registry._RELEASE_OWN
     assert S.REDIS_PREFIX not in registry._TAKE_EXPIRED
-    assert S.REDIS_PREFIX not in registry._HOLD_EXISTING
+    assert S.REDIS_PREFIX not in registry._HOLD
 
 
 def test_a_function_key_becomes_the_lua_expression_that_builds_it():

@@ -1,7 +1,7 @@
 """An instant engine: answers SGLang's surface, and vLLM's chat completions, with fixed
 bodies and no model at all.
 
-    python -m tests.bench.proxy_bench.backend --port P [--token-ids 1,2,3]
+    python -m tests.bench.proxy_bench.backend --port P [--host H] [--token-ids 1,2,3]
 
 Raw asyncio protocol (HTTP/1.1 keep-alive, pipelining-safe, Content-Length bodies) so
 the engine costs next to nothing and every microsecond measured is the proxy's. Serves
@@ -248,9 +248,9 @@ def _content_length(head: bytes) -> int:
     return int(lower[at + 17 : end if end > 0 else None].strip())
 
 
-async def serve(port: int, answers: Answers) -> None:
+async def serve(port: int, answers: Answers, host: str = "127.0.0.1") -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: HttpServer(answers), "127.0.0.1", port, backlog=1024)
+    server = await loop.create_server(lambda: HttpServer(answers), host, port, backlog=1024)
     async with server:
         await server.serve_forever()
 
@@ -258,6 +258,7 @@ async def serve(port: int, answers: Answers) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")  # another address: a test's netns host
     ap.add_argument("--token-ids", default=",".join(map(str, CHAT_OUTPUT_IDS)))
     args = ap.parse_args()
     answers = Answers([int(t) for t in args.token_ids.split(",")])
@@ -267,7 +268,7 @@ def main() -> None:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    runner(serve(args.port, answers))
+    runner(serve(args.port, answers, args.host))
 
 
 if __name__ == "__main__":

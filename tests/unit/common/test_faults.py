@@ -41,3 +41,14 @@ def test_an_error_that_is_no_fault_of_the_system_is_raised_at_once():
     with pytest.raises(ValueError):
         asyncio.run(retry_faults(wrong, seconds=5, first_delay=0.01))
     assert calls == [1]
+
+
+def test_a_registry_refusing_writes_in_a_failover_is_a_fault_of_the_system():
+    from services.common.faults import is_transient, registry_refuses_writes
+
+    norep = redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write.")
+    readonly = redis.exceptions.ReadOnlyError("You can't write against a read only replica.")
+    wrongtype = redis.exceptions.ResponseError("WRONGTYPE Operation against a key")
+    assert registry_refuses_writes(norep) and registry_refuses_writes(readonly)
+    assert is_transient(norep) and is_transient(readonly)
+    assert not registry_refuses_writes(wrongtype) and not is_transient(wrongtype)
