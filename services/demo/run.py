@@ -49,7 +49,10 @@ class Recipe:
     seed: int = 0
     budget_seconds: float = 285.0  # from the demo's start to the trainer's last step
     max_steps: int = 100_000  # or stop after this many steps
-    questions: int = 16  # per session (one chat call, one trace each): 128 samples a step
+    # per session (one chat call, one trace each): 256 samples a step; 32 reached 0.6 on
+    # 7 of 8 seeds in process against 4 of 8 for 16 (docs/benchmarks.md), and a session's
+    # cost grows little with its questions (they go to the engine at once)
+    questions: int = 32
     # exact_answer's near-miss credit for the training reward (held-out: exact only)
     partial_credit: tuple[float, int] | None = (0.5, 3)
     group_size: int = 8  # sessions per task: each question is sampled 8 times

@@ -12,6 +12,9 @@ batch sampled ``lag`` versions earlier, as the demo's pipeline does.
     python tests/bench/sim_stars.py --seeds 0 1 2 --steps 120 --eval-every 10
     python tests/bench/sim_stars.py --seeds 2 --epochs 1 --lr 3e-3   # another recipe
     python tests/bench/sim_stars.py --partial-credit 0 --eps-high 0.2  # exact reward only
+    # a sweep: the demo's lag, stop 60 steps after 0.6 held, warm starts kept across runs
+    python tests/bench/sim_stars.py --seeds 0 1 2 3 --steps 250 --eval-every 10 --lag 2 \
+        --hold 60 --cache /tmp/warm --questions 32   # --hidden 128: a wider model
 
 The reward is the demo's: ``exact_answer`` with the Recipe's ``partial_credit`` (a near
 miss earns part of a reward) unless ``--partial-credit 0``.
@@ -33,7 +36,7 @@ from evaluators.exact_answer import near_miss
 from services.common.tokenization.tokenizer import ChatTokenizer
 from services.demo import stars
 from services.demo.run import Recipe
-from services.demo.warmstart import Prompts, create_model, warm_start
+from services.demo.warmstart import DIMS, Prompts, create_model, warm_start
 from services.trainer.batch import Sample
 from services.trainer.objective import advantages
 from services.trainer.policy import Policy, StepSettings, train_step
@@ -162,17 +165,28 @@ def run_seed(seed: int, args, work: Path) -> dict:
     recipe = Recipe(seed=seed)
     torch.manual_seed(seed)
     torch.set_num_threads(1)
-    base = create_model(work / f"init{seed}", seed)
-    ws = warm_start(
-        base,
-        work / f"warm{seed}",
-        seed=seed,
-        steps=args.sft_steps or recipe.sft_steps,
-        batch=args.sft_batch or recipe.sft_batch,
-        lr=args.sft_lr or recipe.sft_lr,
+    dims = DIMS
+    if args.hidden:
+        dims = {**DIMS, "hidden_size": args.hidden, "intermediate_size": 4 * args.hidden}
+    sft = (
+        args.sft_steps or recipe.sft_steps,
+        args.sft_batch or recipe.sft_batch,
+        args.sft_lr or recipe.sft_lr,
     )
-    policy = Policy(ws.model_dir, lr=args.lr or recipe.lr, device="cpu")
-    prompts = Prompts(ChatTokenizer.load(ws.model_dir))
+    # the warm start depends only on the seed, the widths and the SFT settings: a cache
+    # dir (--cache) lets a sweep of RL recipes skip it after the first run of a seed
+    key = f"warm{seed}-d{dims['hidden_size']}-{sft[0]}x{sft[1]}-{sft[2]:g}"
+    cached = args.cache / key if args.cache else None
+    if cached and (cached / "config.json").exists():
+        model_dir, ws_seconds = cached, 0.0
+    else:
+        base = create_model(work / f"init{seed}", seed, dims=dims)
+        out = cached or work / key
+        ws = warm_start(base, out, seed=seed, steps=sft[0], batch=sft[1], lr=sft[2])
+        model_dir, ws_seconds = ws.model_dir, ws.seconds
+    torch.manual_seed(seed)
+    policy = Policy(model_dir, lr=args.lr or recipe.lr, device="cpu")
+    prompts = Prompts(ChatTokenizer.load(model_dir))
     train, heldout = stars.split()
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -188,6 +202,8 @@ def run_seed(seed: int, args, work: Path) -> dict:
     for step in range(args.steps + 1):
         if step % args.eval_every == 0:
             curve.append((step, round(heldout_accuracy(policy, prompts, heldout), 3)))
+            if args.hold and _held(curve, args.target, args.hold, args.floor):
+                break
         if step == args.steps:
             break
         lines = stars.training_lines(rng, questions, train)
@@ -203,17 +219,29 @@ def run_seed(seed: int, args, work: Path) -> dict:
             train_s += train_step(policy, todo, step, s, check=e == 0).train_seconds
     accs = [a for _, a in curve]
     hit = next((st for st, a in curve if a >= args.target), None)
+    after = [a for st, a in curve if hit is not None and st > hit]
     return {
         "seed": seed,
         "acc_step0": accs[0],
         "first_ge_target_step": hit,
+        "min_after_hit": min(after) if after else None,
         "best": max(accs),
         "final": accs[-1],
-        "warm_start_s": round(ws.seconds, 1),
+        "steps_run": curve[-1][0],
+        "warm_start_s": round(ws_seconds, 1),
         "median_train_s": round(train_s / max(1, args.steps), 3),
         "wall_s": round(time.perf_counter() - t0, 1),
         "curve": curve,
     }
+
+
+def _held(curve, target: float, hold: int, floor: float) -> bool:
+    """Whether the target was reached at least ``hold`` steps ago, never below ``floor``
+    since (the run can stop there: the sweep's question is answered)."""
+    hit = next((st for st, a in curve if a >= target), None)
+    if hit is None or curve[-1][0] - hit < hold:
+        return False
+    return all(a >= floor for st, a in curve if st >= hit)
 
 
 def main() -> None:
@@ -237,6 +265,12 @@ def main() -> None:
         "--partial-credit", type=float, default=None, help="near-miss weight; 0: exact only"
     )
     ap.add_argument("--credit-window", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=0, help="model width (intermediate 4x)")
+    ap.add_argument("--cache", type=Path, default=None, help="dir keeping the warm starts")
+    ap.add_argument(
+        "--hold", type=int, default=0, help="stop once the target has held this many steps"
+    )
+    ap.add_argument("--floor", type=float, default=0.55, help="what 'held' means (--hold)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,8 +282,14 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "args": vars(args),
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                 "reached": sum(h is not None for h in hits),
+                "held": sum(
+                    r["first_ge_target_step"] is not None
+                    and (r["min_after_hit"] or 1.0) >= args.floor
+                    for r in rows
+                ),
+                "steps": hits,
                 "worst_step": None if None in hits else max(hits),
                 "median_final": statistics.median(r["final"] for r in rows),
             }
