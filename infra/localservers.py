@@ -77,6 +77,8 @@ def wait_listening(host: str, port: int, proc: subprocess.Popen, timeout: float 
         if proc.poll() is not None:
             raise ServerStartError(f"server on {host}:{port} exited with {proc.returncode}")
         if reachable(host, port, 0.1) and listens(proc.pid, port):
+            if proc.poll() is not None:  # exited meanwhile: the listener was another's
+                raise ServerStartError(f"server on {host}:{port} exited with {proc.returncode}")
             return
         time.sleep(0.05)
     proc.kill()
@@ -85,8 +87,9 @@ def wait_listening(host: str, port: int, proc: subprocess.Popen, timeout: float 
 
 def listens(pid: int, port: int) -> bool:
     """Whether process ``pid`` holds a socket listening on TCP ``port`` (Linux /proc;
-    True where /proc cannot tell). The tables are read as ``pid`` sees them: a server in
-    another network namespace (tests/cluster's hosts) listens in that one's."""
+    True where there is no /proc to tell, False for a process it no longer shows). The
+    tables are read as ``pid`` sees them: a server in another network namespace
+    (tests/cluster's hosts) listens in that one's."""
     inodes = set()
     try:
         for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
@@ -98,7 +101,7 @@ def listens(pid: int, port: int) -> bool:
                         inodes.add(f"socket:[{fields[9]}]")  # 0A: LISTEN
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return True
+        return not os.path.exists("/proc/self/net/tcp")
     for fd in fds:
         with contextlib.suppress(OSError):
             if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:

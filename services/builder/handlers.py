@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 
 from proxy.callcount import numbered_calls
 from schemas import (
+    TERMINAL_STATES,
     BuilderSpec,
     ContractError,
     SessionFinished,
@@ -161,7 +162,13 @@ class Builder:
         t = await self.registry.transition(
             event.session_id, SessionState.EVALUATING, from_=[SessionState.BUILDING]
         )
-        if not t.ok and t.from_state != SessionState.EVALUATING:
+        # EVALUATING or past it: the evaluator, holding the announced trajectory, made the
+        # move first (this one lagged, e.g. through a registry outage)
+        if (
+            not t.ok
+            and t.from_state != SessionState.EVALUATING
+            and t.from_state not in TERMINAL_STATES
+        ):
             log.warning(
                 "%s: built, but the session is %s; not moved to EVALUATING",
                 event.session_id,

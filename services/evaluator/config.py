@@ -8,7 +8,7 @@ class EvaluatorConfig(ServiceSettings, frozen=True, kw_only=True):
     concurrency: int = 8  # sessions evaluated at once
     ack_wait_seconds: float = 30.0  # a crashed evaluation is redelivered after this
     max_deliver: int = 10  # then dead-lettered with the reason
-    retry_delay_seconds: float = 0.25  # session still BUILDING (the builder advances it next)
+    retry_delay_seconds: float = 0.25  # a session that changed while being advanced
     # Runtimes: the same node directories and proxy as this node's pool and executor.
     work_dir: str = ".state/work"
     proxy_url: str = "http://127.0.0.1:8200"

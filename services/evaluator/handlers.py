@@ -70,9 +70,18 @@ class EvaluatorService:
             raise Poison(f"not a TrajectoryBuilt: {exc}") from None
         session = await self.registry.get_session(event.session_id)
         decision = logic.decide(session, event)
+        if decision.action is Action.ADVANCE:
+            await self.registry.transition(
+                event.session_id,
+                SessionState.EVALUATING,
+                from_=[SessionState.BUILDING],
+                expect_attempt=event.attempt,
+            )  # ours, or the builder's just before it: either way, decide again
+            session = await self.registry.get_session(event.session_id)
+            decision = logic.decide(session, event)
         if decision.action is Action.POISON:
             raise Poison(decision.reason)
-        if decision.action is Action.RETRY:
+        if decision.action is Action.ADVANCE:  # back to BUILDING meanwhile: look again later
             raise Retry(self.config.retry_delay_seconds, decision.reason)
         if decision.action is Action.SKIP:
             log.info("%s: skipped: %s", event.session_id, decision.reason)

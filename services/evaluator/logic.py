@@ -28,7 +28,10 @@ class Action(enum.StrEnum):
     EVALUATE = "evaluate"  # EVALUATING: evaluate (or reuse a kept result), deliver, finish
     FINALIZE = "finalize"  # already final: finish what a crashed delivery left (idempotent)
     SKIP = "skip"  # not ours: another attempt, or never built
-    RETRY = "retry"  # the builder has not advanced it yet
+    # BUILDING, though its trajectory is built and announced: the builder's own move to
+    # EVALUATING comes after the announce and can lag (a registry outage); the evaluator
+    # makes it, so no waiting budget can run out and strand the session BUILDING
+    ADVANCE = "advance"
     POISON = "poison"  # can never be evaluated
 
 
@@ -48,7 +51,7 @@ def decide(session: Session | None, event: TrajectoryBuilt) -> Decision:
     if session.state == S.EVALUATING:
         return Decision(Action.EVALUATE)
     if session.state == S.BUILDING:  # the builder announces, then advances
-        return Decision(Action.RETRY, "session is still BUILDING")
+        return Decision(Action.ADVANCE, "built, still BUILDING: moved to EVALUATING here")
     if session.state in TERMINAL_STATES:
         return Decision(Action.FINALIZE, f"session is already {session.state}")
     return Decision(Action.SKIP, f"session is {session.state}: not built")

@@ -31,21 +31,11 @@ def new_browser():
 def printed_sign_in_url(topology) -> str:
     """The one-time sign-in link `polar dashboard` prints for the stack of ``topology`` (a
     topology file whose stack runs)."""
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "dashboard", "--topology", str(topology)],
-        cwd=Path(__file__).resolve().parents[2],
-        env={**env, "COLUMNS": "400"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    from tests.helpers.polar_cli import run_polar
+
+    done = run_polar("dashboard", "--topology", str(topology), timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     found = re.search(r"(http://\S+/\?token=\S+)", done.stdout)
     assert found, done.stdout

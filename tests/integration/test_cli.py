@@ -1,10 +1,8 @@
 """The real ``polar`` CLI in subprocesses, against a stack it starts itself on free ports."""
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,27 +11,18 @@ import pytest
 
 from infra import credentials
 from infra.localservers import free_port
+from tests.helpers.polar_cli import run_polar
 from tests.integration.test_devstack import only_scheduler
 
 pytestmark = pytest.mark.timeout(120)
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Polar:
     def __init__(self, topology: Path, ports: dict[str, int]) -> None:
         self.topology, self.ports = topology, ports
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
-        self.env.update(COLUMNS="200", NO_PROXY="127.0.0.1,localhost")
 
     def __call__(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "services.cli.main", *args, "--topology", str(self.topology)],
-            cwd=REPO,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return run_polar(*args, "--topology", str(self.topology), timeout=timeout, columns=200)
 
     @property
     def scheduler(self) -> str:

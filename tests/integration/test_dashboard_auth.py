@@ -11,9 +11,7 @@ task's env secret, though the session's harness put both in its output and its p
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +27,7 @@ from services.cli.demo import demo_topology
 from services.common.bus import Bus
 from services.common.registry import Registry
 from tests.helpers.browser import printed_sign_in_url
+from tests.helpers.polar_cli import run_polar
 
 pytestmark = [pytest.mark.timeout(420)]
 SECRET = "hunter2-dashboard-plain-value"  # no known key shape: only its place says secret
@@ -89,15 +88,7 @@ def stack():
     topology = state_dir.parent / f"{state_dir.name}.yaml"
     topology.write_text(demo_topology(state_dir))
     topo = parse_topology(topology.read_text(), "dashboard auth topology")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
-    up = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "up", "--topology", str(topology)],
-        cwd=Path(__file__).resolve().parents[2],
-        env={**env, "COLUMNS": "400"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    up = run_polar("up", "--topology", str(topology), timeout=300)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         link = re.search(r"the dashboard: (http://\S+/\?token=\S+)", up.stdout)

@@ -16,9 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,6 +34,7 @@ from schemas import subjects as S
 from services.cli.demo import demo_task, demo_topology
 from services.common.bus import Bus
 from services.dashboard.reader import REDIS_CLIENT_NAME
+from tests.helpers.polar_cli import run_polar
 
 pytestmark = [pytest.mark.timeout(300)]
 TASK, SESSION = "dash-ro", "dash-ro-0000"
@@ -149,15 +147,7 @@ def stack():
     topology = state_dir.parent / f"{state_dir.name}.yaml"
     topology.write_text(demo_topology(state_dir))
     topo = parse_topology(topology.read_text(), "dashboard read-only topology")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
-    up = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "up", "--topology", str(topology)],
-        cwd=Path(__file__).resolve().parents[2],
-        env={**env, "COLUMNS": "400"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    up = run_polar("up", "--topology", str(topology), timeout=300)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         creds = credentials.load(state_dir)

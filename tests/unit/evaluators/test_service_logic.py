@@ -45,7 +45,7 @@ def trajectory(outcome=Outcome.COMPLETED, intact=True, policy="evaluate") -> Tra
     ("state", "attempt", "action"),
     [
         (S.EVALUATING, 0, Action.EVALUATE),
-        (S.BUILDING, 0, Action.RETRY),
+        (S.BUILDING, 0, Action.ADVANCE),  # built: the builder's move may lag
         (S.COMPLETED, 0, Action.FINALIZE),
         (S.CANCELLED, 0, Action.FINALIZE),
         (S.EVALUATING, 1, Action.SKIP),  # another attempt's trajectory
