@@ -51,9 +51,9 @@ setup *STEPS:
 
 # Ends by listing every skipped test with its reason (what is missing, how to get it).
 # `just setup`, then unit + integration tests against real NATS JetStream and Valkey,
-# whole files spread over POLAR_TEST_WORKERS processes (2; 0 runs them in this one).
+# whole files spread over POLAR_TEST_WORKERS processes (3; 0 runs them in this one).
 test *ARGS: setup
-    {{py}} -m pytest -q -rs -n "${POLAR_TEST_WORKERS:-2}" {{ARGS}}
+    {{py}} -m pytest -q -rs -n "${POLAR_TEST_WORKERS:-3}" {{ARGS}}
 
 # The multi-host chaos test at its full size (tests/cluster: hosts as network namespaces,
 # faults mid-run; root). `just test` runs its CI size (100 sessions, ~2 min).
