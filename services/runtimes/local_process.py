@@ -20,6 +20,7 @@ from services.runtimes.procs import TAG_EXEC, kill_tree
 
 _READ_SIZE = 65536
 _DRAIN_SECONDS = 0.2  # how long wait() lets the pipes drain after the main process exits
+_CLOSE_READS = 16  # reads of what a pipe holds when it is closed (a pipe buffers 64 KiB)
 
 
 def shell_exit_code(returncode: int) -> int:
@@ -53,8 +54,23 @@ class _PipeReader:
         if self.done.done():
             return
         self._loop.remove_reader(self._fd)
+        self._read_waiting()
         os.close(self._fd)
         self.done.set_result(None)
+
+    def _read_waiting(self) -> None:
+        """What the pipe holds now: written before a kill but not read yet (a busy event
+        loop had not got to it), it would be lost with the pipe. Bounded: a writer still
+        alive cannot keep this going."""
+        for _ in range(_CLOSE_READS):
+            try:
+                chunk = os.read(self._fd, _READ_SIZE)
+            except OSError:  # BlockingIOError included: nothing more now
+                return
+            if not chunk:
+                return
+            if self._sink is not None:
+                self._sink(chunk)
 
 
 class LocalProcess(Process):

@@ -250,3 +250,19 @@ async def test_adopting_what_a_dead_process_left_cleans_it_up(tmp_path):
     await adopt_runtime(LocalRuntime(), "s-8", "s-8-main", base_dir=tmp_path).stop()
     assert leftovers("s-8-main") == []
     assert not (tmp_path / "s-8-main").exists()
+
+
+async def test_a_closed_pipe_keeps_what_was_written_before_it_closed():
+    # A timeout kill closes the harness's pipes; output written just before it that the
+    # event loop had not read yet was lost with them (test_node_timeout under load: an
+    # empty stdout_tail though the harness had printed).
+    from services.runtimes import OutputBuffer
+    from services.runtimes.local_process import _PipeReader
+
+    got = OutputBuffer()
+    read_end, write_end = os.pipe()
+    reader = _PipeReader(read_end, got)
+    os.write(write_end, b"published\n")
+    reader.close()  # no await: the loop never ran the reader's callback
+    os.close(write_end)
+    assert got.data() == b"published\n" and reader.done.done()
