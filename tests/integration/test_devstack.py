@@ -1,7 +1,6 @@
 """``polar up`` / ``polar down`` (infra.devstack) with real servers and processes."""
 
 import asyncio
-import os
 import socket
 import time
 
@@ -38,13 +37,22 @@ def refused(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def no_process_left(pid: int) -> bool:
-    """Neither the pid nor any member of the process group it led exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return group_members(pid) == []
-    return False
+def no_process_left(pid: int, wait: float = 5.0) -> bool:
+    """Neither the pid (a zombie counts as gone: it has exited) nor any member of the
+    process group it led exists, within ``wait`` seconds (a killed server's exit can lag
+    its stop report on a loaded machine)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                gone = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            gone = True
+        if gone and group_members(pid) == []:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 @pytest.fixture
