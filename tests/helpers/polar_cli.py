@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,3 +26,24 @@ def run_polar(*args: str, timeout: float, columns: int = 400) -> subprocess.Comp
         text=True,
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def demo_stack_up(prefix: str) -> Iterator[tuple[Any, Path, subprocess.CompletedProcess[str]]]:
+    """The demo's stack started by `polar up` in a fresh state dir: (topology, its file,
+    what `up` printed); stopped, and the file removed, at the end."""
+    from infra import devstack
+    from infra.topology import parse_topology
+    from services.cli.demo import demo_topology
+
+    state_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    topology = state_dir.parent / f"{state_dir.name}.yaml"
+    topology.write_text(demo_topology(state_dir))
+    topo = parse_topology(topology.read_text(), f"{prefix} topology")
+    up = run_polar("up", "--topology", str(topology), timeout=300)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield topo, topology, up
+    finally:
+        devstack.down(state_dir)
+        topology.unlink()

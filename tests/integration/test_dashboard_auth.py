@@ -13,21 +13,18 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
-from infra import credentials, devstack
-from infra.topology import parse_topology
+from infra import credentials
 from schemas import subjects as S
-from services.cli.demo import demo_topology
 from services.common.bus import Bus
 from services.common.registry import Registry
 from tests.helpers.browser import printed_sign_in_url
-from tests.helpers.polar_cli import run_polar
+from tests.helpers.polar_cli import demo_stack_up
 
 pytestmark = [pytest.mark.timeout(420)]
 SECRET = "hunter2-dashboard-plain-value"  # no known key shape: only its place says secret
@@ -84,20 +81,11 @@ def leaky_task(task_id: str) -> dict:
 @pytest.fixture(scope="module")
 def stack():
     """The demo's stack, started by `polar up` (which prints the dashboard's sign-in link)."""
-    state_dir = Path(tempfile.mkdtemp(prefix="polar-dash-auth-"))
-    topology = state_dir.parent / f"{state_dir.name}.yaml"
-    topology.write_text(demo_topology(state_dir))
-    topo = parse_topology(topology.read_text(), "dashboard auth topology")
-    up = run_polar("up", "--topology", str(topology), timeout=300)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
+    with demo_stack_up("polar-dash-auth-") as (topo, topology, up):
         link = re.search(r"the dashboard: (http://\S+/\?token=\S+)", up.stdout)
         assert link, up.stdout
         url = f"http://127.0.0.1:{topo.services['dashboard'].port}"
         yield topo, topology, url, link[1]
-    finally:
-        devstack.down(state_dir)
-        topology.unlink()
 
 
 def creds_of(topo) -> credentials.Credentials:

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,14 +26,13 @@ import psutil
 import pytest
 import redis
 
-from infra import credentials, devstack
+from infra import credentials
 from infra.stackstate import read_state
-from infra.topology import parse_topology
 from schemas import subjects as S
-from services.cli.demo import demo_task, demo_topology
+from services.cli.demo import demo_task
 from services.common.bus import Bus
 from services.dashboard.reader import REDIS_CLIENT_NAME
-from tests.helpers.polar_cli import run_polar
+from tests.helpers.polar_cli import demo_stack_up
 
 pytestmark = [pytest.mark.timeout(300)]
 TASK, SESSION = "dash-ro", "dash-ro-0000"
@@ -143,19 +141,10 @@ async def until_idle(nats_url: str) -> dict[str, tuple[int, frozenset[str]]]:
 
 @pytest.fixture(scope="module")
 def stack():
-    state_dir = Path(tempfile.mkdtemp(prefix="polar-dash-ro-"))
-    topology = state_dir.parent / f"{state_dir.name}.yaml"
-    topology.write_text(demo_topology(state_dir))
-    topo = parse_topology(topology.read_text(), "dashboard read-only topology")
-    up = run_polar("up", "--topology", str(topology), timeout=300)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        creds = credentials.load(state_dir)
+    with demo_stack_up("polar-dash-ro-") as (topo, _, _up):
+        creds = credentials.load(Path(topo.state_dir))
         assert creds is not None and creds.redis_password
         yield topo, creds
-    finally:
-        devstack.down(state_dir)
-        topology.unlink()
 
 
 def test_the_dashboard_writes_nothing_to_redis_or_nats(stack):
