@@ -6,6 +6,7 @@ without one the CLI falls back to the topology.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +18,7 @@ from infra.credentials import Credentials
 from infra.devstack import state_dir_of
 from infra.stackstate import Proc, StackState, read_state
 from infra.topology import Topology, load_topology, plan_services
+from services.common.settings import ENV_TOKENS
 
 SERVERS = ("nats", "redis")
 # the options every command that reaches the stack takes
@@ -76,8 +78,12 @@ class Stack:
 
     @property
     def admin_token(self) -> str | None:
-        """The operator's token for the scheduler's and the proxy's admin routes."""
-        return self.credentials.admin_token if self.credentials else None
+        """The operator's token for the scheduler's and the proxy's admin routes: the one
+        ``polar up`` generated, else ``POLAR_ADMIN_TOKEN`` (a deployment's, as its
+        services take it)."""
+        if self.credentials:
+            return self.credentials.admin_token
+        return os.environ.get(ENV_TOKENS["admin_token"]) or None
 
     def services(self) -> list[tuple[str, str, Proc | None]]:
         """(instance name, base URL, its record) for each service of the stack."""

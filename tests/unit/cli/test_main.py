@@ -140,3 +140,28 @@ def test_a_foreground_dashboard_reads_with_the_stacks_token_or_one_of_its_own(tm
     assert link and creds.read_token not in printed.get()
     book = Tickets([creds.read_token], "dashboard", "")
     assert book.redeem(link[1], now=time.time()) is None
+
+
+def test_admin_token_is_the_stacks_else_polar_admin_token(tmp_path, monkeypatch):
+    """`polar submit --via http` against a deployment (compose, Kubernetes, Slurm: no
+    `polar up` record) presents POLAR_ADMIN_TOKEN, as the deployment's services take it;
+    a stack `polar up` started presents its own generated token."""
+    import time
+
+    from infra import credentials
+    from infra.stackstate import StackState, write_state
+    from services.cli.context import Stack
+
+    topo = tmp_path / "t.yaml"
+    topo.write_text(f"state_dir: {tmp_path}\n")
+    monkeypatch.delenv("POLAR_ADMIN_TOKEN", raising=False)
+    assert Stack.load(topo, None).admin_token is None
+    monkeypatch.setenv("POLAR_ADMIN_TOKEN", "")
+    assert Stack.load(topo, None).admin_token is None
+    monkeypatch.setenv("POLAR_ADMIN_TOKEN", "pa_deployed")
+    assert Stack.load(topo, None).admin_token == "pa_deployed"
+
+    write_state(StackState(state_dir=str(tmp_path), created_at=time.time()))
+    creds = credentials.generate([], own_nats=False, own_redis=False)
+    credentials.save(tmp_path, creds)
+    assert Stack.load(topo, None).admin_token == creds.admin_token
