@@ -9,7 +9,8 @@ sent to whatever listens at a default port:
 - each service instance with ``port: 0`` gets a free port (``with_ports``);
 - then ``wire``: pools, executors, evaluators and the trainer (``ServiceKind.proxy_url``)
   get the stack's proxy URL, the first three (``ServiceKind.work_dir``) a ``work_dir``
-  under the state dir; the proxy and the pools get
+  under the state dir, the evaluator every node's name (it reaches their runtimes in
+  that work dir: ``EvaluatorConfig.nodes``); the proxy and the pools get
   the embedded ``model`` service's URL for every backend without a ``url`` (and the
   proxy its default backend when the topology lists none), and the proxy the model
   service's ``model_dir`` for token mode. What the user set in a service's ``config``
@@ -35,11 +36,12 @@ import msgspec
 
 from infra.catalog import SERVICES, ServiceKind
 from infra.credentials import Credentials
-from infra.topology import ServicePlan, Topology
+from infra.topology import ServicePlan, Topology, node_specs
 from proxy.config import ProxyConfig
 
 PickPort = Callable[[], int]
 MODEL, PROXY, TRAINER, DASHBOARD = "model", "proxy", "trainer", "dashboard"
+EVALUATOR = "evaluator"
 
 
 def connect_host(host: str) -> str:
@@ -111,6 +113,8 @@ def wire(
             config = {"proxy_url": proxy, **config}
         if kind.work_dir:
             config = {"work_dir": str(state_dir / "work"), **config}
+        if p.service == EVALUATOR:  # every node is on this machine, in that one work dir
+            config = {"nodes": [n.name for n in node_specs(topo)], **config}
         if model is not None:
             config = _embedded_backends(config, p.service, model)
         if p.service == PROXY and model_dir and "model_dir" not in config:

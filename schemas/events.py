@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from msgspec import Struct, field
 
+from schemas import subjects as S
 from schemas.session import Outcome, SessionState
 from schemas.trajectory import Trajectory
 
@@ -84,7 +85,8 @@ class SessionFinished(_Event, tag="session.finished"):
     attempt: int = 0
     reason: str | None = None
     artifacts: Artifacts = field(default_factory=Artifacts)
-    eval_runtime_id: str | None = None  # a prewarmed eval runtime, when asked for
+    eval_runtime_id: str | None = None  # a runtime left for the evaluation (live or prewarmed)
+    node: str | None = None  # where that runtime is: the node that ran the session
 
 
 class TrajectoryBuilt(_Event, tag="session.built"):
@@ -93,8 +95,10 @@ class TrajectoryBuilt(_Event, tag="session.built"):
     from the event, and from the store only for an event without it. (A large event goes
     by claim-check like any payload, ``Bus.publish``.)
 
-    ``artifacts`` and ``eval_runtime_id`` are carried over from the SessionFinished (which
-    the builder consumes from a work queue): the evaluator needs them."""
+    ``artifacts``, ``eval_runtime_id`` and ``node`` are carried over from the
+    SessionFinished (which the builder consumes from a work queue): the evaluator needs
+    them. An event with a runtime left on a node goes to that node's evaluators
+    (``subject``): only they reach the runtime."""
 
     session_id: str
     task_id: str
@@ -102,7 +106,14 @@ class TrajectoryBuilt(_Event, tag="session.built"):
     attempt: int = 0
     artifacts: Artifacts = field(default_factory=Artifacts)
     eval_runtime_id: str | None = None
+    node: str | None = None
     trajectory: Trajectory | None = None
+
+    @property
+    def subject(self) -> str:
+        if self.eval_runtime_id and self.node:
+            return S.sessions_built_on(self.node)
+        return S.SESSIONS_BUILT_ANY
 
 
 class SessionScored(_Event, tag="session.scored"):

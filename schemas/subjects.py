@@ -26,7 +26,23 @@ def sessions_ready(node: str) -> str:
 
 
 SESSIONS_FINISHED = "polar.sessions.finished"  # SessionFinished, consumed by builders
-SESSIONS_BUILT = "polar.sessions.built"  # TrajectoryBuilt, consumed by evaluators
+# TrajectoryBuilt, consumed by evaluators: any evaluator's, or, when the evaluation needs
+# a runtime the session left on its node (live, or prewarmed), that node's evaluator's
+SESSIONS_BUILT_ANY = "polar.sessions.built.any"
+ALL_SESSIONS_BUILT = "polar.sessions.built.>"
+_BUILT_ON = "polar.sessions.built.node."
+
+
+def sessions_built_on(node: str) -> str:
+    """TrajectoryBuilt whose evaluation needs a runtime left on ``node``."""
+    return _BUILT_ON + node
+
+
+def built_node(subject: str) -> str | None:
+    """The node of a ``sessions_built_on`` subject (None for any other subject)."""
+    return subject[len(_BUILT_ON) :] if subject.startswith(_BUILT_ON) else None
+
+
 # SessionScored: a record for observers (the scheduler tracks terminal state events), so
 # it lives in the age-limited events stream, not in a work queue nobody drains.
 SESSIONS_SCORED = "polar.events.scored"
@@ -105,6 +121,12 @@ CONSUMER_EVALUATOR = "evaluator"
 
 def consumer_executor(node: str) -> str:
     return f"executor-{node}"
+
+
+def consumer_evaluator_on(node: str) -> str:
+    """The durable of ``sessions_built_on(node)``: the evaluators that reach the node's
+    runtimes share it (``CONSUMER_EVALUATOR`` takes ``SESSIONS_BUILT_ANY``)."""
+    return f"evaluator-{node}"
 
 
 # -- Redis keys ---------------------------------------------------------------------

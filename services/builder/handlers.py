@@ -153,10 +153,11 @@ class Builder:
             attempt=trajectory.attempt,
             artifacts=finished.artifacts,  # the evaluator applies the diff, reads files
             eval_runtime_id=finished.eval_runtime_id,
+            node=finished.node,
             trajectory=trajectory,  # the evaluator's copy: no object-store read per session
         )
         msg_id = logic.built_msg_id(trajectory.session_id, trajectory.attempt)
-        await self.bus.send(S.SESSIONS_BUILT, encode(event), msg_id=msg_id)
+        await self.bus.send(event.subject, encode(event), msg_id=msg_id)
 
     async def advance(self, event: SessionFinished) -> None:
         t = await self.registry.transition(

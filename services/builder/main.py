@@ -2,7 +2,8 @@
 
 Consumes ``polar.sessions.finished`` (durable ``builder``), builds each session's
 trajectory from ``polar.completions.<session>``, stores it in the object store as
-``trajectories/<session>/<attempt>`` and announces ``polar.sessions.built``.
+``trajectories/<session>/<attempt>`` and announces it on ``polar.sessions.built.any``, or
+``polar.sessions.built.node.<node>`` when a runtime for its evaluation waits on the node.
 """
 
 from __future__ import annotations

@@ -189,6 +189,19 @@ def work_consumer(
     )
 
 
+def evaluation_queue(node: str, *, ack_wait: float = 30.0, max_deliver: int = 10) -> ConsumerConfig:
+    """The durable of the sessions evaluated in a runtime left on ``node``: its
+    evaluators take from it; its executor declares it at start, so a node without an
+    evaluator still has a queue whose untaken work another evaluator sees (and takes
+    over: services/evaluator/orphans.py). The defaults are EvaluatorConfig's."""
+    return work_consumer(
+        S.consumer_evaluator_on(node),
+        S.sessions_built_on(node),
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+    )
+
+
 async def ensure_consumer(js: JetStreamContext, stream: str, cfg: ConsumerConfig) -> None:
     await js.add_consumer(stream, cfg)
 

@@ -50,9 +50,11 @@ async def finish_session(
     eval_runtime_id: str | None,
     *,
     from_: Iterable[SessionState] = (ST.RUNNING,),
+    node: str | None = None,
 ) -> bool:
     """POSTRUN (from one of ``from_``) and the SessionFinished event; False when the
-    session was no longer there to finish (cancelled or ended meanwhile)."""
+    session was no longer there to finish (cancelled or ended meanwhile). ``node``: the
+    finisher's, where ``eval_runtime_id`` lives."""
     reason = redact(reason)
     if not await _to_postrun(registry, session.session_id, attempt, outcome, reason, from_):
         return False
@@ -65,6 +67,7 @@ async def finish_session(
         reason=reason,
         artifacts=artifacts,
         eval_runtime_id=eval_runtime_id,
+        node=node,
     )
     await bus.publish_retrying(
         S.SESSIONS_FINISHED, encode(event), msg_id=f"finished:{session.session_id}:{attempt}"

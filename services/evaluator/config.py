@@ -15,3 +15,15 @@ class EvaluatorConfig(ServiceSettings, frozen=True, kw_only=True):
     docker_host: str | None = None
     stop_grace_seconds: float = 2.0
     result_ttl_seconds: float = 7 * 24 * 3600.0  # a kept evaluation result expires then
+    # The nodes whose runtimes this evaluator reaches (their work_dir and docker_host are
+    # the ones above): it takes their sessions that are evaluated in a runtime left on
+    # the node. Empty: its own ``node``. `polar up` lists every node (one machine).
+    nodes: tuple[str, ...] = ()
+    # Another node's queue holding work nobody has taken for ``orphan_after_seconds`` (its
+    # host is gone) is drained here, in fresh runtimes; looked at every ``..._check_...``.
+    orphan_check_seconds: float = 10.0
+    orphan_after_seconds: float = 60.0
+
+    @property
+    def reachable_nodes(self) -> tuple[str, ...]:
+        return self.nodes or (self.node,)

@@ -42,16 +42,25 @@ class EvalRuntimes:
             self.config, task.runtime, session_id, runtime_id=runtime_id, harness=task.agent.harness
         )
 
+    def left_here(self, event: TrajectoryBuilt) -> str | None:
+        """The runtime the session left for its evaluation, if this evaluator reaches it
+        (a node queue taken over from a gone host holds runtimes out of reach)."""
+        if event.node is not None and event.node not in self.config.reachable_nodes:
+            return None
+        return event.eval_runtime_id
+
     async def acquire(
         self, kind: str, task: TaskRequest, event: TrajectoryBuilt, on_fresh
     ) -> Acquired:
         """A running runtime of ``kind``; raises EvaluatorError when none can be had.
         ``on_fresh`` is awaited before a fresh runtime is created (to note it)."""
-        given = event.eval_runtime_id
+        given = self.left_here(event)
         if kind == "live":
             if given and task.evaluator.runtime == "live":
                 return Acquired(self.adopt(task, event.session_id, given), "live")
             notes = {"runtime": "fresh: the live runtime was not kept"}
+            if event.eval_runtime_id and not given:
+                notes = {"runtime": f"fresh: the live runtime is on node {event.node}, gone"}
             return Acquired(await self._fresh(task, event, on_fresh), "fresh", notes)
         if given and task.evaluator.runtime == "fresh":  # prewarmed during RUNNING
             return Acquired(self.adopt(task, event.session_id, given), "fresh", {"prewarmed": True})
@@ -79,8 +88,10 @@ class EvalRuntimes:
         return rt
 
     async def release(self, task: TaskRequest, event: TrajectoryBuilt, fresh: bool) -> None:
-        """Stop what the session left for evaluation and any fresh runtime made for it."""
-        ids = {event.eval_runtime_id} if event.eval_runtime_id else set()
+        """Stop what the session left for evaluation (when it is here to stop: a gone
+        node's start-up sweep stops its own) and any fresh runtime made for it."""
+        left = self.left_here(event)
+        ids = {left} if left else set()
         if fresh:
             ids.add(fresh_runtime_id(event.session_id))
         for runtime_id in sorted(ids):

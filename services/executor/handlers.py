@@ -300,6 +300,7 @@ class Executor:
             result.reason,
             arts,
             eval_rt,
+            node=self.node,
         )
 
     def _start_prewarm(self, spec, session_id: str) -> Prewarm | None:

@@ -7,7 +7,7 @@ from functools import partial
 from litestar import Litestar
 
 from schemas import subjects as S
-from services.common.bus import work_consumer
+from services.common.bus import ensure_consumer, evaluation_queue, work_consumer
 from services.common.consumer import Consumer
 from services.common.host import Declared, Every, ServiceHost, service_app
 from services.common.settings import load
@@ -41,6 +41,9 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
     async def build(host: ServiceHost) -> Declared:
         executor = Executor(host.bus, host.registry, cfg, default_registry())
         subs = await executor.subscribe()
+        # The queue of this node's sessions evaluated in the runtimes it leaves: there
+        # before any is left, even on a node with no evaluator of its own
+        await ensure_consumer(host.bus.js, S.STREAM_SESSIONS, evaluation_queue(cfg.node))
         runtime_for = partial(node_runtime, cfg)
         # What a dead predecessor left on this node (the pool may be admitting meanwhile).
         await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for, admitting=True)

@@ -58,7 +58,9 @@ async def _remove_built_events(bus):
     seq = 1
     while True:
         try:
-            msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq, subject=S.SESSIONS_BUILT, next=True)
+            msg = await bus.js.get_msg(
+                S.STREAM_SESSIONS, seq, subject=S.ALL_SESSIONS_BUILT, next=True
+            )
         except NotFoundError:
             return
         if decode(await bus.payload(msg), TrajectoryBuilt).task_id.startswith("bld-"):
@@ -101,7 +103,9 @@ async def built_events(bus, session_id: str) -> list[TrajectoryBuilt]:
     out, seq = [], 1
     while True:
         try:
-            msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq, subject=S.SESSIONS_BUILT, next=True)
+            msg = await bus.js.get_msg(
+                S.STREAM_SESSIONS, seq, subject=S.ALL_SESSIONS_BUILT, next=True
+            )
         except NotFoundError:
             return out
         event = decode(msg.data, TrajectoryBuilt)

@@ -481,3 +481,86 @@ async def test_a_zero_reward_carries_the_evaluators_reason_to_session_result_and
     console.print(results_table(result))
     line = next(x for x in console.export_text().splitlines() if sid in x)
     assert "COMPLETED" in line and "0 " in line and why in line
+
+
+# -- node-affine evaluation (issue 20): a runtime left on a node is evaluated there ---
+def node_config(state_dir, node: str, **kw) -> EvaluatorConfig:
+    return EvaluatorConfig(
+        node=node,
+        work_dir=str(state_dir / f"evwork-{node}"),
+        retry_delay_seconds=0.1,
+        stop_grace_seconds=0.2,
+        **kw,
+    )
+
+
+async def test_each_node_evaluates_the_live_runtimes_it_holds(bus, registry, state_dir, calc_src):
+    """Two gateway nodes with their own work dirs, a session each whose live runtime the
+    executor left there: whichever evaluator drains first, each session is evaluated in
+    its own live runtime (one shared queue sent node g1's session to g2's evaluator,
+    where its runtime directory is not: "fresh: the live runtime was not kept")."""
+    g1 = EvaluatorService(bus, registry, node_config(state_dir, "g1"))
+    g2 = EvaluatorService(bus, registry, node_config(state_dir, "g2"))
+    t = task("ev-nodes", n=2, evaluator=calc_tests_spec("live"), runtime=calc_runtime(calc_src))
+    sid1, sid2 = await new_sessions(registry, t)
+    for service, sid in ((g1, sid1), (g2, sid2)):
+        rt = await live_runtime(service.config, t.runtime, sid)
+        node = service.config.node
+        await announce(bus, unscored(sid, "ev-nodes"), eval_runtime_id=rt.runtime_id, node=node)
+    await drain(g2)  # g2 first: it must leave g1's session alone
+    await drain(g1)
+    got = {d.session_id: d for d in await delivered(bus, "ev-nodes")}
+    assert set(got) == {sid1, sid2}
+    for sid in (sid1, sid2):
+        details = got[sid].metadata["eval_details"]
+        assert got[sid].reward == 1.0 and details["applied"] == "none", details  # live, as left
+        assert "runtime" not in details  # no fallback note
+    assert list_dir(g1.config.work_dir + "/sessions", sid1) == []  # each stopped its own
+    assert list_dir(g2.config.work_dir + "/sessions", sid2) == []
+
+
+async def test_a_gone_nodes_queue_is_taken_over_and_evaluated_fresh(
+    bus, registry, state_dir, calc_src, fix_diff
+):
+    """Node g9's host is gone: its executor declared its queue and left a live runtime
+    for a session, and no evaluator of g9's will ever take it. Another node's evaluator
+    sees the queue hold work nobody takes and, after the period, evaluates it in a fresh
+    runtime with the session's diff, exactly once; the session does not stay EVALUATING."""
+    from services.common.bus import ensure_consumer, evaluation_queue
+    from services.evaluator.main import node_consumer
+    from services.evaluator.orphans import OrphanWatch
+
+    await ensure_consumer(bus.js, S.STREAM_SESSIONS, evaluation_queue("g9"))
+    g1 = EvaluatorService(bus, registry, node_config(state_dir, "g1"))
+    t = task("ev-gone", evaluator=calc_tests_spec("live"), runtime=calc_runtime(calc_src))
+    (sid,) = await new_sessions(registry, t)
+    await announce(
+        bus,
+        unscored(sid, "ev-gone"),
+        artifacts=Artifacts(diff=fix_diff),
+        eval_runtime_id=f"{sid}-main",
+        node="g9",
+    )
+    await drain(g1)  # its own queues: g9's is not among them
+    assert await delivered(bus, "ev-gone") == []
+
+    taken = []
+
+    async def take_over(node: str) -> None:
+        taken.append(node)
+        await node_consumer(g1, node).run(drain=True)
+
+    watch = OrphanWatch(bus, g1.config.reachable_nodes, 0.3, take_over)
+    await watch.poll()  # the first look
+    assert taken == []
+    await asyncio.sleep(0.4)
+    await watch.poll()
+    assert taken == ["g9"]
+    (got,) = await delivered(bus, "ev-gone")
+    assert got.reward == 1.0, got.eval_reason
+    details = got.metadata["eval_details"]
+    assert details["runtime"] == "fresh: the live runtime is on node g9, gone"
+    assert (await registry.get_session(sid)).state == SessionState.COMPLETED
+    await asyncio.sleep(0.4)
+    await watch.poll()  # nothing left in g9's queue: nothing taken again
+    assert taken == ["g9"] and len(await delivered(bus, "ev-gone")) == 1

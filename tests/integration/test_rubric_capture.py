@@ -137,7 +137,7 @@ async def test_judge_calls_are_captured_side_calls_never_trained(bus, redis_clie
         # a redelivered TrajectoryBuilt: the session is final, nothing judged or sent again
         requests = len(server.requests)
         again = TrajectoryBuilt(session_id=sid, task_id="rubcap-ok", outcome=DONE)
-        await bus.publish(S.SESSIONS_BUILT, encode(again), msg_id=f"again:{sid}")
+        await bus.publish(again.subject, encode(again), msg_id=f"again:{sid}")
         await drain((evaluator, evaluator_consumers))
         assert len(server.requests) == requests
         assert len(await delivered(bus, "rubcap-ok")) == 1

@@ -42,6 +42,8 @@ backends: [{name: gpu, kind: sglang, url: 'http://10.0.0.5:30000'}, {name: cpu, 
     for name in ("proxy", "pool-a", "pool-b"):  # the proxy uses them, the pools watch them
         assert [b["url"] for b in p[name].config["backends"]] == ["http://10.0.0.5:30000", embedded]
     assert "proxy_url" not in p["scheduler"].config and "proxy_url" not in p["builder"].config
+    # one machine, one work dir: the evaluator reaches both nodes' runtimes
+    assert p["evaluator"].config["nodes"] == ["a", "b"]
 
 
 def test_default_ports_are_wired_too():

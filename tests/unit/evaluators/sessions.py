@@ -62,6 +62,7 @@ async def announce(
     *,
     artifacts: Artifacts | None = None,
     eval_runtime_id: str | None = None,
+    node: str | None = None,
     msg_id: str | None = None,
 ) -> None:
     """Store the unscored trajectory and publish TrajectoryBuilt, as the builder does."""
@@ -76,9 +77,10 @@ async def announce(
         attempt=trajectory.attempt,
         artifacts=artifacts or Artifacts(),
         eval_runtime_id=eval_runtime_id,
+        node=node,
     )
     mid = msg_id or built_msg_id(trajectory.session_id, trajectory.attempt)
-    await bus.publish(S.SESSIONS_BUILT, encode(event), msg_id=mid)
+    await bus.publish(event.subject, encode(event), msg_id=mid)
 
 
 async def delivered(bus, task_id: str) -> list[Trajectory]:
@@ -100,7 +102,9 @@ async def remove_built(bus, prefix: str) -> None:
     seq = 1
     while True:
         try:
-            msg = await bus.js.get_msg(S.STREAM_SESSIONS, seq, subject=S.SESSIONS_BUILT, next=True)
+            msg = await bus.js.get_msg(
+                S.STREAM_SESSIONS, seq, subject=S.ALL_SESSIONS_BUILT, next=True
+            )
         except NotFoundError:
             return
         if decode(await bus.payload(msg), TrajectoryBuilt).task_id.startswith(prefix):
