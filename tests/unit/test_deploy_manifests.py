@@ -4,7 +4,7 @@ unknown fields fail), every service's POLAR_CONFIG in the manifests and in the c
 file against that service's own settings type (they reject unknown keys, so a typo
 would only show when the pod starts), the credentials each service must hold (from the
 Secret polar-tokens, compose's required variables, the Slurm job's environment) and
-that the gateways hold none, the JetStream cluster and Sentinel sizes, and the Slurm
+that the gateways hold none, the JetStream cluster, Valkey and Sentinel sizes, and the Slurm
 templates' shell syntax."""
 
 from __future__ import annotations
