@@ -1,15 +1,18 @@
 """The Kubernetes manifests' pods (infra/deploy/k8s) in podman, played by
 infra/deploy/k8s/podman_pods.py since `podman kube play` 4.3 runs no StatefulSet: the
-3-node JetStream cluster, Valkey primary + replica under three Sentinels, and every
-service with its replicas. A task runs to its trajectories; then the Valkey primary and
-one NATS server are stopped, and another task runs once the sentinels have failed over;
-the old primary, started again, rejoins as a replica.
+3-node JetStream cluster, a Valkey primary + two replicas under three Sentinels, and
+every service with its replicas. A task runs to its trajectories; then the Valkey
+primary and one NATS server are stopped, and another task runs once the sentinels have
+failed over: the new primary, with one replica left and `min-replicas-to-write 1`,
+takes its writes. The old primary, started again, rejoins as a replica.
 
 Needs the image (`just image`); ~2 min on two cores."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -61,26 +64,38 @@ def probe_in(net: str, samples: int) -> str:
     return out.stdout
 
 
+def valkey_state(prefix: str, pod: str) -> dict:
+    """A Valkey pod's replication info and min-replicas settings, asked inside it."""
+    ask = ("import json, os, redis; r = redis.Redis(password=os.environ['PASSWORD']); "
+           "print(json.dumps({**r.info('replication'), **r.config_get('min-replicas-*')}))")  # fmt: skip
+    return json.loads(podman("exec", f"{prefix}-{pod}-valkey", "python", "-c", ask).stdout)
+
+
 def test_k8s_pods_run_a_task_and_ride_a_valkey_failover_and_a_nats_loss(pods):
     prefix, net = pods
     stdout = probe_in(net, 4)
     assert stdout.count("outcome=completed reward=1.0") == 4
     podman("stop", "-t", "1", f"{prefix}-valkey-0-valkey", f"{prefix}-nats-1-nats")
     sentinel = f"{prefix}-valkey-sentinel-0-sentinel"
+    switched = re.compile(r"\+switch-master polar valkey-0\.valkey 6379 (valkey-[12])\.valkey")
     deadline = time.monotonic() + 60
-    while (
-        "+switch-master polar valkey-0.valkey 6379 valkey-1.valkey"
-        not in podman("logs", sentinel).stderr + podman("logs", sentinel).stdout
-    ):
+    while not (found := switched.search((logs := podman("logs", sentinel)).stdout + logs.stderr)):
         assert time.monotonic() < deadline, "the sentinels did not fail over in 60 s"
         time.sleep(1)
+    primary = found.group(1)
+    # valkey-0 still down: the new primary has the other replica only, and takes writes
     stdout = probe_in(net, 4)
     assert stdout.count("outcome=completed reward=1.0") == 4
+    state = valkey_state(prefix, primary)
+    print(primary, {k: state[k] for k in ("role", "connected_slaves", "min-replicas-to-write")})
+    assert state["role"] == "master" and state["connected_slaves"] == 1
+    assert state["min-replicas-to-write"] == "1"
     podman("start", f"{prefix}-valkey-0-valkey", f"{prefix}-nats-1-nats")
     deadline = time.monotonic() + 60
     while (
-        "Connecting to PRIMARY valkey-1.valkey:6379"
+        f"Connecting to PRIMARY {primary}.valkey:6379"
         not in (logs := podman("logs", f"{prefix}-valkey-0-valkey")).stdout + logs.stderr
     ):
         assert time.monotonic() < deadline, "valkey-0 did not rejoin as a replica"
         time.sleep(1)
+    assert valkey_state(prefix, "valkey-0")["role"] == "slave"

@@ -4,7 +4,7 @@ unknown fields fail), every service's POLAR_CONFIG in the manifests and in the c
 file against that service's own settings type (they reject unknown keys, so a typo
 would only show when the pod starts), the credentials each service must hold (from the
 Secret polar-tokens, compose's required variables, the Slurm job's environment) and
-that the gateways hold none, the JetStream cluster and Sentinel sizes, and the Slurm
+that the gateways hold none, the JetStream cluster, Valkey and Sentinel sizes, and the Slurm
 templates' shell syntax."""
 
 from __future__ import annotations
@@ -146,7 +146,12 @@ def test_k8s_backbone_is_a_3_node_jetstream_cluster_and_valkey_with_sentinels():
     common = kind("ConfigMap")[0]["data"]
     assert len(nats_servers(common["POLAR_NATS_URL"])) == 3
     assert common["POLAR_NATS_REPLICAS"] == "3"
-    assert sets["valkey"]["spec"]["replicas"] == 2  # a primary and a replica
+    assert sets["valkey"]["spec"]["replicas"] == 3  # a primary and two replicas
+    # any pod may be promoted, so each takes writes only with a replica following it
+    # (one, so losing any one pod leaves a primary that still takes writes)
+    valkey = sets["valkey"]["spec"]["template"]["spec"]["containers"][0]["command"][2].split()
+    assert valkey[valkey.index("--min-replicas-to-write") + 1] == "1"
+    assert 0 < int(valkey[valkey.index("--min-replicas-max-lag") + 1]) <= 10
     assert sets["valkey-sentinel"]["spec"]["replicas"] == 3
     script = sets["valkey-sentinel"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert "sentinel monitor polar valkey-0.valkey 6379 2" in script  # quorum 2 of 3

