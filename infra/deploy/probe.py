@@ -8,7 +8,8 @@ It submits a task (on ``polar.tasks.submit``, or with ``--scheduler`` through th
 scheduler's ``POST /tasks`` with the admin token, which checks the deployment's tokens
 too: a scheduler without one refuses every submission) whose shell harness makes one chat call
 through the proxy (``OPENAI_BASE_URL``, which the gateway gives each session) and writes
-the reply to ``reply.txt``; then it reads ``polar.trajectories.<task>`` until every
+the reply to ``reply.txt``, graded by a ``command`` evaluator in the session's live
+runtime (1 when ``reply.txt`` is there: the gateway's own evaluator reached it); then it reads ``polar.trajectories.<task>`` until every
 sample's trajectory is there and prints one line per trajectory: session, outcome,
 reward, tokens sampled, the reply. ``--sandbox`` is the task's ``runtime.sandbox``
 (auto: bubblewrap where the gateway has it; in a container that needs the capabilities
@@ -58,8 +59,19 @@ def probe_task(task_id: str, samples: int, python: str = "python3", sandbox: str
             "sandbox": sandbox,
             "prepare": [{"action": "upload_file", "content": AGENT, "dest": "agent.py"}],
         },
-        "agent": {"harness": "shell", "command": f"{python} agent.py", "model": "polar-tiny"},
-        "evaluator": {"name": "session_completed"},
+        # no diff: only the session's own (live) runtime on its gateway holds reply.txt,
+        # so a reward of 1 says the gateway's evaluator graded it there (node-affine)
+        "agent": {
+            "harness": "shell",
+            "command": f"{python} agent.py",
+            "model": "polar-tiny",
+            "collect_diff": False,
+        },
+        "evaluator": {
+            "name": "command",
+            "runtime": "live",
+            "config": {"command": "test -f reply.txt && echo 1 || echo 0"},
+        },
     }
 
 

@@ -192,13 +192,28 @@ def test_compose_every_service_config_loads():
         if command[:2] == ["polar", "serve"]:
             check_service_config(command[2], env)
             seen.add(command[2])
-        elif name == "gateway":  # one node's pool and executor, each its own config
-            for service in ("pool", "executor"):
-                check_service_config(
-                    service, {**env, "POLAR_CONFIG": env[f"{service.upper()}_CONFIG"]}
-                )
+        elif name == "gateway":  # one node's pool, executor and evaluator, each its own config
+            nodes = set()
+            for service in ("pool", "executor", "evaluator"):
+                service_env = {**env, "POLAR_CONFIG": env[f"{service.upper()}_CONFIG"]}
+                check_service_config(service, service_env)
+                cfg = load(SETTINGS[service], service_env)
+                nodes.add((cfg.node, cfg.work_dir))
                 seen.add(service)
+            assert nodes == {("gateway-1", "/data/work")}  # its evaluator reaches its runtimes
     assert seen == {*SETTINGS, "model"}
+
+
+def test_k8s_each_gateway_pod_evaluates_its_own_sessions():
+    """Node-affine evaluation: a runtime a session left for its evaluation is on its
+    gateway pod's /work, so each gateway pod runs an evaluator of that node."""
+    (gateway,) = [w for w in kind("StatefulSet") if w["metadata"]["name"] == "gateway"]
+    containers = {c["name"]: c for c in gateway["spec"]["template"]["spec"]["containers"]}
+    assert set(containers) == {"pool", "executor", "evaluator"}
+    for c in containers.values():
+        config = next(e["value"] for e in c["env"] if e["name"] == "POLAR_CONFIG")
+        assert '"node": "$(POD_NAME)"' in config and '"work_dir": "/work"' in config, c["name"]
+        assert {"name": "work", "mountPath": "/work"} in c["volumeMounts"]
 
 
 @pytest.mark.parametrize(
@@ -229,10 +244,8 @@ def test_podman_pods_play_each_replica_under_its_kubernetes_dns_names():
     pool = runs["t-gateway-1-pool"]
     config = next(a for a in pool if a.startswith("POLAR_CONFIG="))
     assert '"node": "gateway-1"' in config  # $(POD_NAME) expanded
-    assert (
-        "t-gateway-1-work:/work" in pool
-        and "t-gateway-1-work:/work" in runs["t-gateway-1-executor"]
-    )
+    for container in ("pool", "executor", "evaluator"):
+        assert "t-gateway-1-work:/work" in runs[f"t-gateway-1-{container}"], container
     nats = runs["t-nats-2-nats"]
     assert nats[nats.index("--server_name") + 1] == "nats-2"
 
