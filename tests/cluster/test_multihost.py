@@ -10,7 +10,10 @@ sleep. With at least 100 sessions in flight: the NATS server on b2 is killed, Re
 fails over (SENTINEL FAILOVER: the old primary is demoted and answers READONLY), and g2
 is cut off the network for two leases, then brought back. Every session must end in
 a final state, every session's trajectory must be on the stream exactly once, and every
-COMPLETED one must carry exactly its own attempt's two captured calls.
+COMPLETED one must carry exactly its own attempt's two captured calls and be graded 1 by
+its gateway's evaluator in the runtime it ran in (a `command` evaluator finding the file
+the harness wrote; a gateway gone past ``orphan_after_seconds`` has its queue taken
+over, graded in a fresh runtime: counted and printed apart).
 
 Two sizes: ``ci`` (default; `just test`, ~3 minutes) and ``full`` (`just test-cluster`,
 ``POLAR_CLUSTER_SIZE=full``): more sessions, longer harnesses.
@@ -75,8 +78,14 @@ def spec(i: int, size: Size = SIZE) -> dict:
         "max_retries": 2,
         "timeout_seconds": size.deadline,
         "runtime": {"backend": "local", "sandbox": "none"},
-        "agent": {"command": run_command(size.sleep)},
-        "evaluator": {"name": "session_completed"},
+        # graded in the session's own runtime, which only its gateway's evaluator reaches
+        # (node-affine): out.txt is there and nowhere else (no diff is collected)
+        "agent": {"command": run_command(size.sleep), "collect_diff": False},
+        "evaluator": {
+            "name": "command",
+            "runtime": "live",
+            "config": {"command": "test -f out.txt && echo 1 || echo 0"},
+        },
     }
 
 
@@ -347,6 +356,15 @@ async def test_multihost_faults(cluster: Cluster):
         print(f"retried {retried}  trajectories {len(delivered)}  lost {len(lost)}  "
               f"duplicated {len(dup)}")  # fmt: skip
         print(f"COMPLETED trajectories by captured calls {dict(calls)}  wrong {wrong[:5]}")
+        # in its live runtime unless the gateway's queue was taken over (noted "fresh: ...")
+        taken_over = [t for t in completed if "runtime" in t.metadata.get("eval_details", {})]
+        misgraded = [
+            (t.session_id, t.reward, t.eval_reason)
+            for t in completed
+            if t not in taken_over and t.reward != 1.0
+        ]
+        print(f"COMPLETED graded in their live runtime {len(completed) - len(taken_over)}  "
+              f"taken over {len(taken_over)}  misgraded {misgraded[:5]}")  # fmt: skip
         why = collections.Counter(
             (s.state.value, s.attempt, (s.reason or "")[:60])
             for s in sessions.values()
@@ -358,6 +376,7 @@ async def test_multihost_faults(cluster: Cluster):
         assert sum(counts.values()) == len(ids) and set(counts) <= TERMINAL_STATES
         assert not lost and not dup
         assert completed and not wrong
+        assert not misgraded
     finally:
         await reg.close()
         await bus.close()
