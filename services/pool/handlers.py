@@ -208,7 +208,9 @@ class RuntimePool:
         sid = item.session_id
         keepalive = asyncio.create_task(_keep_alive(msg, self.ack_wait / 3))
         result, started = "failed", time.monotonic()
-        in_place_until, fresh = started + TRANSIENT_WAIT_S, item.attempt == 0
+        # Runtime ids carry the attempt, and each attempt is admitted once: no process
+        # of this one's runtime can exist before its first try (only a rerun in place).
+        in_place_until, fresh = started + TRANSIENT_WAIT_S, True
         try:
             while True:
                 try:
@@ -241,6 +243,7 @@ class RuntimePool:
             self.config,
             spec.runtime,
             sid,
+            attempt=item.attempt,
             harness=spec.agent.harness,
             token=session.token if session is not None else None,
         )

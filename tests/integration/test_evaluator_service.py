@@ -247,7 +247,7 @@ async def test_no_parseable_results_is_an_error(bus, registry, service, calc_src
 async def live_runtime(config, spec: LocalRuntime, sid: str, fixed: bool = True):
     """What the executor leaves for a live evaluation: the prepared runtime, changed by
     the agent, still running."""
-    rt = node_runtime(config, spec, sid, role="main")
+    rt = node_runtime(config, spec, sid, attempt=0)
     await rt.start()
     assert all(a.ok for a in await run_prepare(rt, spec.prepare))
     if fixed:
