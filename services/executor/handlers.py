@@ -147,7 +147,7 @@ class Executor:
                 # its own lease only: cut off past it, the session may be another
                 # attempt's now, held by a pool elsewhere (dropping that lease had a
                 # reaper retry the new attempt at once, as held by nobody)
-                await self.registry.release(work.session_id, owner=self.owner)
+                await self.registry.release(work.session_id, self.owner, work.attempt)
             STAGE_SECONDS.labels(self.node, "run").observe(time.monotonic() - t0)
         STAGE_RESULTS.labels(self.node, "run", outcome.value).inc()
 

@@ -28,7 +28,7 @@ from services.node.session import node_runtime
 from services.runtimes.procs import TAG_RUNTIME, tagged_pids
 from tests.helpers.node import dead, leftover_dirs, wait_until
 from tests.integration.test_attempt_fence import Delivery
-from tests.integration.test_pool_faults import NODE, close_pool, open_pool, registered
+from tests.integration.test_pool_faults import NODE, Ack, close_pool, open_pool, registered
 
 pytestmark = pytest.mark.asyncio
 ST = SessionState
@@ -220,6 +220,46 @@ async def test_a_later_attempts_hand_off_stops_the_old_run_on_this_executor(
         assert done.artifacts.files == {"out.txt": "attempt 1 prepared\n"}
         assert (await pool.registry.get_session(sid)).state == ST.POSTRUN
         assert leftover_dirs(tmp_path / "work") == [] and executor.running == {}
+    finally:
+        await close_pool(pool)
+
+
+async def test_a_stale_init_failing_leaves_the_next_attempt_it_holds_here(fresh_servers, tmp_path):
+    """One pool holds two attempts of a session: back from a cut, it admitted attempt 1
+    while attempt 0's INIT (a long prepare) still ran. Attempt 0's prepare then fails:
+    its cleanup stops its own runtime only, and leaves attempt 1's runtime, its place in
+    the pool (renewed) and its lease (before: it cancelled whatever runtime the session
+    had in the pool, attempt 1's, and dropped the pool's lease on attempt 1)."""
+    pool = await open_pool(*fresh_servers, tmp_path)
+    try:
+        prepare = [{"action": "exec", "command": "sleep 300"}]
+        item0 = await registered(
+            pool, "stale-init", runtime={"backend": "local", "prepare": prepare}
+        )
+        sid, reg = item0.session_id, pool.registry
+        t = await reg.transition(sid, ST.INITIALIZING, node=NODE, lease=(pool.owner, 60))
+        assert t.ok
+        init0 = asyncio.create_task(pool._init(item0, Ack()))
+        a0 = f"{sid}-a0-main"
+        sleep0 = await wait_until(lambda: harness_sleep(a0), 20, "attempt 0's prepare")
+
+        item1 = await retried(pool, sid)
+        t = await reg.transition(sid, ST.INITIALIZING, node=NODE, lease=(pool.owner, 60))
+        assert t.ok
+        spec = (await reg.task_spec("stale-init")).runtime
+        rt1 = node_runtime(pool.config, spec, sid, attempt=item1.attempt)  # its INIT's start
+        await rt1.start()
+        pool.initializing[sid] = rt1
+
+        os.kill(sleep0, signal.SIGTERM)  # attempt 0's prepare fails
+        await asyncio.wait_for(init0, 30)
+        assert pool.initializing.get(sid) is rt1 and rt1.state == "running"
+        assert leftover_dirs(tmp_path / "work") == [rt1.runtime_id]  # a0's removed
+        assert runtime_procs(a0) == []
+        now = await reg.get_session(sid)
+        assert (now.state, now.attempt) == (ST.INITIALIZING, 1)
+        assert await reg.redis.zscore(S.KEY_LEASES, sid) is not None
+        await rt1.stop()
     finally:
         await close_pool(pool)
 
