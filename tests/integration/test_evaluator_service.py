@@ -538,7 +538,7 @@ async def test_a_gone_nodes_queue_is_taken_over_and_evaluated_fresh(
         bus,
         unscored(sid, "ev-gone"),
         artifacts=Artifacts(diff=fix_diff),
-        eval_runtime_id=f"{sid}-main",
+        eval_runtime_id=f"{sid}-a0-main",
         node="g9",
     )
     await drain(g1)  # its own queues: g9's is not among them
