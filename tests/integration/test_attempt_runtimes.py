@@ -29,6 +29,7 @@ from services.runtimes.procs import TAG_RUNTIME, tagged_pids
 from tests.helpers.node import dead, leftover_dirs, wait_until
 from tests.integration.test_attempt_fence import Delivery
 from tests.integration.test_pool_faults import NODE, Ack, close_pool, open_pool, registered
+from tests.unit.runtimes.support import settled_leftovers
 
 pytestmark = pytest.mark.asyncio
 ST = SessionState
@@ -255,7 +256,7 @@ async def test_a_stale_init_failing_leaves_the_next_attempt_it_holds_here(fresh_
         await asyncio.wait_for(init0, 30)
         assert pool.initializing.get(sid) is rt1 and rt1.state == "running"
         assert leftover_dirs(tmp_path / "work") == [rt1.runtime_id]  # a0's removed
-        assert runtime_procs(a0) == []
+        await wait_until(lambda: runtime_procs(a0) == [], 5, "attempt 0's prepare killed")
         now = await reg.get_session(sid)
         assert (now.state, now.attempt) == (ST.INITIALIZING, 1)
         assert await reg.redis.zscore(S.KEY_LEASES, sid) is not None
@@ -294,12 +295,14 @@ async def test_the_sweep_stops_an_earlier_attempts_runtime_and_keeps_the_current
         a0, a1 = ids
         sessions = tmp_path / "work" / "sessions"
         os.mkdir(sessions / f"{sid}-main")  # not a runtime id (made before ids had attempts)
-        a1_procs = runtime_procs(a1)
-        assert runtime_procs(a0) and a1_procs
+        # a shell's '&' takes a moment to leave its one process behind
+        assert len(await settled_leftovers(a0, 1)) == 1
+        a1_procs = await settled_leftovers(a1, 1)
+        assert len(a1_procs) == 1
 
         swept = await sweep_leftovers(reg, str(tmp_path / "work"), NODE, runtime_for)
         assert swept == {a0: STOP}
-        assert runtime_procs(a0) == []
+        await wait_until(lambda: runtime_procs(a0) == [], 5, "attempt 0's process killed")
         assert runtime_procs(a1) == a1_procs
         assert leftover_dirs(tmp_path / "work") == sorted([a1, f"{sid}-main"])
         await runtime_for(spec, sid, a1).stop()
