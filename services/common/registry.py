@@ -57,9 +57,12 @@ end
 return lost
 """
 
-# Remove a lease only if its owner is still the one named (a new holder may have it).
+# Remove a lease only if its owner is still the one named (a new holder may have it)
+# and, with ARGV[2], the session is still at that attempt (one holder may come to hold
+# the next attempt too: a pool back from a cut admitting it while the old INIT unwinds).
 _RELEASE_OWN = """
-if redis.call('HGET', KEYS[2], 'lease_owner') == ARGV[1] then
+local cur = redis.call('HMGET', KEYS[2], 'lease_owner', 'attempt')
+if cur[1] == ARGV[1] and (ARGV[2] == '' or (cur[2] or '0') == ARGV[2]) then
   return redis.call('ZREM', KEYS[1], string.sub(KEYS[2], string.len(@key_session('')@) + 1))
 end
 return 0
@@ -349,12 +352,16 @@ class Registry:
         lost = await self._hold(keys=[S.KEY_LEASES], args=[owner, expiry, *ids])
         return [sid.decode() for sid in lost]
 
-    async def release(self, session_id: str, owner: str | None = None) -> None:
-        """Drop the session's lease; with ``owner``, only while that owner holds it."""
+    async def release(
+        self, session_id: str, owner: str | None = None, attempt: int | None = None
+    ) -> None:
+        """Drop the session's lease; with ``owner``, only while that owner holds it, and
+        with ``attempt`` too, only while the session is at that attempt."""
         if owner is None:
             await self.redis.zrem(S.KEY_LEASES, session_id)
         else:
-            await self._release_own(keys=[S.KEY_LEASES, S.key_session(session_id)], args=[owner])
+            args = [owner, "" if attempt is None else str(attempt)]
+            await self._release_own(keys=[S.KEY_LEASES, S.key_session(session_id)], args=args)
 
     async def server_uptime(self) -> float:
         """Seconds since the registry's server (re)started."""

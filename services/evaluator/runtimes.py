@@ -2,8 +2,9 @@
 
 The executor leaves the live runtime running when the task's evaluator wants it, or a
 prewarmed fresh one, and names it in ``eval_runtime_id``; otherwise a fresh runtime is
-started here (role ``eval``) and prepared like the task's. Whatever an evaluation used
-or was left is stopped afterwards; stopping is idempotent.
+started here (role ``eval``, named by the session's attempt) and prepared like the
+task's. Whatever an evaluation used or was left is stopped afterwards; stopping is
+idempotent.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class Acquired:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def fresh_runtime_id(session_id: str) -> str:
-    return runtime_id_for(session_id, "eval")
+def fresh_runtime_id(session_id: str, attempt: int) -> str:
+    return runtime_id_for(session_id, attempt, "eval")
 
 
 class EvalRuntimes:
@@ -69,8 +70,9 @@ class EvalRuntimes:
     async def _fresh(self, task: TaskRequest, event: TrajectoryBuilt, on_fresh) -> Any:
         await on_fresh()
         rt = node_runtime(
-            self.config, task.runtime, event.session_id, role="eval", harness=task.agent.harness
-        )
+            self.config, task.runtime, event.session_id, role="eval", attempt=event.attempt,
+            harness=task.agent.harness,
+        )  # fmt: skip
         try:
             await rt.start()
             logs = await run_prepare(rt, task.runtime.prepare)
@@ -93,7 +95,7 @@ class EvalRuntimes:
         left = self.left_here(event)
         ids = {left} if left else set()
         if fresh:
-            ids.add(fresh_runtime_id(event.session_id))
+            ids.add(fresh_runtime_id(event.session_id, event.attempt))
         for runtime_id in sorted(ids):
             try:
                 rt = self.adopt(task, event.session_id, runtime_id)

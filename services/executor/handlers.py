@@ -54,9 +54,16 @@ ABANDONED = (ST.CANCELLED, ST.ERROR)
 @dataclass
 class RunningSession:
     session_id: str
+    attempt: int
     runtime: Runtime
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_reason: str = ""
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # no longer in ``running``
+
+    def cancel(self, reason: str) -> None:
+        """End the run without finishing it: kill the harness, stop the runtime."""
+        self.cancel_reason = reason
+        self.cancelled.set()
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,14 @@ class Executor:
     # -- one session --------------------------------------------------------------------
     async def on_ready(self, msg: Msg) -> None:
         work = decode(msg.data, ReadyWork)
-        if work.session_id in self.running:  # a duplicate delivery while it runs here
-            return
+        if (held := self.running.get(work.session_id)) is not None:
+            if held.attempt >= work.attempt:  # a duplicate delivery while it runs here
+                return
+            # An older attempt's run, on past its lease (retried, and this attempt came
+            # back to this node): stopped, not left running beside it; the hand-off is
+            # no duplicate, skipping it left the new attempt READY until its deadline.
+            held.cancel(f"superseded by attempt {work.attempt}")
+            await held.gone.wait()
         spec = await self.registry.task_spec(work.task_id)
         session = await self.registry.get_session(work.session_id)
         if spec is None or session is None or session.attempt != work.attempt:
@@ -98,7 +111,7 @@ class Executor:
             harness=spec.agent.harness,
             token=session.token,  # adopted (from the pool, or after a restart): pinned again
         )
-        run = RunningSession(work.session_id, runtime)
+        run = RunningSession(work.session_id, work.attempt, runtime)
         # Found by a cancel message from before the change on: a cancel of the RUNNING
         # session cannot land between the change and this (no re-read of the session
         # after it). One that finds it still READY makes the change below fail.
@@ -115,10 +128,10 @@ class Executor:
             # not started (e.g. NOREPLICAS in a failover): the redelivery must find it
             # not running here, or it is skipped as a duplicate and the session waits
             # READY until its deadline (tests/cluster: 6 sessions ended ERROR so)
-            self.running.pop(work.session_id, None)
+            self._forget(run)
             raise
         if not started.ok:
-            self.running.pop(work.session_id, None)
+            self._forget(run)
             if started.from_state in ABANDONED:  # cancelled or ended in the READY buffer
                 await runtime.stop()
             return
@@ -129,23 +142,28 @@ class Executor:
             outcome = await self._run_session(run, spec, session, work)
             ended = True
         finally:
-            self.running.pop(work.session_id, None)
+            self._forget(run)
             if ended:  # else the lease runs out and a reaper ends and cleans the session
                 # its own lease only: cut off past it, the session may be another
                 # attempt's now, held by a pool elsewhere (dropping that lease had a
                 # reaper retry the new attempt at once, as held by nobody)
-                await self.registry.release(work.session_id, owner=self.owner)
+                await self.registry.release(work.session_id, self.owner, work.attempt)
             STAGE_SECONDS.labels(self.node, "run").observe(time.monotonic() - t0)
         STAGE_RESULTS.labels(self.node, "run", outcome.value).inc()
+
+    def _forget(self, run: RunningSession) -> None:
+        if self.running.get(run.session_id) is run:  # not a newer attempt's run
+            del self.running[run.session_id]
+        run.gone.set()
 
     async def _run_session(self, run: RunningSession, spec, session, work: ReadyWork) -> Outcome:
         """Run, collect, finish. Every path stops both the runtime and a prewarmed eval
         runtime, except a finish event that hands one of them to the evaluator."""
-        prewarm = self._start_prewarm(spec, session.session_id)
+        prewarm = self._start_prewarm(spec, session.session_id, work.attempt)
         kept: Runtime | None = None  # named in the finish event: the evaluator stops it
         try:
             result, arts = await self._run_and_collect(run, spec, session)
-            if result.outcome == Outcome.CANCELLED:  # the canceller moved it to CANCELLED
+            if result.outcome == Outcome.CANCELLED:  # cancelled, or a later attempt took over
                 return result.outcome
             if keeps_live(spec):
                 kept = run.runtime
@@ -303,12 +321,13 @@ class Executor:
             node=self.node,
         )
 
-    def _start_prewarm(self, spec, session_id: str) -> Prewarm | None:
+    def _start_prewarm(self, spec, session_id: str, attempt: int) -> Prewarm | None:
         if not wants_prewarm(spec):
             return None
         rt = node_runtime(
-            self.config, spec.runtime, session_id, role=PREWARM_ROLE, harness=spec.agent.harness
-        )
+            self.config, spec.runtime, session_id, role=PREWARM_ROLE, attempt=attempt,
+            harness=spec.agent.harness,
+        )  # fmt: skip
         return Prewarm(rt, spec.runtime.prepare)
 
     # -- cancellation, leases, heartbeats ---------------------------------------------
@@ -320,13 +339,27 @@ class Executor:
         sid = msg.subject.rsplit(".", 1)[-1]
         run = self.running.get(sid)
         if run is not None:
-            run.cancel_reason = msg.data.decode("utf-8", "replace") or "cancelled"
-            run.cancelled.set()
+            run.cancel(msg.data.decode("utf-8", "replace") or "cancelled")
 
     async def renew_leases(self) -> None:
         lost = await self.registry.hold(list(self.running), self.owner, self.config.lease_seconds)
-        if lost:  # its finish is fenced, and the retry took its harness's token
-            log.warning("leases lost (retried meanwhile), runs left to end: %s", ", ".join(lost))
+        if lost:
+            await self._stop_superseded(lost)
+
+    async def _stop_superseded(self, lost: list[str]) -> None:
+        """Stop the runs of sessions that went on to a later attempt (retried while this
+        executor was cut off past its lease). Their finish is fenced and the retry took
+        their harness's token, so a harness left running only made calls the proxy
+        refuses, and its runtime's end could come at any time. A lost lease alone is not
+        enough: a run is in ``running`` just before its READY -> RUNNING takes it."""
+        sessions = await self.registry.get_sessions(lost)
+        for sid, now in zip(lost, sessions, strict=True):
+            run = self.running.get(sid)
+            if run is None or (now is not None and now.attempt == run.attempt):
+                continue
+            at = f"attempt {now.attempt}" if now is not None else "gone"
+            log.warning("stopping %s attempt %d: its session is %s", sid, run.attempt, at)
+            run.cancel(f"superseded: the session is {at}")
 
     async def heartbeat(self) -> None:
         beat = NodeHeartbeat(

@@ -45,8 +45,9 @@ def create_app(config: ExecutorConfig | None = None) -> Litestar:
         # before any is left, even on a node with no evaluator of its own
         await ensure_consumer(host.bus.js, S.STREAM_SESSIONS, evaluation_queue(cfg.node))
         runtime_for = partial(node_runtime, cfg)
-        # What a dead predecessor left on this node (the pool may be admitting meanwhile).
-        await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for, admitting=True)
+        # What a dead predecessor left on this node (the pool may be admitting meanwhile:
+        # what it starts is leased, and INITIALIZING here, before its directory exists).
+        await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for)
         reaper = Reaper(
             host.registry,
             host.bus,

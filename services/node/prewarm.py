@@ -2,7 +2,8 @@
 
 It is stopped on every path except one: a session-finished event that names it hands it
 to the evaluator. Its id is deterministic (role ``eval``), so the reaper of a node whose
-executor died finds and stops it from the task's spec alone (``prewarm_runtime_id``).
+executor died finds and stops it from the task's spec and the session's attempt alone
+(``prewarm_runtime_id``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ def wants_prewarm(spec) -> bool:
     return bool(ev.prewarm and ev.runtime == "fresh")
 
 
-def prewarm_runtime_id(spec, session_id: str) -> str | None:
-    """The eval runtime a RUNNING session of this task may have started, if any."""
-    return runtime_id_for(session_id, ROLE) if wants_prewarm(spec) else None
+def prewarm_runtime_id(spec, session_id: str, attempt: int) -> str | None:
+    """The eval runtime an attempt of a RUNNING session of this task may have started."""
+    return runtime_id_for(session_id, attempt, ROLE) if wants_prewarm(spec) else None
 
 
 class Prewarm:

@@ -10,8 +10,11 @@ still yields its empty trajectory (``services.common.finish``). A session that e
 (cancelled, or ended by a deadline) while its holder still had it only has its runtime
 stopped. A
 held-state session with no lease at all (its holder died between two steps) is given an
-expired one and reaped the same way (``Registry.expire_unleased``). The runtimes cleaned are the session's own and, when the task prewarms its evaluator, the
-fresh eval runtime a dead executor may have left.
+expired one and reaped the same way (``Registry.expire_unleased``). The runtimes cleaned
+are the session's current attempt's own and, when the task prewarms its evaluator, the
+fresh eval runtime a dead executor may have left (runtime ids carry the attempt: an
+older attempt's holder, back from a cut, stops only its own, never the next attempt's
+on the same node).
 
 A reaper on another host cannot reach a dead node's runtimes: when the node's pool or
 executor starts again, it sweeps its work dir (``sweep_leftovers``) and stops what no
@@ -40,6 +43,7 @@ from services.common.registry import Registry, new_token
 from services.node.prewarm import ROLE as EVAL_ROLE
 from services.node.prewarm import prewarm_runtime_id
 from services.node.session import SessionPaths
+from services.runtimes.factory import RuntimeName, parse_runtime_id, runtime_id_for
 
 log = logging.getLogger(__name__)
 ST = SessionState
@@ -141,11 +145,11 @@ class Reaper:
             return
         task = await self.registry.get_task(session.task_id)
         if session.state in (ST.CANCELLED, ST.ERROR) and task is not None:
-            await self._stop_runtime(task, sid)  # ended while held, e.g. cancelled in READY
+            await self._stop_runtime(task, session)  # ended while held, e.g. cancelled in READY
             return
         if task is None or session.state not in (ST.INITIALIZING, ST.READY, ST.RUNNING):
             return
-        await self._stop_runtime(task, sid)
+        await self._stop_runtime(task, session)
         reason = f"{session.state.lower()} holder lost (lease expired; node {session.node})"
         log.warning("reaping %s: %s", sid, reason)
         if may_retry(session, task.spec, transient=True):  # the system's fault, not the task's
@@ -164,11 +168,13 @@ class Reaper:
         else:  # it never ran: an empty ERROR trajectory keeps its group whole
             await fail_before_run(self.registry, self.bus, session, reason, [session.state])
 
-    async def _stop_runtime(self, task, sid: str) -> None:
-        ids = [await self.registry.runtime_id(sid) or f"{sid}-main"]
+    async def _stop_runtime(self, task, session) -> None:
+        """Stop the runtimes of the attempt read (the lost holder's), by their ids."""
+        sid, attempt = session.session_id, session.attempt
+        ids = [await self.registry.runtime_id(sid) or runtime_id_for(sid, attempt)]
         # A dead executor may have left an eval runtime prewarming; nothing was handed
         # over (the session never finished), so it is stopped before any retry or finish.
-        if eval_id := prewarm_runtime_id(task.spec, sid):
+        if eval_id := prewarm_runtime_id(task.spec, sid, attempt):
             ids.append(eval_id)
         for runtime_id in ids:
             with contextlib.suppress(Exception):  # clean what is reachable from this node
@@ -188,15 +194,19 @@ def keeps_live(spec) -> bool:
     return ev.runtime == "live" and ev.name != "session_completed"
 
 
-def leftover_action(session, role: str, spec, node: str, leased: bool, *, admitting: bool) -> str:
+def leftover_action(session, name: RuntimeName, spec, node: str, leased: bool) -> str:
     """What a starting pool or executor does with a runtime found in its node's work dir:
     KEEP it, STOP it (kill its processes, remove it) or remove its FILES only.
 
-    ``role``: the runtime's (main, eval); ``spec``: the task's, None if gone; ``leased``:
-    the session has a lease, live or expired (its holder, or a reaper here, stops it);
-    ``admitting``: a pool of this node may be starting a REGISTERED session right now."""
+    ``name``: the runtime's session, attempt and role (main, eval); ``spec``: the task's,
+    None if gone; ``leased``: the session has a lease, live or expired (its holder, or a
+    reaper here, stops it)."""
     if session is None:
         return STOP  # nobody will ever stop it
+    if name.attempt != session.attempt:
+        # An earlier attempt's: the session went on without it, and its id is its own
+        # (no later attempt's process carries it), so even one on this host is stopped.
+        return STOP
     if leased:
         return KEEP
     state, here = session.state, session.node == node
@@ -205,21 +215,20 @@ def leftover_action(session, role: str, spec, node: str, leased: bool, *, admitt
     if state in HELD and here:
         return KEEP  # just admitted, or being reaped
     if state in AFTER_RUN and here:
-        in_use = role == EVAL_ROLE or (spec is not None and keeps_live(spec))
+        in_use = name.role == EVAL_ROLE or (spec is not None and keeps_live(spec))
         return KEEP if in_use else STOP
-    if state == ST.REGISTERED and admitting:
-        return KEEP
-    # An earlier attempt's, the session goes on (retried, maybe on another node of this
-    # host, whose processes carry the same runtime tags): remove its files only.
+    # This attempt is the registry's on another node (or not admitted): none of ours,
+    # yet its tag may be on that node's processes on this host: remove its files only.
     return FILES
 
 
 async def sweep_leftovers(
-    registry: Registry, work_dir: str, node: str, runtime_for: Callable, *, admitting: bool
+    registry: Registry, work_dir: str, node: str, runtime_for: Callable
 ) -> dict[str, str]:
     """Stop the runtimes in this node's work dir that no live process holds any more
     (session dirs, their process groups and tagged processes, containers with a record
-    here). Returns {runtime_id: action} for what it did not keep."""
+    here). Returns {runtime_id: action} for what it did not keep. A name that is no
+    runtime id (``parse_runtime_id``) is left alone."""
     root = SessionPaths.of(work_dir, "-").sessions_dir
     try:
         names = sorted(os.listdir(root))
@@ -227,16 +236,18 @@ async def sweep_leftovers(
         return {}
     done: dict[str, str] = {}
     for runtime_id in names:
-        sid, _, role = runtime_id.rpartition("-")
-        if not sid:
+        name = parse_runtime_id(runtime_id)
+        if name is None:
+            log.warning("sweep: %s is no runtime id, left alone", root / runtime_id)
             continue
+        sid = name.session_id
         try:
             # The lease first: a session admitted after this read is INITIALIZING here.
             leased = await registry.redis.zscore(S.KEY_LEASES, sid) is not None
             session = await registry.get_session(sid)
             task = await registry.get_task(session.task_id) if session else None
             spec = task.spec if task else None
-            action = leftover_action(session, role, spec, node, leased, admitting=admitting)
+            action = leftover_action(session, name, spec, node, leased)
             if action == STOP:
                 runtime_spec = spec.runtime if spec else LocalRuntime()  # tags and files
                 await runtime_for(runtime_spec, sid, runtime_id).cancel()

@@ -71,11 +71,13 @@ def node_runtime(
     runtime_id: str | None = None,
     role: str = "main",
     *,
+    attempt: int | None = None,
     harness: str | None = None,
     token: str | None = None,
 ):
-    """A runtime of this node: a new one (``runtime_id`` None) or one that exists already
-    (prepared by the pool, or left by a process that died). ``harness``: the task's, which
+    """A runtime of this node: a new one (``runtime_id`` None) for the session's
+    ``attempt`` (named by it: ``runtime_id_for``), or one that exists already (prepared
+    by the pool, or left by a process that died). ``harness``: the task's, which
     decides what ``sandbox: auto`` means (every caller passes it: the same session gets
     the same sandbox from the pool, the executor and the evaluator). ``token``: the
     session's, for the runtimes that run its harness (the pool's prepare, the
@@ -90,5 +92,7 @@ def node_runtime(
         token=token,
     )
     if runtime_id is None:
-        return create_runtime(spec, session_id, role=role, **kw)
+        if attempt is None:
+            raise ValueError("a new runtime is named by its session's attempt: pass attempt=")
+        return create_runtime(spec, session_id, attempt=attempt, role=role, **kw)
     return adopt_runtime(spec, session_id, runtime_id, **kw)

@@ -48,6 +48,7 @@ from services.pool.backpressure import EngineWatch
 from services.pool.config import PoolConfig
 from services.runtimes.base import Runtime
 from services.runtimes.errors import SandboxError
+from services.runtimes.factory import parse_runtime_id, runtime_id_for
 from services.runtimes.prepare import run_prepare
 
 log = logging.getLogger(__name__)
@@ -208,14 +209,16 @@ class RuntimePool:
         sid = item.session_id
         keepalive = asyncio.create_task(_keep_alive(msg, self.ack_wait / 3))
         result, started = "failed", time.monotonic()
-        in_place_until, fresh = started + TRANSIENT_WAIT_S, item.attempt == 0
+        # Runtime ids carry the attempt, and each attempt is admitted once: no process
+        # of this one's runtime can exist before its first try (only a rerun in place).
+        in_place_until, fresh = started + TRANSIENT_WAIT_S, True
         try:
             while True:
                 try:
                     result = await self._init_once(item, fresh)
                     return
                 except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
-                    runtime = self.initializing.get(sid)
+                    runtime = self._runtime_of(item)
                     if await self._rerun_in_place(item, runtime, exc, in_place_until):
                         fresh = False  # the try just cancelled may have left processes
                         continue
@@ -223,12 +226,21 @@ class RuntimePool:
                     return
         finally:
             keepalive.cancel()
-            self.initializing.pop(sid, None)
+            if self._runtime_of(item) is not None:
+                del self.initializing[sid]
             STAGE_SECONDS.labels(self.node, "init").observe(time.monotonic() - started)
             STAGE_RESULTS.labels(self.node, "init", result).inc()
             with contextlib.suppress(Exception):
                 await msg.ack()
             await self.dispatch()
+
+    def _runtime_of(self, item: InitWork) -> Runtime | None:
+        """This INIT's runtime, unless a later attempt's INIT here has taken the session's
+        place (this pool, back from a cut, admitted the next attempt while this one
+        unwinds): the old attempt's failure or end must not stop or drop that one."""
+        runtime = self.initializing.get(item.session_id)
+        name = parse_runtime_id(runtime.runtime_id) if runtime is not None else None
+        return runtime if name is not None and name.attempt == item.attempt else None
 
     async def _init_once(self, item: InitWork, fresh: bool) -> str:
         """One try at INIT: prepare the sandbox, go READY, hand it to the executor.
@@ -241,6 +253,7 @@ class RuntimePool:
             self.config,
             spec.runtime,
             sid,
+            attempt=item.attempt,
             harness=spec.agent.harness,
             token=session.token if session is not None else None,
         )
@@ -382,6 +395,12 @@ class RuntimePool:
                 await runtime.cancel()
         reason = f"init failed: {exc}"[:2000]
         spec = await self.registry.task_spec(item.task_id)
+        if runtime is None and spec is not None and item.session_id in self.initializing:
+            # a later attempt's INIT here holds the session's place: this one's, by its id
+            sid = item.session_id
+            mine = runtime_id_for(sid, item.attempt)
+            with contextlib.suppress(Exception):
+                await node_runtime(self.config, spec.runtime, sid, mine).cancel()
         session = await self.registry.get_session(item.session_id)
         # only this attempt's: a later one (this holder's lease lapsed) is not this INIT's
         if (
@@ -393,7 +412,8 @@ class RuntimePool:
                 await retry_session(self.registry, self.bus, session, reason)
             else:  # through POSTRUN: its empty ERROR trajectory is delivered
                 await fail_before_run(self.registry, self.bus, session, reason, [session.state])
-        await self.registry.release(item.session_id, owner=self.owner)  # not a new holder's
+        # not a new holder's, nor this pool's on a later attempt
+        await self.registry.release(item.session_id, self.owner, item.attempt)
 
     # -- cancellation, leases, heartbeats ---------------------------------------------
     async def subscribe(self) -> list:

@@ -24,7 +24,7 @@ def create_app(config: PoolConfig | None = None) -> Litestar:
         subs = await pool.subscribe()
         runtime_for = partial(node_runtime, cfg)
         # What a dead predecessor left on this node, before this pool admits anything.
-        await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for, admitting=False)
+        await sweep_leftovers(host.registry, cfg.work_dir, cfg.node, runtime_for)
         reaper = Reaper(
             host.registry,
             host.bus,

@@ -20,15 +20,18 @@ from services.runtimes.errors import (
 )
 from services.runtimes.factory import (
     RUNTIME_FACTORIES,
+    RuntimeName,
     adopt_runtime,
     create_runtime,
+    parse_runtime_id,
     runtime_id_for,
 )
 from services.runtimes.prepare import ActionLog, AttemptLog, backoff_delay, run_prepare
 
 __all__ = [
     "RUNTIME_FACTORIES", "ActionLog", "AttemptLog", "ExecResult", "ExitStatus", "OutputBuffer",
-    "Process", "Runtime", "RuntimeStopped", "SandboxConfigError", "SandboxError",
+    "Process", "Runtime", "RuntimeName", "RuntimeStopped", "SandboxConfigError", "SandboxError",
     "SandboxExecError", "SandboxIOError", "SandboxStartError", "SandboxUnavailable", "Sink",
-    "adopt_runtime", "backoff_delay", "create_runtime", "run_prepare", "runtime_id_for",
+    "adopt_runtime", "backoff_delay", "create_runtime", "parse_runtime_id", "run_prepare",
+    "runtime_id_for",
 ]  # fmt: skip

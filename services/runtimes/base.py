@@ -119,9 +119,9 @@ class Runtime(ABC):
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self, *, first_attempt: bool = False) -> None:
-        """``first_attempt``: no process of this runtime id can exist yet (its session's
-        first attempt starts it, once), so a backend need not look for a crashed run's
-        leftovers (the local one skips its /proc scan)."""
+        """``first_attempt``: no process of this runtime id can exist yet (ids carry the
+        session's attempt, and an attempt's first INIT try starts it, once), so a backend
+        need not look for a crashed run's leftovers (the local one skips its /proc scan)."""
         self.first_attempt = first_attempt
         async with self._lock:
             if self.state != "new":

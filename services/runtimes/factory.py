@@ -25,6 +25,9 @@ from services.runtimes.errors import SandboxConfigError
 from services.runtimes.local_backend import LocalSandboxRuntime
 
 _ROLE = re.compile(r"^[a-z0-9]{1,16}$")
+# <session>-a<attempt>-<role>: neither the attempt's part nor the role has a '-', so the
+# last two '-' parts are theirs whatever the session id holds (a greedy session part).
+_RUNTIME_ID = re.compile(r"(?P<session>.+)-a(?P<attempt>0|[1-9][0-9]*)-(?P<role>[a-z0-9]{1,16})")
 log = logging.getLogger(__name__)
 # Harnesses that run nothing in the sandbox: `sandbox: auto` needs no bubblewrap for them.
 # Every other one (the CLIs, the shell harness, a custom class) runs what the model and
@@ -102,11 +105,33 @@ RUNTIME_FACTORIES: dict[type, Callable[[Any, str, str, RuntimeOptions], Runtime]
 }
 
 
-def runtime_id_for(session_id: str, role: str = "main") -> str:
-    """Deterministic, so a restarted node finds (and removes) what a crashed one left."""
+@dataclass(frozen=True)
+class RuntimeName:
+    """What a runtime id is made of (``runtime_id_for``)."""
+
+    session_id: str
+    attempt: int
+    role: str
+
+
+def runtime_id_for(session_id: str, attempt: int, role: str = "main") -> str:
+    """Deterministic, so a restarted node finds (and removes) what a crashed one left.
+    Per attempt: a holder of an older attempt, back from a cut and cleaning up, stops
+    only its own runtime, never the next attempt's on the same node (same session)."""
     if not _ROLE.match(role):
         raise SandboxConfigError(f"runtime role must match {_ROLE.pattern}, got {role!r}")
-    return f"{session_id}-{role}"
+    if attempt < 0:
+        raise SandboxConfigError(f"runtime attempt must be 0 or more, got {attempt}")
+    return f"{session_id}-a{attempt}-{role}"
+
+
+def parse_runtime_id(runtime_id: str) -> RuntimeName | None:
+    """The session, attempt and role ``runtime_id_for`` made ``runtime_id`` of; None for a
+    name it cannot have made (e.g. ``<session>-main``, from before ids had attempts)."""
+    m = _RUNTIME_ID.fullmatch(runtime_id)
+    if m is None:
+        return None
+    return RuntimeName(m["session"], int(m["attempt"]), m["role"])
 
 
 def create_runtime(
@@ -115,18 +140,19 @@ def create_runtime(
     *,
     base_dir: Path,
     proxy_url: str | None = None,
+    attempt: int = 0,
     role: str = "main",
     docker_host: str | None = None,
     keep_files: bool = False,
     token: str | None = None,
 ) -> Runtime:
-    """A runtime for one session (`role` tells apart e.g. the live and a fresh eval one);
-    ``token``: the session's (``RuntimeOptions.token``)."""
+    """A runtime for one attempt of a session (``role`` tells apart e.g. the live and a
+    fresh eval one); ``token``: the session's (``RuntimeOptions.token``)."""
     factory = RUNTIME_FACTORIES.get(type(spec))
     if factory is None:
         raise SandboxConfigError(f"no runtime backend for {type(spec).__name__}")
     options = RuntimeOptions(Path(base_dir), proxy_url, docker_host, keep_files, token)
-    return factory(spec, session_id, runtime_id_for(session_id, role), options)
+    return factory(spec, session_id, runtime_id_for(session_id, attempt, role), options)
 
 
 def adopt_runtime(

@@ -88,10 +88,10 @@ class LocalSandboxRuntime(Runtime):
     async def _start(self) -> None:
         if self._bwrap and shutil.which("bwrap") is None:
             raise SandboxUnavailable("bwrap is not installed (apt-get install bubblewrap)")
-        if not self.first_attempt:  # an earlier attempt's processes, after a crash
+        if not self.first_attempt:  # an earlier try's processes (an INIT run again in place)
             await kill_tree(None, (TAG_RUNTIME, self.runtime_id), 0.0)
         root = str(self.session_dir)
-        if not self.first_attempt:  # a first attempt's directory cannot exist yet
+        if not self.first_attempt:  # a first try's directory cannot exist yet
             shutil.rmtree(root, ignore_errors=True)
         os.makedirs(root, exist_ok=True)  # plain os calls: once per session (hot path)
         for sub in SESSION_SUBDIRS:

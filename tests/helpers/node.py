@@ -86,8 +86,7 @@ class Node:
         self.pool.stop()
         self.consumer.stop()
         for run in self.executor.running.values():
-            run.cancel_reason = "test node stopping"
-            run.cancelled.set()
+            run.cancel("test node stopping")
         for runtime in list(self.pool.initializing.values()):
             await runtime.cancel()
         for t in self.tasks:

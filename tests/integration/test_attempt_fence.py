@@ -256,3 +256,32 @@ async def test_a_hand_off_the_registry_refused_is_run_when_redelivered(fresh_ser
         assert (await reg.get_session(sid)).state in (ST.POSTRUN, ST.BUILDING)
     finally:
         await close_pool(pool)
+
+
+async def test_a_holders_release_of_an_old_attempt_leaves_its_lease_on_the_next(
+    fresh_servers, tmp_path
+):
+    """One holder may come to hold the next attempt too (a pool back from a cut admits
+    it while the old INIT unwinds): releasing with the old attempt leaves the new
+    attempt's lease; with the session's attempt, or none named, it drops it."""
+    pool = await open_pool(*fresh_servers, tmp_path)
+    try:
+        item = await registered(pool, "fence-release")
+        sid, reg = item.session_id, pool.registry
+        t = await reg.transition(sid, ST.INITIALIZING, node=NODE, lease=(pool.owner, 60))
+        assert t.ok
+        assert await retry_session(reg, pool.bus, await reg.get_session(sid), "holder lost")
+        t = await reg.transition(sid, ST.INITIALIZING, node=NODE, lease=(pool.owner, 60))
+        assert t.ok
+        await reg.release(sid, pool.owner, 0)
+        assert await reg.redis.zscore(S.KEY_LEASES, sid) is not None  # before: dropped
+        await reg.release(sid, "pool:other", 1)
+        assert await reg.redis.zscore(S.KEY_LEASES, sid) is not None  # not its holder
+        await reg.release(sid, pool.owner, 1)
+        assert await reg.redis.zscore(S.KEY_LEASES, sid) is None
+        t = await reg.transition(sid, ST.READY, lease=(pool.owner, 60))
+        assert t.ok
+        await reg.release(sid, pool.owner)  # no attempt named: as before
+        assert await reg.redis.zscore(S.KEY_LEASES, sid) is None
+    finally:
+        await close_pool(pool)

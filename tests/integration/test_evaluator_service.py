@@ -247,7 +247,7 @@ async def test_no_parseable_results_is_an_error(bus, registry, service, calc_src
 async def live_runtime(config, spec: LocalRuntime, sid: str, fixed: bool = True):
     """What the executor leaves for a live evaluation: the prepared runtime, changed by
     the agent, still running."""
-    rt = node_runtime(config, spec, sid, role="main")
+    rt = node_runtime(config, spec, sid, attempt=0)
     await rt.start()
     assert all(a.ok for a in await run_prepare(rt, spec.prepare))
     if fixed:
@@ -538,7 +538,7 @@ async def test_a_gone_nodes_queue_is_taken_over_and_evaluated_fresh(
         bus,
         unscored(sid, "ev-gone"),
         artifacts=Artifacts(diff=fix_diff),
-        eval_runtime_id=f"{sid}-main",
+        eval_runtime_id=f"{sid}-a0-main",
         node="g9",
     )
     await drain(g1)  # its own queues: g9's is not among them

@@ -155,7 +155,7 @@ async def prewarmed_run(node: Node, work: Path, task_id: str, backend: str, harn
     sid = s.session_id
     # main: prepare's sleep; eval: prepare's sleep; harness: sh + sleep
     await wait_until(lambda: len(session_procs(sid)) >= 4, 30, "run + prewarm")
-    await wait_until(lambda: f"{sid}-eval" in leftover_dirs(work) or backend == "docker", 5)
+    await wait_until(lambda: f"{sid}-a0-eval" in leftover_dirs(work) or backend == "docker", 5)
     assert await state_of(node, sid) == ST.RUNNING
     return sid
 
@@ -166,7 +166,7 @@ async def test_cancel_in_running_stops_the_prewarmed_eval_runtime(node_of, tmp_p
     work = tmp_path / "work"
     sid = await prewarmed_run(node, work, "cx-prewarm", backend, "sleep 200")
     if backend == "docker":
-        assert len(await asyncio.to_thread(containers, [f"{sid}-eval"])) == 1
+        assert len(await asyncio.to_thread(containers, [f"{sid}-a0-eval"])) == 1
 
     assert await node.scheduler.cancel_session(sid, "cancel with a prewarm")
     await wait_until(lambda: gone(node, work, [sid]), CLEAN_SECONDS, "run + prewarm cleanup")

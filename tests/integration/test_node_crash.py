@@ -136,7 +136,7 @@ async def test_kill_9_pool_mid_init(fresh_servers, tmp_path):
         for sid in (err_id, retry_id):
             await h.wait_state(sid, ST.INITIALIZING, 20)
             init_pids += await wait_until(lambda sid=sid: sleeping(sid), 10, f"{sid} preparing")
-        assert {f"{err_id}-main", f"{retry_id}-main"} <= set(leftover_dirs(work))
+        assert {f"{err_id}-a0-main", f"{retry_id}-a0-main"} <= set(leftover_dirs(work))
 
         pool.kill()  # kill -9 mid-INIT: its prepare steps live on, its leases lapse
         killed_at = time.monotonic()
@@ -148,14 +148,14 @@ async def test_kill_9_pool_mid_init(fresh_servers, tmp_path):
         assert "initializing holder lost" in err.reason
         # The executor's reaper reached the INIT runtimes: nothing of them is left.
         await wait_until(lambda: all(dead(p) for p in init_pids), 5, "prepare steps killed")
-        assert not {f"{err_id}-main", f"{retry_id}-main"} & set(leftover_dirs(work))
+        assert not {f"{err_id}-a0-main", f"{retry_id}-a0-main"} & set(leftover_dirs(work))
 
         # The node's pool comes back: the retry is prepared and run, and its start-up
         # sweep did not touch the RUNNING session of the executor that stayed up.
         await h.start(POOL, cfg, logs)
         await h.wait_state(retry_id, ST.POSTRUN, 20, attempt=1)
         assert not dead(harness) and (await h.states([run_id]))[0].state == ST.RUNNING
-        assert f"{run_id}-main" in leftover_dirs(work)
+        assert f"{run_id}-a0-main" in leftover_dirs(work)
         (marks / "go").touch()
         await wait_until(lambda: len(h.finished) == 3, 20, "both runs to finish")
         assert {f.session_id: (f.outcome, f.attempt) for f in h.finished} == {
@@ -210,7 +210,7 @@ async def test_kill_9_whole_node_then_restart_sweeps(fresh_servers, tmp_path):
         assert init.outcome == Outcome.ERROR and "initializing holder lost" in init.reason
         assert run.outcome == Outcome.ERROR and "running holder lost" in run.reason
         assert not any(dead(p) for p in pids)
-        assert {f"{init_id}-main", f"{run_id}-main"} <= set(leftover_dirs(work))
+        assert {f"{init_id}-a0-main", f"{run_id}-a0-main"} <= set(leftover_dirs(work))
 
         # The node comes back: its start-up sweep stops what the dead services left.
         await h.start(POOL, cfg, logs)

@@ -163,11 +163,11 @@ async def test_harness_setup_failure_ends_in_error_with_the_reason(fresh_servers
         ev = node.finished[s.session_id]
         assert ev.outcome == Outcome.ERROR and "could not be set up" in ev.reason
         assert "no preset 'shell'" in ev.reason
-        assert ev.eval_runtime_id == f"{s.session_id}-eval"  # an errored run is scored too
+        assert ev.eval_runtime_id == f"{s.session_id}-a0-eval"  # an errored run is scored too
         st = await node.registry.get_session(s.session_id)
         assert st.state == SessionState.POSTRUN and st.outcome == Outcome.ERROR
         assert s.session_id not in await node.registry.expired_leases(now=1e12)  # released
         # the session's runtime stopped; the prewarmed one is the evaluator's to stop
-        assert leftover_dirs(tmp_path / "work") == [f"{s.session_id}-eval"]
+        assert leftover_dirs(tmp_path / "work") == [f"{s.session_id}-a0-eval"]
     finally:
         await node.stop()

@@ -123,7 +123,7 @@ async def test_kill_9_executor_mid_run(fresh_servers, tmp_path):
             "4 harnesses (sh + sleep each)",
         )
         await check_observability(pool, executor, reg, bus)
-        evals = [f"{sid}-eval" for sid in err_ids]
+        evals = [f"{sid}-a0-eval" for sid in err_ids]
         await wait_until(lambda: set(evals) <= set(leftover_dirs(work)), 10, "prewarms")
 
         executor.kill()  # kill -9: no goodbye, leases stop being renewed

@@ -63,7 +63,7 @@ async def test_docker_session_end_to_end(fresh_servers, tmp_path):
         assert ev.artifacts.stdout_tail == "harness-ok\n"
         assert ev.artifacts.stderr_tail == "err\n"
         assert (await node.registry.get_session(s.session_id)).state == SessionState.POSTRUN
-        assert await asyncio.to_thread(containers, [f"{s.session_id}-main"]) == []
+        assert await asyncio.to_thread(containers, [f"{s.session_id}-a0-main"]) == []
         assert leftover_dirs(work) == [] and session_procs(s.session_id) == []
     finally:
         await node.stop()

@@ -187,13 +187,13 @@ async def test_cancel_during_exec_leaves_nothing(servers, tmp_path):
     bridge_dir = rt.bridge_dir
     assert bridge_dir is not None and (bridge_dir / "proxy.sock").is_socket()
     running = asyncio.create_task(rt.exec(FORKING_HARNESS, timeout=60))
-    while not (tmp_path / "bw-6-main/workdir/pids").exists():
+    while not (tmp_path / "bw-6-a0-main/workdir/pids").exists():
         await asyncio.sleep(0.02)
     await rt.cancel()
     with pytest.raises(Exception, match="stopped during exec"):
         await running
     assert leftovers(rt.runtime_id) == []
-    assert not (tmp_path / "bw-6-main").exists()
+    assert not (tmp_path / "bw-6-a0-main").exists()
     assert not bridge_dir.exists()
 
 
@@ -207,7 +207,7 @@ async def test_an_adopter_brings_its_own_bridge(servers, tmp_path):
     await pool_side.detach()
     assert pool_bridge is not None and not pool_bridge.exists()
     executor_side = adopt_runtime(
-        spec, "bw-7", "bw-7-main", base_dir=tmp_path, proxy_url=url, token="tok"
+        spec, "bw-7", "bw-7-a0-main", base_dir=tmp_path, proxy_url=url, token="tok"
     )
     lines = await _probe(executor_side, other_port, run_socket)
     assert lines[0] == "PROXY proxy-ok" and lines[1].startswith("BLOCKED")
@@ -218,7 +218,7 @@ async def test_an_adopter_brings_its_own_bridge(servers, tmp_path):
     assert other.stdout.decode().strip() == "403", other.stderr.decode()
     assert proxy_hits == ["/s/tok/v1/models"]
     await executor_side.stop()
-    assert not (tmp_path / "bw-7-main").exists() and executor_side.bridge_dir is None
+    assert not (tmp_path / "bw-7-a0-main").exists() and executor_side.bridge_dir is None
 
 
 STATUS = r"""

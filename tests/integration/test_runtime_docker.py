@@ -161,17 +161,17 @@ async def test_detach_then_adopt_hands_the_container_over(tmp_path):
     await pool_side.upload_file("prepared.txt", b"ready")
     await pool_side.detach()
     await pool_side.stop()  # no-op: the detached object no longer owns the container
-    assert [c.status for c in containers_of("dk-7-main")] == ["running"]
+    assert [c.status for c in containers_of("dk-7-a0-main")] == ["running"]
 
-    executor_side = adopt_runtime(spec, "dk-7", "dk-7-main", base_dir=tmp_path,
+    executor_side = adopt_runtime(spec, "dk-7", "dk-7-a0-main", base_dir=tmp_path,
                                   docker_host=DOCKER_HOST)  # fmt: skip
     assert executor_side.home == "/tmp/home"  # from the record the starter left
     assert await executor_side.download("prepared.txt") == b"ready"
     proc = await executor_side.spawn("sleep 1000")
     await executor_side.stop(grace=0.2)
     assert (await proc.wait(5)).exit_code in (None, 137, 143)
-    assert containers_of("dk-7-main") == []
-    assert not (tmp_path / "dk-7-main").exists()
+    assert containers_of("dk-7-a0-main") == []
+    assert not (tmp_path / "dk-7-a0-main").exists()
 
 
 async def test_adopting_an_abandoned_container_removes_it(tmp_path):
@@ -180,7 +180,7 @@ async def test_adopting_an_abandoned_container_removes_it(tmp_path):
     await abandoned.start()
     await abandoned.exec("sleep 1000 > /dev/null 2>&1 &")
     del abandoned  # its process died
-    reaper_side = adopt_runtime(spec, "dk-8", "dk-8-main", base_dir=tmp_path,
+    reaper_side = adopt_runtime(spec, "dk-8", "dk-8-a0-main", base_dir=tmp_path,
                                 docker_host=DOCKER_HOST)  # fmt: skip
     await reaper_side.stop()
-    assert containers_of("dk-8-main") == []
+    assert containers_of("dk-8-a0-main") == []

@@ -16,10 +16,10 @@ def built(**kw) -> TrajectoryBuilt:
 def test_a_runtime_left_on_a_node_sends_the_session_to_that_nodes_queue():
     assert built().subject == S.SESSIONS_BUILT_ANY
     assert built(node="g1").subject == S.SESSIONS_BUILT_ANY  # nothing left there
-    on_g1 = built(node="g1", eval_runtime_id="s1-main").subject
+    on_g1 = built(node="g1", eval_runtime_id="s1-a0-main").subject
     assert on_g1 == "polar.sessions.built.node.g1" and S.built_node(on_g1) == "g1"
     # a finish without a node (an older executor's) keeps the old, shared route
-    assert built(eval_runtime_id="s1-main").subject == S.SESSIONS_BUILT_ANY
+    assert built(eval_runtime_id="s1-a0-main").subject == S.SESSIONS_BUILT_ANY
     assert S.built_node(S.SESSIONS_BUILT_ANY) is None
     assert S.built_node("polar.sessions.built.node.gw-1") == "gw-1"
 

@@ -17,9 +17,9 @@ def spec(prepare: list | None = None, **evaluator) -> TaskRequest:
 
 
 def test_only_a_prewarmed_fresh_evaluator_has_an_eval_runtime_to_find():
-    assert prewarm_runtime_id(spec(runtime="fresh", prewarm=True), "s1") == "s1-eval"
-    assert prewarm_runtime_id(spec(runtime="fresh"), "s1") is None
-    assert prewarm_runtime_id(spec(runtime="live", prewarm=True), "s1") is None
+    assert prewarm_runtime_id(spec(runtime="fresh", prewarm=True), "s1", 2) == "s1-a2-eval"
+    assert prewarm_runtime_id(spec(runtime="fresh"), "s1", 0) is None
+    assert prewarm_runtime_id(spec(runtime="live", prewarm=True), "s1", 0) is None
 
 
 def prewarm(tmp_path, sid: str, prepare: list) -> Prewarm:

@@ -66,24 +66,24 @@ def test_argv_builders_are_exact(tmp_path):
 
 async def test_lifecycle_issues_exactly_these_commands(cli_log, tmp_path):
     rt = create_runtime(SPEC, "app-1", base_dir=tmp_path / "base")
-    sd = tmp_path / "base" / "app-1-main"
+    sd = tmp_path / "base" / "app-1-a0-main"
     await rt.start()
     r = await rt.exec("echo $A $CALL; pwd", env={"CALL": "2"})
     assert r.ok and r.stdout.decode() == f"1 2\n{sd}/workdir\n"
     await rt.stop()
     await rt.stop()
     start, created, executed, stopped = calls(cli_log)
-    assert start == ["instance", "stop", "--force", "polar-app-1-main"]
-    assert created == start_argv(SPEC, "polar-app-1-main", sd)[1:]
+    assert start == ["instance", "stop", "--force", "polar-app-1-a0-main"]
+    assert created == start_argv(SPEC, "polar-app-1-a0-main", sd)[1:]
     exec_id = next(a for a in executed if a.startswith("POLAR_EXEC_ID="))
     assert re.fullmatch(r"POLAR_EXEC_ID=[0-9a-f]{16}", exec_id)
     assert executed == [
         "exec", "--cleanenv", "--pwd", "/workspace", "--env", "A=1", "--env", "CALL=2",
-        "--env", exec_id, "--env", "POLAR_RUNTIME_ID=app-1-main",
-        "--env", "POLAR_SESSION_ID=app-1", "instance://polar-app-1-main",
+        "--env", exec_id, "--env", "POLAR_RUNTIME_ID=app-1-a0-main",
+        "--env", "POLAR_SESSION_ID=app-1", "instance://polar-app-1-a0-main",
         "sh", "-c", "echo $A $CALL; pwd",
     ]  # fmt: skip
-    assert stopped == ["instance", "stop", "polar-app-1-main"]
+    assert stopped == ["instance", "stop", "polar-app-1-a0-main"]
     assert not sd.exists()
 
 
@@ -92,13 +92,13 @@ async def test_cancel_forces_the_stop_and_kills_exec_clients(cli_log, tmp_path):
     await rt.start()
     r = await rt.exec(FORKING_HARNESS, timeout=1.5, grace=0.2)
     assert r.timed_out and r.stdout == b"forked\n"
-    pids = [int(p) for p in (tmp_path / "app-2-main/workdir/pids").read_text().split()]
+    pids = [int(p) for p in (tmp_path / "app-2-a0-main/workdir/pids").read_text().split()]
     assert len(pids) == 3 and not [p for p in pids if alive(p)]
     await rt.exec("sleep 1000 &")
     await rt.cancel()
-    assert calls(cli_log)[-1] == ["instance", "stop", "--force", "polar-app-2-main"]
+    assert calls(cli_log)[-1] == ["instance", "stop", "--force", "polar-app-2-a0-main"]
     assert leftovers(rt.runtime_id) == []
-    assert not (tmp_path / "app-2-main").exists()
+    assert not (tmp_path / "app-2-a0-main").exists()
 
 
 async def test_files_inside_binds_and_outside_them(cli_log, tmp_path):
@@ -106,7 +106,7 @@ async def test_files_inside_binds_and_outside_them(cli_log, tmp_path):
     async with rt:
         await rt.upload_file("in/work.txt", b"w")
         await rt.upload_file("/home/polar/.cfg", b"h")
-        assert (tmp_path / "app-3-main/workdir/in/work.txt").read_bytes() == b"w"
+        assert (tmp_path / "app-3-a0-main/workdir/in/work.txt").read_bytes() == b"w"
         assert await rt.download("/home/polar/.cfg") == b"h"
         before = len(calls(cli_log))
         # Outside the binds the bytes go through sh/cat inside the instance. With the
@@ -129,7 +129,7 @@ async def test_failed_instance_start_is_a_start_error(cli_log, tmp_path):
     )
     with pytest.raises(SandboxStartError, match="boom"):
         await rt.start()
-    assert rt.state == "stopped" and not (tmp_path / "app-4-main").exists()
+    assert rt.state == "stopped" and not (tmp_path / "app-4-a0-main").exists()
 
 
 async def test_missing_cli_is_unavailable(tmp_path, monkeypatch):

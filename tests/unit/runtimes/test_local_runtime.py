@@ -36,14 +36,14 @@ async def test_exec_runs_in_workdir_with_built_env(rt, tmp_path):
     lines = r.stdout.decode().splitlines()
     assert r.ok and r.exit_code == 0 and not r.timed_out
     assert lines == ["from-spec call", rt.workdir, rt.home]
-    assert rt.workdir == str(tmp_path / "s-1-main" / "workdir")
+    assert rt.workdir == str(tmp_path / "s-1-a0-main" / "workdir")
 
 
 async def test_host_secrets_are_not_inherited(rt, monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
     r = await rt.exec("env")
     assert b"SECRET_TOKEN" not in r.stdout
-    assert b"POLAR_RUNTIME_ID=s-1-main" in r.stdout
+    assert b"POLAR_RUNTIME_ID=s-1-a0-main" in r.stdout
 
 
 async def test_exec_argv_cwd_stdin_and_exit_code(rt):
@@ -63,7 +63,7 @@ async def test_timeout_kills_forked_children_and_setsid_grandchild(rt, tmp_path)
     r = await rt.exec(FORKING_HARNESS, timeout=1.5, grace=0.3)
     assert r.timed_out and r.stdout == b"forked\n"
     assert time.monotonic() - started < 4
-    pids = [int(p) for p in (tmp_path / "s-1-main/workdir/pids").read_text().split()]
+    pids = [int(p) for p in (tmp_path / "s-1-a0-main/workdir/pids").read_text().split()]
     assert len(pids) == 3
     assert not [p for p in pids if alive(p)]
     assert leftovers(rt.runtime_id) == []
@@ -106,7 +106,7 @@ async def test_stop_kills_everything_removes_dir_and_is_idempotent(tmp_path):
     await rt.cancel()
     assert rt.state == "stopped"
     assert leftovers(rt.runtime_id) == []
-    assert not (tmp_path / "s-2-main").exists()
+    assert not (tmp_path / "s-2-a0-main").exists()
     with pytest.raises(RuntimeStopped):
         await rt.exec("true")
 
@@ -141,7 +141,7 @@ async def test_cancel_during_exec(tmp_path):
     rt = create_runtime(LocalRuntime(), "s-3", base_dir=tmp_path)
     await rt.start()
     running = asyncio.create_task(rt.exec(FORKING_HARNESS, timeout=60))
-    while not (tmp_path / "s-3-main/workdir/pids").exists():
+    while not (tmp_path / "s-3-a0-main/workdir/pids").exists():
         await asyncio.sleep(0.02)
     started = time.monotonic()
     await rt.cancel()
@@ -150,7 +150,7 @@ async def test_cancel_during_exec(tmp_path):
     assert time.monotonic() - started < 3
     assert rt.state == "cancelled"
     assert leftovers(rt.runtime_id) == []
-    assert not (tmp_path / "s-3-main").exists()
+    assert not (tmp_path / "s-3-a0-main").exists()
 
 
 async def test_stop_before_start_and_no_restart(tmp_path):
@@ -162,7 +162,7 @@ async def test_stop_before_start_and_no_restart(tmp_path):
 
 
 async def test_start_clears_a_crashed_runs_leftovers(tmp_path):
-    stale = tmp_path / "s-5-main" / "workdir"
+    stale = tmp_path / "s-5-a0-main" / "workdir"
     stale.mkdir(parents=True)
     (stale / "old.txt").write_text("stale")
     rt = create_runtime(LocalRuntime(), "s-5", base_dir=tmp_path)
@@ -228,17 +228,17 @@ async def test_detach_then_adopt_hands_the_sandbox_over(tmp_path):
     await pool_side.detach()
     await pool_side.stop()  # a detached object no longer owns the sandbox: no-op
     assert pool_side.state == "detached"
-    assert len(await settled_leftovers("s-7-main", 1)) == 1
+    assert len(await settled_leftovers("s-7-a0-main", 1)) == 1
     with pytest.raises(RuntimeStopped):
         await pool_side.exec("true")
 
-    executor_side = adopt_runtime(spec, "s-7", "s-7-main", base_dir=tmp_path)
+    executor_side = adopt_runtime(spec, "s-7", "s-7-a0-main", base_dir=tmp_path)
     assert executor_side.state == "running" and executor_side.workdir == pool_side.workdir
     r = await executor_side.exec("cat prepared.txt; echo $SPEC_VAR")
     assert r.stdout == b"readyv\n"
     await executor_side.stop(grace=0.2)
-    assert leftovers("s-7-main") == []
-    assert not (tmp_path / "s-7-main").exists()
+    assert leftovers("s-7-a0-main") == []
+    assert not (tmp_path / "s-7-a0-main").exists()
 
 
 async def test_adopting_what_a_dead_process_left_cleans_it_up(tmp_path):
@@ -246,10 +246,10 @@ async def test_adopting_what_a_dead_process_left_cleans_it_up(tmp_path):
     await abandoned.start()
     await abandoned.exec("setsid sleep 1000 > /dev/null 2>&1 &")
     del abandoned  # its process died: nobody stops it
-    assert len(await settled_leftovers("s-8-main", 1)) == 1
-    await adopt_runtime(LocalRuntime(), "s-8", "s-8-main", base_dir=tmp_path).stop()
-    assert leftovers("s-8-main") == []
-    assert not (tmp_path / "s-8-main").exists()
+    assert len(await settled_leftovers("s-8-a0-main", 1)) == 1
+    await adopt_runtime(LocalRuntime(), "s-8", "s-8-a0-main", base_dir=tmp_path).stop()
+    assert leftovers("s-8-a0-main") == []
+    assert not (tmp_path / "s-8-a0-main").exists()
 
 
 async def test_a_closed_pipe_keeps_what_was_written_before_it_closed():

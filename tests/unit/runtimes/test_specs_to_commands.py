@@ -188,12 +188,12 @@ def test_factory_dispatches_on_spec_type(tmp_path):
     pairs = [(LocalRuntime(), LocalSandboxRuntime), (DockerRuntime(image="i"), DockerSandboxRuntime),
              (ApptainerRuntime(image="i.sif"), ApptainerSandboxRuntime)]  # fmt: skip
     for spec, cls in pairs:
-        rt = create_runtime(spec, "t-1-0001", base_dir=tmp_path, role="eval")
-        assert type(rt) is cls and rt.runtime_id == "t-1-0001-eval" and rt.state == "new"
+        rt = create_runtime(spec, "t-1-0001", base_dir=tmp_path, attempt=2, role="eval")
+        assert type(rt) is cls and rt.runtime_id == "t-1-0001-a2-eval" and rt.state == "new"
     with pytest.raises(SandboxConfigError):
         create_runtime("not a spec", "s", base_dir=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(SandboxConfigError, match="role"):
-        runtime_id_for("s", "Bad Role")
+        runtime_id_for("s", 0, "Bad Role")
 
 
 def test_errors_carry_the_runtime_id():
