@@ -51,12 +51,15 @@ async def finish_session(
     *,
     from_: Iterable[SessionState] = (ST.RUNNING,),
     node: str | None = None,
+    release_lease: str | None = None,
 ) -> bool:
     """POSTRUN (from one of ``from_``) and the SessionFinished event; False when the
     session was no longer there to finish (cancelled or ended meanwhile). ``node``: the
-    finisher's, where ``eval_runtime_id`` lives."""
+    finisher's, where ``eval_runtime_id`` lives. ``release_lease``: the holder's name,
+    whose lease the POSTRUN change drops (True: it is dropped)."""
     reason = redact(reason)
-    if not await _to_postrun(registry, session.session_id, attempt, outcome, reason, from_):
+    sid = session.session_id
+    if not await _to_postrun(registry, sid, attempt, outcome, reason, from_, release_lease):
         return False
     event = SessionFinished(
         ts=time.time(),
@@ -82,6 +85,7 @@ async def _to_postrun(
     outcome: Outcome,
     reason: str | None,
     from_: Iterable[SessionState],
+    release_lease: str | None = None,
 ) -> bool:
     """The POSTRUN transition, tried again while the registry is unreachable (a restart,
     an outage: up to ``FINISH_RETRY_S``) instead of losing a finished run to ERROR."""
@@ -94,6 +98,7 @@ async def _to_postrun(
             ST.POSTRUN,
             from_=list(from_),
             expect_attempt=attempt,
+            release_lease=release_lease,
             outcome=outcome.value,
             reason=reason,
         ),

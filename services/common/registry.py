@@ -454,12 +454,16 @@ class Registry:
         expect_attempt: int | None = None,
         reason: str | None = None,
         lease: tuple[str, float] | None = None,
+        release_lease: str | None = None,
         **fields: object,
     ) -> Transition:
         """Move ``session_id`` to ``to`` if its state is one of ``from_`` (default: any
         state the state machine allows) and, if given, its version is ``expect_version``
         and its attempt ``expect_attempt`` (a holder fences its own attempt with it).
-        ``lease`` (owner, ttl seconds): take the session's lease in the same atomic step."""
+        ``lease`` (owner, ttl seconds): take the session's lease in the same atomic step;
+        ``release_lease`` (owner): drop it in that step while that owner holds it (as
+        ``release(owner=..., attempt=...)``, the attempt fenced by ``expect_attempt``,
+        without a round trip of its own)."""
         allowed = ALLOWED_FROM[to] if from_ is None else frozenset(from_) & ALLOWED_FROM[to]
         now = time.time()
         if reason is not None:
@@ -476,6 +480,7 @@ class Registry:
             now,
             "" if lease is None else repr(now + lease[1]),
             "" if expect_attempt is None else str(expect_attempt),
+            release_lease or "",
         ]
         for k, v in fields.items():
             args += [k, "" if v is None else str(v)]

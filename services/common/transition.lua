@@ -5,7 +5,9 @@
 -- a holder that dies right after it still leaves a lease to expire),
 -- ARGV[6] expected attempt or "" (a holder of an earlier attempt, back after its lease
 -- was lost and the session retried elsewhere, changes nothing),
--- ARGV[7..] field/value pairs to set ("" deletes the field; a new `token` replaces the
+-- ARGV[7] a lease owner or "": drop the session's lease in the same step while that owner
+-- still holds it (a finishing holder lets go with its last change: no release after it),
+-- ARGV[8..] field/value pairs to set ("" deletes the field; a new `token` replaces the
 -- old one's key)
 -- Returns {1, from, version, seq} on success, {0, current, version, 0} when the CAS
 -- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
@@ -24,8 +26,11 @@ if cur[4] then redis.call('SREM', @key_node_state(cur[4], cur[1])@, sid) end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at', ARGV[4])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[3], ARGV[5], sid) end
+if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'lease_owner') == ARGV[7] then
+  redis.call('ZREM', KEYS[3], sid)
+end
 local old_token = redis.call('HGET', KEYS[1], 'token')
-for i = 7, #ARGV, 2 do
+for i = 8, #ARGV, 2 do
   if ARGV[i + 1] == '' then
     redis.call('HDEL', KEYS[1], ARGV[i])
   else

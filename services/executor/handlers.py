@@ -59,6 +59,7 @@ class RunningSession:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_reason: str = ""
     gone: asyncio.Event = field(default_factory=asyncio.Event)  # no longer in ``running``
+    released: bool = False  # its lease dropped with its POSTRUN change
 
     def cancel(self, reason: str) -> None:
         """End the run without finishing it: kill the harness, stop the runtime."""
@@ -143,7 +144,8 @@ class Executor:
             ended = True
         finally:
             self._forget(run)
-            if ended:  # else the lease runs out and a reaper ends and cleans the session
+            # else the lease runs out and a reaper ends and cleans the session
+            if ended and not run.released:  # not dropped with a POSTRUN change
                 # its own lease only: cut off past it, the session may be another
                 # attempt's now, held by a pool elsewhere (dropping that lease had a
                 # reaper retry the new attempt at once, as held by nobody)
@@ -172,7 +174,7 @@ class Executor:
             # Stopped before the event: an evaluator may then start its own eval runtime.
             await self._stop_unkept(run, prewarm, kept)
             eval_rt = kept.runtime_id if kept else None
-            if not await self._finish(session, work, result, arts, eval_rt):
+            if not await self._finish(run, session, work, result, arts, eval_rt):
                 kept = None  # cancelled or ended meanwhile: nobody takes it over
             return result.outcome
         except Exception as exc:  # noqa: BLE001 - an executor fault ends it as ERROR
@@ -181,7 +183,7 @@ class Executor:
             await self._stop_unkept(run, prewarm, None)
             reason = f"executor failed: {exc}"[:2000]
             error = RunResult(Outcome.ERROR, reason, None, b"", b"")
-            await self._finish(session, work, error, Artifacts(), None)
+            await self._finish(run, session, work, error, Artifacts(), None)
             return Outcome.ERROR
         finally:  # cancelled (node stopping), or the finish lost a race
             await self._stop_unkept(run, prewarm, kept)
@@ -308,8 +310,10 @@ class Executor:
         # stays as the agent left it, since evaluators apply it to grade the work.
         return msgspec.structs.replace(scrub_known_struct(found, known), diff=diff)
 
-    async def _finish(self, session, work, result: RunResult, arts: Artifacts, eval_rt) -> bool:
-        return await finish_session(
+    async def _finish(
+        self, run: RunningSession, session, work, result: RunResult, arts: Artifacts, eval_rt
+    ) -> bool:
+        finished = await finish_session(
             self.registry,
             self.bus,
             session,
@@ -319,7 +323,10 @@ class Executor:
             arts,
             eval_rt,
             node=self.node,
+            release_lease=self.owner,  # its own only, as ``release(owner=...)``
         )
+        run.released = run.released or finished
+        return finished
 
     def _start_prewarm(self, spec, session_id: str, attempt: int) -> Prewarm | None:
         if not wants_prewarm(spec):

@@ -152,3 +152,31 @@ async def test_task_specs_are_read_once_and_unknown_tasks_are_none(redis_client)
         await redis_client.hset(key, "spec", stored)
         await reg.retire_task("reg-spec")
     assert await reg.get_task("reg-nope") is None
+
+
+async def test_a_change_drops_the_lease_only_of_the_holder_it_names(redis_client):
+    """``release_lease``: the holder's last change lets go of its lease in the same step
+    (the executor's POSTRUN: no release of its own after it), but never another holder's
+    (a new attempt's, taken while the named one was cut off)."""
+    reg = Registry(redis_client)
+    _, (mine, other) = await reg.create_task(task("reg-drop", 2))
+    for s in (mine, other):
+        await reg.transition(s.session_id, SessionState.INITIALIZING, lease=("pool:a", 60))
+        await reg.transition(s.session_id, SessionState.READY)
+    await reg.transition(mine.session_id, SessionState.RUNNING, lease=("executor:a", 60))
+    await reg.transition(other.session_id, SessionState.RUNNING, lease=("executor:b", 60))
+
+    done = await reg.transition(
+        mine.session_id, SessionState.POSTRUN, release_lease="executor:a", outcome="completed"
+    )
+    assert done.ok
+    assert await redis_client.zscore(S.KEY_LEASES, mine.session_id) is None
+    assert (await reg.get_session(mine.session_id)).outcome == "completed"  # fields still set
+
+    kept = await reg.transition(
+        other.session_id, SessionState.POSTRUN, release_lease="executor:a", outcome="completed"
+    )
+    assert kept.ok
+    assert await redis_client.zscore(S.KEY_LEASES, other.session_id) is not None
+    await reg.release(other.session_id)
+    await reg.retire_task("reg-drop")
