@@ -83,6 +83,9 @@ class RuntimePool:
         # in case the event of a session leaving READY was missed.
         self._ready_seen: tuple[int, int, float] | None = None
         self._ready_gen = 0
+        # The last admission left work queued for want of a held place (not of an INIT
+        # slot, whose end dispatches anyway): the end of a run admits again at once.
+        self._waits_for_run = False
         # READY sessions whose hand-off this process published: the only READY ones it
         # renews (one it failed to hand off, or a dead predecessor's, must expire).
         self.handed_off: set[str] = set()
@@ -162,14 +165,14 @@ class RuntimePool:
             )
             if struggling:
                 return 0
-            room = logic.room_to_init(
-                counts["INITIALIZING"], counts["READY"], counts["RUNNING"], self.limits
-            )
+            stages = (counts["INITIALIZING"], counts["READY"], counts["RUNNING"])
+            room = logic.room_to_init(*stages, self.limits)
             started = 0
             while started < room and self.queue:
                 item, msg = self.queue.pop()
                 if await self._admit(item, msg):
                     started += 1
+            self._waits_for_run = bool(self.queue) and logic.held_by_runs(*stages, self.limits)
             return started
 
     def engine_watch(self) -> EngineWatch | None:
@@ -440,10 +443,14 @@ class RuntimePool:
         """A session of this node left READY for good (cancelled, or ended by the
         deadline check): its prepared runtime waits for nobody, stop it. (If this message
         is missed, the executor stops it on hand-over, and the reaper when the lease the
-        pool no longer renews expires.)"""
+        pool no longer renews expires.) A run that ended (RUNNING -> POSTRUN) admits
+        again when admission waits for a held place: not a tick of the main loop later."""
         try:
             ev = decode(msg.data, SessionStateChanged)
         except ValueError:
+            return
+        if ev.from_state == ST.RUNNING and self._waits_for_run:
+            await self.dispatch()  # a run ended (here, or on another node: a read more)
             return
         if ev.from_state != ST.READY:
             return

@@ -42,6 +42,14 @@ def room_to_init(initializing: int, ready: int, running: int, limits: Limits) ->
     return max(0, min(by_init, by_hold))
 
 
+def held_by_runs(initializing: int, ready: int, running: int, limits: Limits) -> bool:
+    """Whether the hold bound, not the INIT slots, limits INITs now: the end of a run
+    (which frees a held place, not an INIT slot) may then make room."""
+    by_init = limits.max_init - initializing
+    by_hold = limits.max_run + limits.ready_buffer - (initializing + ready + running)
+    return by_hold < by_init
+
+
 def ready_room(ready: int, limits: Limits) -> int:
     """How many prepared runtimes may go READY now (``ready``: the node's READY count)."""
     return max(0, ready_cap(limits) - ready)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.pool.logic import Limits, PriorityQueue, ready_room, room_to_init
+from services.pool.logic import Limits, PriorityQueue, held_by_runs, ready_room, room_to_init
 
 L = Limits(max_init=3, ready_buffer=2, max_run=5)
 
@@ -27,6 +27,22 @@ def test_room_to_init(init, ready, running, room):
 
 def test_room_to_init_never_negative_even_past_the_bounds():
     assert room_to_init(9, 9, 9, L) == 0
+
+
+@pytest.mark.parametrize(
+    ("init", "ready", "running", "by_runs"),
+    [
+        (0, 0, 0, False),  # the INIT slots are the bound: an INIT's end makes room
+        (3, 0, 0, False),  # INIT slots full, places left
+        (0, 2, 5, True),  # every place held, INIT slots free: a run's end makes room
+        (2, 2, 3, True),  # held = max_run + ready_buffer
+        (1, 1, 4, True),  # one place left, two INIT slots: the places bind first
+        (2, 0, 4, False),  # one place and one INIT slot: an INIT's end dispatches anyway
+    ],
+)
+def test_held_by_runs(init, ready, running, by_runs):
+    """Whether the end of a run (a place freed, no INIT slot) can admit more now."""
+    assert held_by_runs(init, ready, running, L) is by_runs
 
 
 def test_just_in_time_starts_an_init_only_for_a_free_run_slot():
