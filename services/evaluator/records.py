@@ -24,9 +24,24 @@ class Record:
     fresh: bool
 
 
+# Set a field of the record (KEYS[1]) and its time to live (ARGV[3] s), and return the
+# value of field ARGV[4], in one step: one command where a MULTI of three was (the
+# evaluator writes the record twice per session).
+_SET_AND_GET = """
+if ARGV[5] == 'nx' then
+  redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return redis.call('HGET', KEYS[1], ARGV[4])
+"""
+
+
 class EvalRecords:
     def __init__(self, redis: aioredis.Redis, ttl_seconds: float) -> None:
         self.redis, self.ttl = redis, int(ttl_seconds)
+        self._set_and_get = redis.register_script(_SET_AND_GET)
 
     async def get(self, session_id: str, attempt: int) -> Record | None:
         raw = await self.redis.hgetall(S.key_eval(session_id, attempt))
@@ -39,36 +54,22 @@ class EvalRecords:
             fresh=raw.get(b"fresh") == b"1",
         )
 
-    async def _set(self, session_id: str, attempt: int, field: str, value: bytes | str) -> None:
-        key = S.key_eval(session_id, attempt)
-        async with self.redis.pipeline(transaction=True) as p:
-            p.hset(key, field, value)
-            p.expire(key, self.ttl)
-            await p.execute()
-
     async def note_fresh(self, session_id: str, attempt: int) -> None:
-        await self._set(session_id, attempt, "fresh", "1")
+        key = S.key_eval(session_id, attempt)
+        await self._set_and_get(keys=[key], args=["fresh", "1", self.ttl, "fresh", ""])
 
     async def keep(self, session_id: str, attempt: int, result: EvalResult) -> EvalResult:
         """Keep ``result`` unless one is kept already; returns the kept one (as decoded)."""
         key = S.key_eval(session_id, attempt)
-        async with self.redis.pipeline(transaction=True) as p:
-            p.hsetnx(key, "result", encode_result(result))
-            p.expire(key, self.ttl)
-            p.hget(key, "result")
-            _, _, kept = await p.execute()
-        return decode_result(kept)
+        args = ["result", encode_result(result), self.ttl, "result", "nx"]
+        return decode_result(await self._set_and_get(keys=[key], args=args))
 
     async def mark_published(self, session_id: str, attempt: int) -> bool:
         """Mark the scored trajectory sent; returns the record's ``fresh`` flag (read in
         the same round trip: what finishing the session needs to know)."""
         key = S.key_eval(session_id, attempt)
-        async with self.redis.pipeline(transaction=True) as p:
-            p.hset(key, "published", "1")
-            p.expire(key, self.ttl)
-            p.hget(key, "fresh")
-            *_, fresh = await p.execute()
-        return fresh == b"1"
+        args = ["published", "1", self.ttl, "fresh", ""]
+        return await self._set_and_get(keys=[key], args=args) == b"1"
 
     async def delete(self, session_id: str, attempt: int) -> None:
         await self.redis.delete(S.key_eval(session_id, attempt))
