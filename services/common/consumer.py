@@ -1,7 +1,8 @@
 """A durable pull consumer loop shared by every service.
 
 - Concurrency is bounded; each handler's message is kept alive with ``in_progress``
-  while it runs (long jobs outlive ``ack_wait``).
+  while it runs (long jobs outlive ``ack_wait``), by one loop for all of them (a task
+  per message cost a start and a cancel on every message).
 - A handler returns normally → ack; raises ``Retry`` → nak with delay; raises
   ``Poison`` (or keeps failing until ``max_deliver``) → the message goes to
   ``polar.dlq.<stream>`` with the reason and is terminated.
@@ -71,12 +72,15 @@ class Consumer:
         self.name = config.durable_name or "ephemeral"
         self.concurrency = concurrency
         self._inflight: set[asyncio.Task] = set()
+        # the messages of the handlers running now, by id (a Msg is not hashable)
+        self._handling: dict[int, Msg] = {}
         self._stopping = asyncio.Event()
 
     async def run(self, *, drain: bool = False) -> None:
         await ensure_consumer(self.bus.js, self.stream, self.config)
         sub = await self.bus.js.pull_subscribe_bind(self.config.durable_name, self.stream)
         idle_timeout = 0.3 if drain else 2.0
+        keepalive = asyncio.create_task(self._keepalive())
         try:
             while not self._stopping.is_set():
                 room = self.concurrency - len(self._inflight)
@@ -98,21 +102,25 @@ class Consumer:
         finally:
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
+            keepalive.cancel()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _keepalive(self, msg: Msg) -> None:
+    async def _keepalive(self) -> None:
+        """Every third of ``ack_wait``, mark each message being handled in progress: each
+        hears from us at least that often, however long ago its handler started."""
         period = max((self.config.ack_wait or 30.0) / 3, 0.5)
         while True:
             await asyncio.sleep(period)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
+            for msg in list(self._handling.values()):
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
 
     async def _handle(self, msg: Msg) -> None:
-        keepalive = asyncio.create_task(self._keepalive(msg))
+        self._handling[id(msg)] = msg
         start = time.perf_counter()
         INFLIGHT.labels(self.name).inc()
         result = "ack"
@@ -135,7 +143,7 @@ class Consumer:
         except Exception as exc:  # noqa: BLE001 - a bad message must not kill the service
             result = await self._failed(msg, exc)
         finally:
-            keepalive.cancel()
+            self._handling.pop(id(msg), None)
             INFLIGHT.labels(self.name).dec()
             HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - start)
             MESSAGES.labels(self.name, result).inc()

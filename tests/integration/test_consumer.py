@@ -18,7 +18,7 @@ HANDLER_SECONDS = 3.5  # well past ack_wait: JetStream would redeliver without i
 class NoKeepalive(Consumer):
     """The same loop without ``in_progress``: shows the test can see a redelivery."""
 
-    async def _keepalive(self, msg) -> None:
+    async def _keepalive(self) -> None:
         await asyncio.Event().wait()
 
 
