@@ -70,6 +70,9 @@ class RuntimePool:
         self.limits = logic.Limits(config.max_init, config.ready_buffer, config.max_run)
         self.queue: logic.PriorityQueue[tuple[InitWork, Msg]] = logic.PriorityQueue()
         self.initializing: dict[str, Runtime] = {}
+        # the init work of the INITs running now, by session and attempt (an old
+        # attempt's INIT may still unwind beside the next one's)
+        self._init_msgs: dict[tuple[str, int], Msg] = {}
         self._jobs: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -146,9 +149,12 @@ class RuntimePool:
         return len(msgs)
 
     async def _keep_queue_alive(self) -> None:
+        """Every third of ``ack_wait``: the init work queued here and that of the INITs
+        running (one loop for both: a task per INIT cost a start and a cancel each)."""
         while True:
             await asyncio.sleep(self.ack_wait / 3)
-            for _, msg in self.queue.items():
+            held = [msg for _, msg in self.queue.items()] + list(self._init_msgs.values())
+            for msg in held:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
 
@@ -210,7 +216,7 @@ class RuntimePool:
     # -- one INIT -----------------------------------------------------------------------
     async def _init(self, item: InitWork, msg: Msg) -> None:
         sid = item.session_id
-        keepalive = asyncio.create_task(_keep_alive(msg, self.ack_wait / 3))
+        self._init_msgs[(sid, item.attempt)] = msg
         result, started = "failed", time.monotonic()
         # Runtime ids carry the attempt, and each attempt is admitted once: no process
         # of this one's runtime can exist before its first try (only a rerun in place).
@@ -228,7 +234,7 @@ class RuntimePool:
                     await self._init_failed(item, runtime, exc)
                     return
         finally:
-            keepalive.cancel()
+            self._init_msgs.pop((sid, item.attempt), None)
             if self._runtime_of(item) is not None:
                 del self.initializing[sid]
             STAGE_SECONDS.labels(self.node, "init").observe(time.monotonic() - started)
@@ -492,10 +498,3 @@ class RuntimePool:
             capacity={"INIT": cfg.max_init, "READY": cfg.ready_buffer},
         )
         await send_heartbeat(self.bus, self.registry, beat)
-
-
-async def _keep_alive(msg: Msg, period: float) -> None:
-    while True:
-        await asyncio.sleep(period)
-        with contextlib.suppress(Exception):
-            await msg.in_progress()

@@ -198,3 +198,26 @@ async def test_the_end_of_a_run_admits_the_next_session_at_once(fresh_servers, t
         assert all(0 <= gap < 0.3 for gap in gaps), gaps
     finally:
         await node.stop()
+
+
+async def test_an_init_longer_than_ack_wait_keeps_its_init_work(fresh_servers, tmp_path):
+    """The pool keeps the init work of a running INIT in progress (ack_wait follows the
+    lease: 1 s here, the prepare takes 2.5 s), so it is not delivered again meanwhile."""
+    from tests.helpers.node import task as node_task
+
+    nats_url, redis_url = fresh_servers
+    node = await Node.start(nats_url, redis_url, tmp_path / "work", lease_seconds=1.0, **LIMITS)
+    try:
+        slow = node_task(
+            "slowinit",
+            runtime={"backend": "local", "prepare": [{"action": "exec", "command": "sleep 2.5"}]},
+            agent={"command": "true"},
+        )
+        [s] = await node.scheduler.accept(logic.with_task_id(slow))
+        await node.wait_finished(1, timeout=30)
+        assert node.finished[s.session_id].outcome == Outcome.COMPLETED
+        info = await node.bus.js.consumer_info(S.STREAM_SESSIONS, S.CONSUMER_POOL_INIT)
+        # delivered once (a redelivery counts as another delivery), and acked
+        assert info.delivered.consumer_seq == 1 and info.num_ack_pending == 0
+    finally:
+        await node.stop()
