@@ -39,6 +39,10 @@ from services.common.consumer import Poison, Retry
 from services.common.registry import Registry
 
 log = logging.getLogger(__name__)
+# Sessions of at most this many records (no call, or one) are built on the event loop:
+# about a millisecond at most, less than the thread hop; longer ones in a thread, where a
+# long build blocks nothing.
+INLINE_BUILD_RECORDS = 1
 
 
 class Builder:
@@ -110,6 +114,8 @@ class Builder:
     async def make(self, event: SessionFinished) -> Trajectory:
         spec = await self.builder_spec(event.task_id)
         records, problems = await self.settled_records(event.session_id)
+        if len(records) <= INLINE_BUILD_RECORDS:
+            return logic.build_trajectory(event, spec, records, self.builders, problems)
         # CPU-bound: off the event loop, so in-progress acks keep flowing meanwhile.
         return await asyncio.to_thread(
             logic.build_trajectory, event, spec, records, self.builders, problems
