@@ -78,6 +78,12 @@ out[#KEYS] = redis.call('EXISTS', KEYS[1])
 return out
 """
 
+# A task's fields ARGV (KEYS[1]) and its per-state counts (KEYS[2]), in one step: what the
+# scheduler reads on every terminal event.
+_TASK_AND_COUNTS = """
+return {redis.call('HMGET', KEYS[1], unpack(ARGV)), redis.call('HGETALL', KEYS[2])}
+"""
+
 REDACTED_FIELDS = ("reason", "eval_reason")
 SPEC_CACHE_SIZE = 4096  # task specs kept per process (a few kB each)
 
@@ -173,6 +179,7 @@ class Registry:
         self._release_own = redis.register_script(expand_keys(_RELEASE_OWN))
         self._hold = redis.register_script(expand_keys(_HOLD))
         self._count_sets = redis.register_script(_COUNT_SETS)
+        self._task_and_counts = redis.register_script(_TASK_AND_COUNTS)
         # A task's spec never changes once registered (create_task.lua refuses another
         # spec under the same id), and every service stops when the registry loses its
         # state (host.py's epoch watch): so specs are cached, not read per session.
@@ -237,12 +244,23 @@ class Registry:
         return created, sessions
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
+        spec, fields = self._task_fields(task_id)
+        return self._task_record(task_id, spec, await self.redis.hmget(S.key_task(task_id), fields))
+
+    async def task_and_counts(self, task_id: str) -> tuple[TaskRecord | None, dict[str, int]]:
+        """``get_task`` and ``task_counts`` in one round trip (one atomic read)."""
+        spec, fields = self._task_fields(task_id)
+        keys = [S.key_task(task_id), S.key_task_counts(task_id)]
+        raw, counts = await self._task_and_counts(keys=keys, args=fields)
+        return self._task_record(task_id, spec, raw), _counts(counts)
+
+    def _task_fields(self, task_id: str) -> tuple[TaskRequest | None, tuple[str, ...]]:
         spec = self._cached_spec(task_id)
         if spec is None:  # also read the spec (and cache it)
-            fields = ("status", "submitted_at", "result", "spec")
-        else:
-            fields = ("status", "submitted_at", "result")
-        raw = await self.redis.hmget(S.key_task(task_id), fields)
+            return None, ("status", "submitted_at", "result", "spec")
+        return spec, ("status", "submitted_at", "result")
+
+    def _task_record(self, task_id: str, spec: TaskRequest | None, raw: list) -> TaskRecord | None:
         if raw[0] is None:  # ``status`` is set with the task: no task
             return None
         if spec is None:
@@ -511,6 +529,12 @@ class Registry:
             reason=_opt_str(fields.get("reason")),
         )
         await self.publish(S.session_event(to.value), encode(event), f"{session_id}:{version}")
+
+
+def _counts(flat: list[bytes]) -> dict[str, int]:
+    """Per-state counts from a flat ``HGETALL`` reply (a script's), the zeros left out."""
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return {k.decode(): int(v) for k, v in pairs if int(v)}
 
 
 def _opt_str(v: object) -> str | None:

@@ -173,10 +173,9 @@ class Scheduler:
     # -- tracking to the end ----------------------------------------------------------
     async def on_session_event(self, msg: Msg) -> None:
         event = decode(msg.data, SessionStateChanged)
-        task = await self.registry.get_task(event.task_id)
+        task, counts = await self.registry.task_and_counts(event.task_id)
         if task is None:
             return
-        counts = await self.registry.task_counts(event.task_id)
         completed = event.to_state == SessionState.COMPLETED and task.status == "active"
         if completed and logic.should_early_stop(counts, task.spec.early_stop):
             await self._early_stop(event.task_id)
@@ -252,12 +251,11 @@ class Scheduler:
         before they ever ran (nobody else holds them)."""
         now = time.time()
         for task_id in await self.registry.active_tasks():
-            task = await self.registry.get_task(task_id)
+            task, counts = await self.registry.task_and_counts(task_id)
             if task is None:
                 continue
-            counts = await self.registry.task_counts(task_id)
             # Only a task past its sessions' deadline with some waiting has any to end:
-            # the rest cost two reads here, not one per session (1,000 active tasks of a
+            # the rest cost one read here, not one per session (1,000 active tasks of a
             # backlog were 10,000 session reads per round).
             if logic.may_have_overdue(task.submitted_at, task.spec, counts, now):
                 for s in await self.registry.task_sessions(task_id):

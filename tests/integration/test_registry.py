@@ -180,3 +180,17 @@ async def test_a_change_drops_the_lease_only_of_the_holder_it_names(redis_client
     assert await redis_client.zscore(S.KEY_LEASES, other.session_id) is not None
     await reg.release(other.session_id)
     await reg.retire_task("reg-drop")
+
+
+async def test_a_task_and_its_counts_in_one_read(redis_client):
+    reg = Registry(redis_client)
+    assert await reg.task_and_counts("reg-both-nope") == (None, {})
+    _, sessions = await reg.create_task(task("reg-both", 3))
+    await reg.transition(sessions[0].session_id, SessionState.INITIALIZING)
+    fresh = Registry(redis_client)  # nothing cached: the spec is read with the task
+    record, counts = await fresh.task_and_counts("reg-both")
+    assert record == await reg.get_task("reg-both") and record.spec.num_samples == 3
+    assert counts == {"REGISTERED": 2, "INITIALIZING": 1} == await reg.task_counts("reg-both")
+    again, _ = await fresh.task_and_counts("reg-both")  # the spec from the cache now
+    assert again == record
+    await reg.retire_task("reg-both")
