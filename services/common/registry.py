@@ -505,17 +505,18 @@ class Registry:
         ]
         for k, v in fields.items():
             args += [k, "" if v is None else str(v)]
-        code, prev, version, seq = await self._transition(
+        code, prev, version, seq, *placed = await self._transition(
             keys=[S.key_session(session_id), S.KEY_STATE_COUNTS, S.KEY_LEASES], args=args
         )
         prev_state = SessionState(prev.decode()) if prev else None
         result = Transition(code == 1, session_id, prev_state, int(version), exists=code != -1)
         TRANSITIONS.labels(to.value, "ok" if result.ok else "conflict").inc()
         if result.ok and self.publish is not None:
-            await self._emit(session_id, prev_state, to, int(version), int(seq), fields, now)
+            node = placed[0].decode() if placed and placed[0] else None
+            await self._emit(session_id, prev_state, to, int(version), int(seq), node, fields, now)
         return result
 
-    async def _emit(self, session_id, prev, to, version, seq, fields, now) -> None:
+    async def _emit(self, session_id, prev, to, version, seq, node, fields, now) -> None:
         task_id = session_id.rsplit("-", 1)[0]
         event = SessionStateChanged(
             ts=now,
@@ -525,7 +526,7 @@ class Registry:
             to_state=to,
             version=version,
             seq=seq,
-            node=_opt_str(fields.get("node")),
+            node=node,
             reason=_opt_str(fields.get("reason")),
         )
         await self.publish(S.session_event(to.value), encode(event), f"{session_id}:{version}")

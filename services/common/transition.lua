@@ -9,7 +9,8 @@
 -- still holds it (a finishing holder lets go with its last change: no release after it),
 -- ARGV[8..] field/value pairs to set ("" deletes the field; a new `token` replaces the
 -- old one's key)
--- Returns {1, from, version, seq} on success, {0, current, version, 0} when the CAS
+-- Returns {1, from, version, seq, node} on success (node: where the session is placed,
+-- "" when nowhere, so every state-change event names it), {0, current, version, 0} when the CAS
 -- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
 -- transitions, so an event log can be replayed in exactly the order Redis applied it.
 -- Sessions placed on a node are also kept in per-node sets (subjects.key_node_state).
@@ -68,4 +69,4 @@ if ARGV[1] ~= 'REGISTERED' and ARGV[1] ~= 'INITIALIZING' and ARGV[1] ~= 'READY'
   if token then redis.call('DEL', @key_token(token)@) end
 end
 local seq = redis.call('INCR', @KEY_TRANSITION_SEQ@)
-return {1, cur[1], v, seq}
+return {1, cur[1], v, seq, node or ''}

@@ -48,7 +48,7 @@ from services.pool.backpressure import EngineWatch
 from services.pool.config import PoolConfig
 from services.runtimes.base import Runtime
 from services.runtimes.errors import SandboxError
-from services.runtimes.factory import parse_runtime_id, runtime_id_for
+from services.runtimes.factory import runtime_id_for
 from services.runtimes.prepare import run_prepare
 
 log = logging.getLogger(__name__)
@@ -248,8 +248,8 @@ class RuntimePool:
         place (this pool, back from a cut, admitted the next attempt while this one
         unwinds): the old attempt's failure or end must not stop or drop that one."""
         runtime = self.initializing.get(item.session_id)
-        name = parse_runtime_id(runtime.runtime_id) if runtime is not None else None
-        return runtime if name is not None and name.attempt == item.attempt else None
+        mine = runtime_id_for(item.session_id, item.attempt)
+        return runtime if runtime is not None and runtime.runtime_id == mine else None
 
     async def _init_once(self, item: InitWork, fresh: bool) -> str:
         """One try at INIT: prepare the sandbox, go READY, hand it to the executor.
@@ -455,8 +455,9 @@ class RuntimePool:
             ev = decode(msg.data, SessionStateChanged)
         except ValueError:
             return
-        if ev.from_state == ST.RUNNING and self._waits_for_run:
-            await self.dispatch()  # a run ended (here, or on another node: a read more)
+        if ev.from_state == ST.RUNNING:  # a run ended: a held place of its node freed
+            if self._waits_for_run and ev.node == self.node:
+                await self.dispatch()
             return
         if ev.from_state != ST.READY:
             return

@@ -97,6 +97,14 @@ async def test_transition_emits_event(redis_client, bus):
     assert ev.session_id == sid and ev.to_state == SessionState.INITIALIZING
     assert ev.from_state == SessionState.REGISTERED and ev.node == "n1" and ev.version == 1
     await sub.unsubscribe()
+    # a later change names the node too (the pool admits on its own node's run ends)
+    sub = await bus.nc.subscribe(S.session_event("READY"))
+    assert (await reg.transition(sid, SessionState.READY)).ok
+    ev = decode_event((await sub.next_msg(timeout=5)).data)
+    while ev.session_id != sid:
+        ev = decode_event((await sub.next_msg(timeout=5)).data)
+    assert (ev.to_state, ev.node) == (SessionState.READY, "n1")
+    await sub.unsubscribe()
 
 
 async def test_node_stage_sets_and_global_order(redis_client):
