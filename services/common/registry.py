@@ -252,7 +252,8 @@ class Registry:
         spec, fields = self._task_fields(task_id)
         keys = [S.key_task(task_id), S.key_task_counts(task_id)]
         raw, counts = await self._task_and_counts(keys=keys, args=fields)
-        return self._task_record(task_id, spec, raw), _counts(counts)
+        pairs = zip(counts[::2], counts[1::2], strict=True)  # a flat HGETALL reply
+        return self._task_record(task_id, spec, raw), _nonzero(pairs)
 
     def _task_fields(self, task_id: str) -> tuple[TaskRequest | None, tuple[str, ...]]:
         spec = self._cached_spec(task_id)
@@ -350,12 +351,10 @@ class Registry:
         return [s for s in await self.get_sessions(ids) if s is not None]
 
     async def task_counts(self, task_id: str) -> dict[str, int]:
-        raw = await self.redis.hgetall(S.key_task_counts(task_id))
-        return {k.decode(): int(v) for k, v in raw.items() if int(v)}
+        return _nonzero((await self.redis.hgetall(S.key_task_counts(task_id))).items())
 
     async def state_counts(self) -> dict[str, int]:
-        raw = await self.redis.hgetall(S.KEY_STATE_COUNTS)
-        return {k.decode(): int(v) for k, v in raw.items() if int(v)}
+        return _nonzero((await self.redis.hgetall(S.KEY_STATE_COUNTS)).items())
 
     # -- leases: who holds a session's runtime, until when ------------------------------
     async def hold(self, session_ids: Iterable[str], owner: str, ttl_seconds: float) -> list[str]:
@@ -532,9 +531,8 @@ class Registry:
         await self.publish(S.session_event(to.value), encode(event), f"{session_id}:{version}")
 
 
-def _counts(flat: list[bytes]) -> dict[str, int]:
-    """Per-state counts from a flat ``HGETALL`` reply (a script's), the zeros left out."""
-    pairs = zip(flat[::2], flat[1::2], strict=True)
+def _nonzero(pairs: Iterable[tuple[bytes, bytes]]) -> dict[str, int]:
+    """Per-state counts from a hash's (field, value) pairs, the zeros left out."""
     return {k.decode(): int(v) for k, v in pairs if int(v)}
 
 

@@ -94,6 +94,15 @@ async def running(executor: Executor, work: ReadyWork) -> tuple[asyncio.Task, in
     return run, pid
 
 
+async def attempt_zero_running(pool, executor: Executor, task_id: str):
+    """A two-attempt session registered, prepared and running its attempt 0 here:
+    (session id, its hand-off, its run, its harness's sleep)."""
+    item0 = await registered(pool, task_id, **TWO_ATTEMPTS)
+    work0 = await prepared(pool, item0)
+    run0, sleep0 = await running(executor, work0)
+    return item0.session_id, work0, run0, sleep0
+
+
 # Attempt 0 sleeps (until killed: the shell goes on); each then writes what it found.
 HARNESS = (
     '[ "$POLAR_ATTEMPT" = 0 ] && sleep 300; echo "attempt $POLAR_ATTEMPT $(cat prepared.txt)"'
@@ -118,10 +127,7 @@ async def test_an_old_attempts_end_leaves_the_next_attempts_runtime_here(fresh_s
     executor = executor_of(pool, tmp_path)
     sub = await pool.bus.nc.subscribe(S.SESSIONS_FINISHED)
     try:
-        item0 = await registered(pool, "two-here", **TWO_ATTEMPTS)
-        sid = item0.session_id
-        work0 = await prepared(pool, item0)
-        run0, sleep0 = await running(executor, work0)
+        sid, work0, run0, sleep0 = await attempt_zero_running(pool, executor, "two-here")
         work1 = await prepared(pool, await retried(pool, sid))
         assert (work0.runtime_id, work1.runtime_id) == (f"{sid}-a0-main", f"{sid}-a1-main")
         # preparing attempt 1 left attempt 0's harness alone (before: killed by its tag)
@@ -154,10 +160,8 @@ async def test_a_run_whose_session_went_on_is_stopped_at_its_next_renewal(fresh_
     pool = await open_pool(*fresh_servers, tmp_path)
     executor = executor_of(pool, tmp_path)
     try:
-        item0 = await registered(pool, "went-on", **TWO_ATTEMPTS)
-        sid, reg = item0.session_id, pool.registry
-        work0 = await prepared(pool, item0)
-        run0, sleep0 = await running(executor, work0)
+        sid, work0, run0, sleep0 = await attempt_zero_running(pool, executor, "went-on")
+        reg = pool.registry
         harness_pids = runtime_procs(work0.runtime_id)
         await executor.renew_leases()  # still its own: renewed, left running
         await asyncio.sleep(0.5)
@@ -207,10 +211,7 @@ async def test_a_later_attempts_hand_off_stops_the_old_run_on_this_executor(
     executor = executor_of(pool, tmp_path)
     sub = await pool.bus.nc.subscribe(S.SESSIONS_FINISHED)
     try:
-        item0 = await registered(pool, "hand-off", **TWO_ATTEMPTS)
-        sid = item0.session_id
-        work0 = await prepared(pool, item0)
-        run0, sleep0 = await running(executor, work0)
+        sid, work0, run0, sleep0 = await attempt_zero_running(pool, executor, "hand-off")
         harness_pids = runtime_procs(work0.runtime_id)
         work1 = await prepared(pool, await retried(pool, sid))
 
