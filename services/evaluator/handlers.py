@@ -11,6 +11,7 @@ Exactly once on ``polar.trajectories.<task>``, whatever crashes where:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -62,6 +63,8 @@ class EvaluatorService:
         self.evaluators = evaluators or default_registry()
         self.records = EvalRecords(registry.redis, config.result_ttl_seconds)
         self.runtimes = EvalRuntimes(config)
+        # sessions evaluated at once, over every queue it takes (services.evaluator.main)
+        self.slots = asyncio.Semaphore(config.concurrency)
 
     async def on_built(self, msg: Msg) -> None:
         try:

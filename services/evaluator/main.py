@@ -13,8 +13,6 @@ gone) is taken over (``orphans``).
 
 from __future__ import annotations
 
-import asyncio
-
 from litestar import Litestar
 from nats.js.api import ConsumerConfig
 
@@ -32,7 +30,6 @@ def consumers(service: EvaluatorService) -> list[Consumer]:
     """The shared queue and this evaluator's nodes' queues, ``concurrency`` sessions
     evaluated at once over all of them."""
     cfg = service.config
-    slots = asyncio.Semaphore(cfg.concurrency)
     shared = work_consumer(
         S.CONSUMER_EVALUATOR,
         S.SESSIONS_BUILT_ANY,
@@ -40,24 +37,21 @@ def consumers(service: EvaluatorService) -> list[Consumer]:
         max_deliver=cfg.max_deliver,
     )
     nodes = [_node_queue(cfg, node) for node in cfg.reachable_nodes]
-    return [_consumer(service, queue, slots) for queue in [shared, *nodes]]
+    return [_consumer(service, queue) for queue in [shared, *nodes]]
 
 
 def node_consumer(service: EvaluatorService, node: str) -> Consumer:
-    """Node ``node``'s queue, for a takeover (bounded by ``concurrency`` on its own)."""
-    slots = asyncio.Semaphore(service.config.concurrency)
-    return _consumer(service, _node_queue(service.config, node), slots)
+    """Node ``node``'s queue, for a takeover (within the same ``concurrency``)."""
+    return _consumer(service, _node_queue(service.config, node))
 
 
 def _node_queue(cfg: EvaluatorConfig, node: str) -> ConsumerConfig:
     return evaluation_queue(node, ack_wait=cfg.ack_wait_seconds, max_deliver=cfg.max_deliver)
 
 
-def _consumer(
-    service: EvaluatorService, queue: ConsumerConfig, slots: asyncio.Semaphore
-) -> Consumer:
+def _consumer(service: EvaluatorService, queue: ConsumerConfig) -> Consumer:
     async def bounded(msg) -> None:
-        async with slots:
+        async with service.slots:
             await service.on_built(msg)
 
     concurrency = service.config.concurrency
