@@ -87,6 +87,7 @@ class SessionFinished(_Event, tag="session.finished"):
     artifacts: Artifacts = field(default_factory=Artifacts)
     eval_runtime_id: str | None = None  # a runtime left for the evaluation (live or prewarmed)
     node: str | None = None  # where that runtime is: the node that ran the session
+    seq_floor: int = 0  # the attempt's first call number (``Session.seq_floor``)
 
 
 class TrajectoryBuilt(_Event, tag="session.built"):

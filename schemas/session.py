@@ -71,6 +71,9 @@ class Session(Struct, frozen=True, kw_only=True):
     state: SessionState = S.REGISTERED
     version: int = 0  # bumped by every transition
     attempt: int = 0
+    # the call counter when this attempt began: lower call numbers are earlier attempts'
+    # (one an attempt cut off mid-call never recorded is its gap, not this attempt's)
+    seq_floor: int = 0
     priority: int = 0
     node: str | None = None
     created_at: float = 0.0

@@ -113,7 +113,7 @@ class Builder:
 
     async def make(self, event: SessionFinished) -> Trajectory:
         spec = await self.builder_spec(event.task_id)
-        records, problems = await self.settled_records(event.session_id)
+        records, problems = await self.settled_records(event.session_id, event.seq_floor)
         if len(records) <= INLINE_BUILD_RECORDS:
             return logic.build_trajectory(event, spec, records, self.builders, problems)
         # CPU-bound: off the event loop, so in-progress acks keep flowing meanwhile.
@@ -121,13 +121,13 @@ class Builder:
             logic.build_trajectory, event, spec, records, self.builders, problems
         )
 
-    async def settled_records(self, session_id: str) -> tuple[list, list[str]]:
+    async def settled_records(self, session_id: str, floor: int = 0) -> tuple[list, list[str]]:
         """The session's records once every call the proxy numbered has one (committed,
         void or aborted). No call starts after the session left RUNNING (its token died
         with that change), but one in flight then still commits its record: it is waited
         for, up to ``settle_seconds`` (a harness that exits or is killed hangs up, and
         the proxy records the abort at once); a number still missing after that is
-        reported as a lost call."""
+        reported as a lost call. Numbers below ``floor`` are earlier attempts'."""
         cfg = self.config
         deadline = time.monotonic() + cfg.settle_seconds
         while True:
@@ -135,7 +135,7 @@ class Builder:
                 self.bus, session_id, batch=cfg.read_batch, timeout=cfg.read_timeout_seconds
             )
             numbered = await numbered_calls(self.registry.redis, session_id)
-            if logic.all_numbered_present(records, numbered) or time.monotonic() > deadline:
+            if logic.all_numbered_present(records, numbered, floor) or time.monotonic() > deadline:
                 return records, problems
             await asyncio.sleep(0.1)
 

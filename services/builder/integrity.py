@@ -14,16 +14,17 @@ class Integrity:
     problems: tuple[str, ...]
 
 
-def missing_seqs(calls: Calls, elsewhere: Iterable[int] = ()) -> list[int]:
-    """Call numbers below the highest one seen that have no record; ``elsewhere`` are
-    numbers recorded outside ``calls`` (an earlier attempt's, which share the counter)."""
+def missing_seqs(calls: Calls, elsewhere: Iterable[int] = (), floor: int = 0) -> list[int]:
+    """Call numbers from ``floor`` (the attempt's first: ``Session.seq_floor``) below the
+    highest one seen that have no record; ``elsewhere`` are numbers recorded outside
+    ``calls`` (an earlier attempt's, which share the counter)."""
     seqs = (
         {c.seq for c in calls.calls}
         | set(calls.unreconstructable)
         | set(calls.void)
         | set(elsewhere)
     )
-    return sorted(set(range(max(seqs) + 1)) - seqs) if seqs else []
+    return sorted(set(range(floor, max(seqs) + 1)) - seqs) if seqs else []
 
 
 def continuation_of(cut: Call, calls: list[Call]) -> Call | None:
@@ -44,13 +45,15 @@ def assess(
     calls: Calls,
     read_problems: list[str] | tuple[str, ...] = (),
     elsewhere: Iterable[int] = (),
+    floor: int = 0,
 ) -> Integrity:
     """Not intact when a completion is missing or unreadable, or a turn was cut mid-chain
     (aborted or errored, and the conversation went on after it). A cut last turn (a
     timeout ending the session mid-call) keeps the trace intact: every token in it was
-    sampled and reported. ``elsewhere``: call numbers other attempts recorded."""
+    sampled and reported. ``elsewhere``: call numbers other attempts recorded; below
+    ``floor``, numbers earlier attempts took (recorded or not: not this attempt's loss)."""
     problems = list(read_problems)
-    missing = missing_seqs(calls, elsewhere)
+    missing = missing_seqs(calls, elsewhere, floor)
     if missing:
         problems.append(f"completions missing from the capture: seqs {missing[:50]}")
     if calls.unreconstructable:

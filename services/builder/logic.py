@@ -140,7 +140,7 @@ def build_trajectory(
     attempt numbers its calls on one counter."""
     records, earlier = split_attempt(records, event.attempt)
     calls = full_calls(records)
-    integrity = assess(calls, list(read_problems), (r.seq for r in earlier))
+    integrity = assess(calls, list(read_problems), (r.seq for r in earlier), event.seq_floor)
     error = None
     try:
         built = run_builder(builders, spec, records, event.outcome)
@@ -193,6 +193,7 @@ def _protocol_of(records: list[CompletionRecord]) -> str | None:
     return str(records[0].protocol) if records else None
 
 
-def all_numbered_present(records, numbered: int) -> bool:
-    """Does every call number below ``numbered`` (the proxy's counter) have a record?"""
-    return {r.seq for r in records} >= set(range(numbered))
+def all_numbered_present(records, numbered: int, floor: int = 0) -> bool:
+    """Does every call number from ``floor`` (the attempt's first) below ``numbered``
+    (the proxy's counter) have a record?"""
+    return {r.seq for r in records} >= set(range(floor, numbered))

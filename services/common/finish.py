@@ -71,6 +71,8 @@ async def finish_session(
         artifacts=artifacts,
         eval_runtime_id=eval_runtime_id,
         node=node,
+        # as read for this attempt; else 0: every number counts (never a gap overlooked)
+        seq_floor=session.seq_floor if session.attempt == attempt else 0,
     )
     await bus.publish_retrying(
         S.SESSIONS_FINISHED, encode(event), msg_id=f"finished:{session.session_id}:{attempt}"

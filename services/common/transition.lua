@@ -8,7 +8,7 @@
 -- ARGV[7] a lease owner or "": drop the session's lease in the same step while that owner
 -- still holds it (a finishing holder lets go with its last change: no release after it),
 -- ARGV[8..] field/value pairs to set ("" deletes the field; a new `token` replaces the
--- old one's key)
+-- old one's key; a new `attempt` sets `seq_floor`)
 -- Returns {1, from, version, seq, node} on success (node: where the session is placed,
 -- "" when nowhere, so every state-change event names it), {0, current, version, 0} when the CAS
 -- fails, {-1, "", 0, 0} when the session does not exist. `seq` is a global order of all
@@ -31,7 +31,9 @@ if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'lease_owner') == ARGV[7] then
   redis.call('ZREM', KEYS[3], sid)
 end
 local old_token = redis.call('HGET', KEYS[1], 'token')
+local new_attempt = false
 for i = 8, #ARGV, 2 do
+  if ARGV[i] == 'attempt' and ARGV[i + 1] ~= (cur[5] or '0') then new_attempt = true end
   if ARGV[i + 1] == '' then
     redis.call('HDEL', KEYS[1], ARGV[i])
   else
@@ -48,6 +50,12 @@ if token ~= old_token then
     local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or ARGV[4])
     redis.call('SET', @key_token(token)@, sid, 'EXAT', math.ceil(deadline) + 3600)
   end
+end
+-- A new attempt (a retry) numbers its calls from the call counter as it is now, read in
+-- the step that kills the old token: a lower number is an earlier attempt's, recorded or
+-- not (one cut off mid-call never records its number; that is no loss of this attempt).
+if new_attempt then
+  redis.call('HSET', KEYS[1], 'seq_floor', redis.call('GET', @key_call_seq(sid)@) or '0')
 end
 -- per-task counts live beside the task (derived key: single-node Redis only)
 local tc = @key_task_counts(cur[3])@

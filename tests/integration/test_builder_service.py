@@ -373,3 +373,60 @@ async def test_a_number_that_never_gets_a_record_is_waited_for_boundedly(bus, re
     t0 = time.monotonic()
     tr = await builder.make(event)
     assert 0.5 <= time.monotonic() - t0 < 5 and tr.stats.completions == 2
+
+
+async def test_a_retried_attempt_is_not_blamed_for_a_number_its_predecessor_never_recorded(
+    fresh_servers,
+):
+    """Attempt 0 took call numbers 0-2 and recorded 0 and 1: its node was cut off with
+    call 2 in flight, so neither its record nor a void one ever came (the proxy logs "left
+    a gap"). The reaper's retry starts attempt 1 at the counter (``seq_floor`` 3); its
+    calls 3 and 4 build an intact trajectory, without waiting out the settle window for
+    number 2. Before: not intact ("completions missing: seqs [2]"), fully masked, after
+    the whole wait (the multi-host chaos test's retried sessions, in a .ci/run rehearsal)."""
+    from proxy.callcount import number_call
+    from services.common.bus import Bus
+    from services.common.finish import finish_session
+    from services.node.reaper import retry_session
+
+    nats_url, redis_url = fresh_servers
+    bus = await Bus.open(nats_url, "test-seq-floor")
+    registry = Registry.from_url(redis_url)
+    settle = 30.0
+    builder = Builder(bus, registry, BuilderConfig(retry_delay_seconds=0.2, settle_seconds=settle))
+    try:
+        (sid,) = await new_task(registry, "bld-floor", to=POSTRUN_PATH[:3])  # RUNNING
+        first, again = Capture(sid), Capture(sid)
+        agent_loop(first, random.Random(5), 2)
+        agent_loop(again, random.Random(5), 2)
+        assert [await number_call(registry.redis, sid) for _ in range(3)] == [0, 1, 2]
+        await publish_records(bus, first.records, sid)  # seqs 0 and 1; 2 never comes
+        assert await retry_session(registry, bus, await registry.get_session(sid), "holder lost")
+        for state in POSTRUN_PATH[:3]:
+            assert (await registry.transition(sid, SessionState(state))).ok
+        retried = await registry.get_session(sid)
+        assert (retried.attempt, retried.seq_floor) == (1, 3)
+        assert [await number_call(registry.redis, sid) for _ in range(2)] == [3, 4]
+        mine = [
+            msgspec.structs.replace(
+                r,
+                seq=r.seq + 3,
+                attempt=1,
+                prompt_base_seq=None if r.prompt_base_seq is None else r.prompt_base_seq + 3,
+            )
+            for r in again.records
+        ]
+        await publish_records(bus, mine, sid)
+        assert await finish_session(
+            registry, bus, retried, 1, Outcome.COMPLETED, None, Artifacts(), None
+        )
+        t0 = time.monotonic()
+        await drain(builder)
+        tr = await stored(bus, sid, attempt=1)
+        assert time.monotonic() - t0 < settle  # number 2 was not waited for
+        assert tr.intact and "integrity_problems" not in tr.metadata, tr.metadata
+        assert [t.completion_seqs for t in tr.traces] == [[3, 4]]
+        assert tr.metadata["earlier_attempt_records"] == 2
+    finally:
+        await registry.close()
+        await bus.close()

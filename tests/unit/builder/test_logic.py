@@ -167,6 +167,25 @@ def test_a_retried_session_builds_only_its_finished_attempt():
     # ...but a call number missing from any attempt is still a lost call
     gap = build(first.records[:1] + retried, attempt=1)
     assert gap.metadata["integrity_problems"] == ["completions missing from the capture: seqs [1]"]
+    # unless it is below the attempt's floor: attempt 0, cut off mid-call, never recorded
+    # its number 1 (the chaos test found such retried sessions not intact in a rehearsal)
+    floored = build(first.records[:1] + retried, attempt=1, seq_floor=2)
+    assert floored.intact and "integrity_problems" not in floored.metadata
+    # a number of its own missing is still a lost call
+    own_gap = build(first.records + retried[1:], attempt=1, seq_floor=2)
+    assert own_gap.metadata["integrity_problems"][0] == (
+        "completions missing from the capture: seqs [2]"
+    )
+
+
+def test_settling_waits_for_the_attempts_own_numbers_only():
+    records = loop_records(2).records  # seqs 0 and 1
+    assert logic.all_numbered_present(records, 2)
+    assert not logic.all_numbered_present(records, 3)  # number 2 not recorded yet
+    later = [msgspec.structs.replace(r, seq=r.seq + 3) for r in records]  # seqs 3 and 4
+    assert not logic.all_numbered_present(later, 5)  # 0..2 missing
+    assert logic.all_numbered_present(later, 5, floor=3)  # 0..2 were earlier attempts'
+    assert not logic.all_numbered_present(later, 6, floor=3)
 
 
 def test_failed_builder_falls_back_to_masked_per_request():
