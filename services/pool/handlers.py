@@ -3,7 +3,9 @@
 Init work is fetched into a local priority queue (held messages are kept alive), and
 started only while the node's bounds allow (see ``logic``). The bound check and the
 REGISTERED -> INITIALIZING transition happen under one lock, so the pool never admits
-more than it may. A prepared runtime is handed to the node's executor as ``ReadyWork``.
+more than it may, and nothing once it is stopping. A prepared runtime is handed to the
+node's executor as ``ReadyWork``; a preparation whose session went on without it (a
+later attempt, or ended) is cancelled at the next lease renewal.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
@@ -60,6 +64,16 @@ LEFT_READY = (ST.CANCELLED, ST.ERROR, ST.POSTRUN)  # POSTRUN from READY: ended, 
 READY_POLL_SECONDS = 0.2  # a prepared runtime waiting for room re-checks at least this often
 
 
+class Superseded(Exception):
+    """A preparation cancelled because its session no longer wants it."""
+
+
+@dataclass
+class Preparation:
+    task: asyncio.Task
+    unwanted: str = ""  # why a renewal cancelled it (the session's state or attempt now)
+
+
 class RuntimePool:
     def __init__(
         self, bus: Bus, registry: Registry, config: PoolConfig, harnesses: PluginRegistry[Harness]
@@ -73,6 +87,9 @@ class RuntimePool:
         # the init work of the INITs running now, by session and attempt (an old
         # attempt's INIT may still unwind beside the next one's)
         self._init_msgs: dict[tuple[str, int], Msg] = {}
+        # the preparations running now (runtime start, prepare, harness install), by
+        # session and attempt: a lease renewal cancels one its session no longer wants
+        self._preparing: dict[tuple[str, int], Preparation] = {}
         self._jobs: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -160,9 +177,11 @@ class RuntimePool:
 
     # -- admission ----------------------------------------------------------------------
     async def dispatch(self) -> int:
-        """Start as many queued INITs as the bounds allow; returns how many started."""
+        """Start as many queued INITs as the bounds allow; returns how many started.
+        Every admission goes through here (the main loop, the end of an INIT or of a run,
+        the periodic job): a stopping pool admits nothing."""
         async with self._lock:
-            if not self.queue:
+            if not self.queue or self._stopping.is_set():
                 return 0
             # The flag is set by an ``EngineWatch`` (this node's or another's) or by an
             # operator; read with the counts, in one round trip.
@@ -174,7 +193,7 @@ class RuntimePool:
             stages = (counts["INITIALIZING"], counts["READY"], counts["RUNNING"])
             room = logic.room_to_init(*stages, self.limits)
             started = 0
-            while started < room and self.queue:
+            while started < room and self.queue and not self._stopping.is_set():
                 item, msg = self.queue.pop()
                 if await self._admit(item, msg):
                     started += 1
@@ -226,6 +245,10 @@ class RuntimePool:
                 try:
                     result = await self._init_once(item, fresh)
                     return
+                except Superseded as exc:
+                    result = "superseded"
+                    await self._init_superseded(item, str(exc))
+                    return
                 except Exception as exc:  # noqa: BLE001 - an INIT failure is recorded, never fatal
                     runtime = self._runtime_of(item)
                     if await self._rerun_in_place(item, runtime, exc, in_place_until):
@@ -267,7 +290,7 @@ class RuntimePool:
             token=session.token if session is not None else None,
         )
         self.initializing[sid] = runtime
-        await self._prepare(runtime, spec, session, paths, fresh)
+        await self._prepare_while_wanted(item, self._prepare(runtime, spec, session, paths, fresh))
         if not await self._become_ready(item, runtime):  # cancelled, or retried, meanwhile
             await runtime.cancel()
             return "cancelled"
@@ -367,6 +390,24 @@ class RuntimePool:
         self._ready_gen += 1
         self._ready_freed.set()
 
+    async def _prepare_while_wanted(self, item: InitWork, prepare: Coroutine) -> None:
+        """Run ``prepare`` as a task a lease renewal cancels once the session went on
+        without this attempt (``_stop_unwanted``): a runtime start or a prepare may take
+        minutes (a docker pull, a hung start) and looks at no session meanwhile.
+        Raises ``Superseded`` when so cancelled."""
+        key = (item.session_id, item.attempt)
+        prep = self._preparing[key] = Preparation(asyncio.ensure_future(prepare))
+        try:
+            await prep.task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not prep.unwanted or (current is not None and current.cancelling()):
+                raise  # this INIT itself cancelled
+            raise Superseded(prep.unwanted) from None
+        finally:
+            if self._preparing.get(key) is prep:
+                del self._preparing[key]
+
     async def _prepare(
         self, runtime: Runtime, spec, session, paths: SessionPaths, first_attempt: bool
     ) -> None:
@@ -399,17 +440,9 @@ class RuntimePool:
         transient = is_transient(exc)
         kind = "transient" if transient else "task"
         log.warning("INIT of %s failed (%s): %s", item.session_id, kind, exc)
-        if runtime is not None:
-            with contextlib.suppress(Exception):
-                await runtime.cancel()
+        await self._stop_own_runtime(item, runtime)
         reason = f"init failed: {exc}"[:2000]
         spec = await self.registry.task_spec(item.task_id)
-        if runtime is None and spec is not None and item.session_id in self.initializing:
-            # a later attempt's INIT here holds the session's place: this one's, by its id
-            sid = item.session_id
-            mine = runtime_id_for(sid, item.attempt)
-            with contextlib.suppress(Exception):
-                await node_runtime(self.config, spec.runtime, sid, mine).cancel()
         session = await self.registry.get_session(item.session_id)
         # only this attempt's: a later one (this holder's lease lapsed) is not this INIT's
         if (
@@ -423,6 +456,32 @@ class RuntimePool:
                 await fail_before_run(self.registry, self.bus, session, reason, [session.state])
         # not a new holder's, nor this pool's on a later attempt
         await self.registry.release(item.session_id, self.owner, item.attempt)
+
+    async def _init_superseded(self, item: InitWork, why: str) -> None:
+        """An INIT cancelled because its session went on without it: its own runtime
+        stopped and its own attempt's lease dropped; the session is left as it is (its
+        next attempt, maybe on this node, is someone else's business)."""
+        log.warning(
+            "INIT of %s attempt %d stopped: the session is %s", item.session_id, item.attempt, why
+        )
+        await self._stop_own_runtime(item, self._runtime_of(item))
+        await self.registry.release(item.session_id, self.owner, item.attempt)
+
+    async def _stop_own_runtime(self, item: InitWork, runtime: Runtime | None) -> None:
+        """Stop this INIT's runtime (``runtime``: its handle, from ``_runtime_of``)."""
+        if runtime is not None:
+            with contextlib.suppress(Exception):
+                await runtime.cancel()
+            return
+        if item.session_id not in self.initializing:
+            return  # this INIT started no runtime
+        # a later attempt's INIT here holds the session's place: this one's, by its id
+        spec = await self.registry.task_spec(item.task_id)
+        if spec is not None:
+            sid = item.session_id
+            mine = runtime_id_for(sid, item.attempt)
+            with contextlib.suppress(Exception):
+                await node_runtime(self.config, spec.runtime, sid, mine).cancel()
 
     # -- cancellation, leases, heartbeats ---------------------------------------------
     async def subscribe(self) -> list:
@@ -479,11 +538,29 @@ class RuntimePool:
         """The pool holds the sessions it prepares, and the READY ones it handed off until
         an executor takes them. A READY session of this node it did not hand off (a dead
         predecessor's, or one whose hand-off was lost) is not renewed: its lease expires
-        and a reaper retries or ends it, so no READY session is held forever."""
+        and a reaper retries or ends it, so no READY session is held forever. A
+        preparation its session no longer wants is cancelled (``_stop_unwanted``)."""
         ready = set(await self.registry.node_sessions(self.node, ST.READY))
         self.handed_off &= ready  # taken by an executor, or ended: no longer ours
         held = [*self.initializing, *self.handed_off]
         await self.registry.hold(held, self.owner, self.config.lease_seconds)
+        await self._stop_unwanted()
+
+    async def _stop_unwanted(self) -> None:
+        """Cancel the preparations whose session went on without them: retried as a later
+        attempt (this pool's lease lapsed, or it holds the next attempt too), ended, or
+        gone. Read for every preparation, not only for lost leases: a pool back from a cut
+        may hold the next attempt itself, and the lease is then still its own. (One
+        pipelined read per renewal, of the few sessions preparing: about ``max_init``.)"""
+        preparing = list(self._preparing.items())
+        if not preparing:
+            return
+        sessions = await self.registry.get_sessions(sid for (sid, _), _ in preparing)
+        for ((_, attempt), prep), now in zip(preparing, sessions, strict=True):
+            why = logic.prepared_for_nobody(now, attempt)
+            if why is not None and not prep.task.done():  # its INIT logs why it stopped
+                prep.unwanted = why
+                prep.task.cancel()
 
     async def heartbeat(self) -> None:
         cfg = self.config

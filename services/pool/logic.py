@@ -1,4 +1,5 @@
-"""Runtime-pool decisions: which init work to start next, and whether there is room.
+"""Runtime-pool decisions: which init work to start next, whether there is room, and
+whether a preparation under way is still wanted.
 
 Bounds per node (checked against the registry's per-node stage sets):
 - at most ``max_init`` sessions INITIALIZING;
@@ -19,6 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from schemas import Session, SessionState
 from schemas.topology import NODE_DEFAULTS
 
 T = TypeVar("T")
@@ -57,6 +59,19 @@ def ready_room(ready: int, limits: Limits) -> int:
 
 def ready_cap(limits: Limits) -> int:
     return max(limits.ready_buffer, 1)  # a hand-over passes through READY even just in time
+
+
+def prepared_for_nobody(session: Session | None, attempt: int) -> str | None:
+    """Why a preparation of ``attempt`` is of no use any more (``session``: as read now,
+    None if gone), or None while its session waits for it: INITIALIZING at that attempt,
+    the only state a session is in while its INIT prepares (only the INIT moves it on)."""
+    if session is None:
+        return "gone"
+    if session.attempt != attempt:
+        return f"at attempt {session.attempt}"
+    if session.state != SessionState.INITIALIZING:
+        return session.state.value
+    return None
 
 
 @dataclass(order=True)

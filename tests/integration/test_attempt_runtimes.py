@@ -25,6 +25,7 @@ from services.executor.handlers import Executor, RunningSession
 from services.node.harnesses import default_registry
 from services.node.reaper import STOP, retry_session, sweep_leftovers
 from services.node.session import node_runtime
+from services.pool import handlers as pool_handlers
 from services.runtimes.procs import TAG_RUNTIME, tagged_pids
 from tests.helpers.node import dead, leftover_dirs, wait_until
 from tests.integration.test_attempt_fence import Delivery
@@ -48,6 +49,12 @@ def executor_of(pool, tmp_path) -> Executor:
 
 def runtime_procs(runtime_id: str) -> list[int]:
     return [p for p in tagged_pids(TAG_RUNTIME, runtime_id) if not dead(p)]
+
+
+async def harness_gone(pids: list[int]) -> None:
+    """Every one of ``pids`` killed: the run ends once its runtime is told to stop, and
+    a killed process that a loaded machine has not yet scheduled to exit is still there."""
+    await wait_until(lambda: all(dead(p) for p in pids), 10, "the harness's processes killed")
 
 
 async def prepared(pool, item: InitWork) -> ReadyWork:
@@ -136,7 +143,7 @@ async def test_an_old_attempts_end_leaves_the_next_attempts_runtime_here(fresh_s
 
         os.kill(sleep0, signal.SIGTERM)  # attempt 0's harness ends: its executor cleans up
         await asyncio.wait_for(run0, 30)
-        assert all(dead(p) for p in harness0)
+        await harness_gone(harness0)
         # before the fix: attempt 1's directory removed with attempt 0's (one id)
         assert leftover_dirs(tmp_path / "work") == [work1.runtime_id]
         now = await pool.registry.get_session(sid)
@@ -172,7 +179,7 @@ async def test_a_run_whose_session_went_on_is_stopped_at_its_next_renewal(fresh_
         assert t.ok
         await executor.renew_leases()
         await asyncio.wait_for(run0, 15)  # before the fix: still running (sleep-loop)
-        assert all(dead(p) for p in harness_pids)
+        await harness_gone(harness_pids)
         assert leftover_dirs(tmp_path / "work") == [] and executor.running == {}
         now = await reg.get_session(sid)
         assert (now.state, now.attempt, now.node) == (ST.INITIALIZING, 1, "node1")
@@ -216,7 +223,8 @@ async def test_a_later_attempts_hand_off_stops_the_old_run_on_this_executor(
         work1 = await prepared(pool, await retried(pool, sid))
 
         await asyncio.wait_for(executor.on_ready(Delivery(work1)), 30)
-        assert run0.done() and all(dead(p) for p in harness_pids)
+        assert run0.done()
+        await harness_gone(harness_pids)
         done = await finished_event(sub)
         assert (done.attempt, done.outcome) == (1, Outcome.COMPLETED), done.reason
         assert done.artifacts.files == {"out.txt": "attempt 1 prepared\n"}
@@ -257,7 +265,7 @@ async def test_a_stale_init_failing_leaves_the_next_attempt_it_holds_here(fresh_
         await asyncio.wait_for(init0, 30)
         assert pool.initializing.get(sid) is rt1 and rt1.state == "running"
         assert leftover_dirs(tmp_path / "work") == [rt1.runtime_id]  # a0's removed
-        await wait_until(lambda: runtime_procs(a0) == [], 5, "attempt 0's prepare killed")
+        await wait_until(lambda: runtime_procs(a0) == [], 20, "attempt 0's prepare killed")
         now = await reg.get_session(sid)
         assert (now.state, now.attempt) == (ST.INITIALIZING, 1)
         assert await reg.redis.zscore(S.KEY_LEASES, sid) is not None
@@ -303,9 +311,137 @@ async def test_the_sweep_stops_an_earlier_attempts_runtime_and_keeps_the_current
 
         swept = await sweep_leftovers(reg, str(tmp_path / "work"), NODE, runtime_for)
         assert swept == {a0: STOP}
-        await wait_until(lambda: runtime_procs(a0) == [], 5, "attempt 0's process killed")
+        await wait_until(lambda: runtime_procs(a0) == [], 20, "attempt 0's process killed")
         assert runtime_procs(a1) == a1_procs
         assert leftover_dirs(tmp_path / "work") == sorted([a1, f"{sid}-main"])
         await runtime_for(spec, sid, a1).stop()
     finally:
+        await close_pool(pool)
+
+
+async def admitted(pool, task_id: str, **spec) -> tuple[InitWork, Ack, asyncio.Task]:
+    """A one-session task's attempt 0 admitted by the pool: its work, message, INIT job."""
+    item, msg = await registered(pool, task_id, **spec), Ack()
+    assert await pool._admit(item, msg)
+    (job,) = pool._jobs
+    return item, msg, job
+
+
+async def gone_on(pool, sid: str, *, here: bool):
+    """Attempt 0's holder was lost and the session retried: attempt 1 admitted by node1's
+    pool, or (``here``) by this pool, back from a cut, its runtime started. Returns
+    attempt 1's lease holder and its runtime here (None on node1)."""
+    reg = pool.registry
+    await retried(pool, sid)
+    holder = pool.owner if here else "pool:node1"
+    t = await reg.transition(
+        sid, ST.INITIALIZING, node=NODE if here else "node1", lease=(holder, 60)
+    )
+    assert t.ok
+    if not here:
+        return holder, None
+    spec = (await reg.task_spec(sid.rsplit("-", 1)[0])).runtime
+    rt1 = node_runtime(pool.config, spec, sid, attempt=1)  # what its INIT starts
+    await rt1.start()
+    pool.initializing[sid] = rt1
+    return holder, rt1
+
+
+async def assert_attempt_one_untouched(pool, sid: str, holder: str, rt1) -> None:
+    now = await pool.registry.get_session(sid)
+    assert (now.state, now.attempt, now.node) == (ST.INITIALIZING, 1, pool.node if rt1 else "node1")
+    assert await pool.registry.redis.hget(S.key_session(sid), "lease_owner") == holder.encode()
+    assert await pool.registry.redis.zscore(S.KEY_LEASES, sid) is not None
+    assert pool.initializing == ({sid: rt1} if rt1 else {})
+    assert rt1 is None or rt1.state == "running"
+
+
+async def left_behind(pool, runtime_id: str) -> None:
+    """What a failing test left running: INIT jobs cancelled, the prepare's sleep killed."""
+    for job in list(pool._jobs):
+        job.cancel()
+    for pid in runtime_procs(runtime_id):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("here", [False, True], ids=["next-on-node1", "next-here"])
+async def test_a_preparation_whose_session_went_on_is_stopped_at_the_next_renewal(
+    fresh_servers, tmp_path, here
+):
+    """Attempt 0's INIT prepares (a long prepare step) while its session goes on to
+    attempt 1 (its lease lapsed: node1's pool took the session, or this pool itself,
+    back from a cut). The next lease renewal stops attempt 0's INIT: its prepare killed,
+    its runtime removed, its init work acked, its place in the pool freed; attempt 1's
+    lease, and its runtime here, untouched (before: the INIT ran on, holding a runtime,
+    until its prepare ended; it only looks at its session as it goes READY)."""
+    pool = await open_pool(*fresh_servers, tmp_path, lease=6.0)
+    rt1 = None
+    prepare = [{"action": "exec", "command": "sleep 300"}]
+    item0, msg0, job0 = await admitted(
+        pool, "unwanted", runtime={"backend": "local", "prepare": prepare}
+    )
+    sid = item0.session_id
+    a0 = f"{sid}-a0-main"
+    try:
+        sleep0 = await wait_until(lambda: harness_sleep(a0), 20, "attempt 0's prepare")
+        await pool.renew_leases()  # still its session's: renewed, left alone
+        await asyncio.sleep(0.3)
+        assert not job0.done() and not dead(sleep0)
+
+        holder, rt1 = await gone_on(pool, sid, here=here)
+        await pool.renew_leases()
+        await asyncio.wait_for(asyncio.shield(job0), pool.config.lease_seconds / 3)
+        await wait_until(lambda: runtime_procs(a0) == [], 20, "attempt 0's prepare killed")
+        assert msg0.acked and pool._preparing == {} and pool._init_msgs == {}
+        assert leftover_dirs(tmp_path / "work") == ([rt1.runtime_id] if rt1 else [])
+        await assert_attempt_one_untouched(pool, sid, holder, rt1)
+    finally:
+        await left_behind(pool, a0)
+        if rt1 is not None:
+            await rt1.stop()
+        await close_pool(pool)
+
+
+def hung_start(make_runtime):
+    """``node_runtime``, whose runtimes' start never ends (an image pull that hangs)."""
+
+    def runtime(*args, **kwargs):
+        rt = make_runtime(*args, **kwargs)
+        start = rt._start
+
+        async def hangs() -> None:
+            await start()
+            await asyncio.Event().wait()
+
+        rt._start = hangs
+        return rt
+
+    return runtime
+
+
+async def test_a_runtime_start_that_hangs_is_stopped_once_its_session_went_on(
+    fresh_servers, tmp_path, monkeypatch
+):
+    """A start that never ends holds the runtime's lock, so even a cancel message's
+    ``runtime.cancel()`` waits on it: the renewal cancels the start itself, whose
+    teardown removes what it had made."""
+    monkeypatch.setattr(pool_handlers, "node_runtime", hung_start(pool_handlers.node_runtime))
+    pool = await open_pool(*fresh_servers, tmp_path, lease=6.0)
+    item0, msg0, job0 = await admitted(pool, "hung", runtime={"backend": "local"})
+    sid = item0.session_id
+    a0 = f"{sid}-a0-main"
+    try:
+        work = tmp_path / "work"
+        await wait_until(lambda: leftover_dirs(work) == [a0], 20, "attempt 0's start")
+        rt0 = pool.initializing[sid]
+        assert rt0.state == "starting"
+
+        holder, _ = await gone_on(pool, sid, here=False)
+        await pool.renew_leases()
+        await asyncio.wait_for(asyncio.shield(job0), pool.config.lease_seconds / 3)
+        assert rt0.state == "stopped" and leftover_dirs(work) == []
+        assert msg0.acked and pool._preparing == {} and pool._init_msgs == {}
+        await assert_attempt_one_untouched(pool, sid, holder, None)
+    finally:
+        await left_behind(pool, a0)
         await close_pool(pool)

@@ -7,6 +7,8 @@ NATS and Valkey, the pool in process.
 - The pool dies between the INITIALIZING transition and taking the lease: the two are
   one registry step now, and a reaper gives any held-state session without a lease an
   expired one and ends or retries it.
+- The pool is stopping when a run on its node ends: the wake-up that admits work waiting
+  for a held place admits nothing.
 """
 
 from __future__ import annotations
@@ -49,15 +51,23 @@ class HandOffLost(Bus):
 class Ack:
     """What the pool does with an init message it was handed (nothing to redeliver)."""
 
+    acked = False
+
     async def ack(self) -> None:
-        pass
+        self.acked = True
 
     async def in_progress(self) -> None:
         pass
 
 
 async def open_pool(
-    nats_url, redis_url, tmp_path, bus_type=Bus, lease: float = 2.0, registry_type=Registry
+    nats_url,
+    redis_url,
+    tmp_path,
+    bus_type=Bus,
+    lease: float = 2.0,
+    registry_type=Registry,
+    **bounds: int,
 ):
     bus = await Bus.open(nats_url, "test-pool-faults")
     bus = bus_type(bus.nc, bus.js, publish_tries=2, publish_backoff=0.05)
@@ -68,6 +78,7 @@ async def open_pool(
         work_dir=str(tmp_path / "work"),
         node=NODE,
         lease_seconds=lease,
+        **bounds,
     )
     return RuntimePool(bus, reg, cfg, default_registry())
 
@@ -159,9 +170,12 @@ async def test_reaper_ends_or_retries_held_sessions_that_have_no_lease(fresh_ser
         for item in (retry, final):  # what a crash between two steps left: no lease
             t = await reg.transition(item.session_id, ST.INITIALIZING, node=NODE)
             assert t.ok
-        reaper = Reaper(reg, pool.bus, lambda *a: None, keep=lambda sid: False, orphan_after=0.3)
+        # 1 s (not 0.3): the first look must come within it of the transitions above,
+        # which a loaded machine can stretch; over 1 s a fresh Valkey's uptime (whole
+        # seconds) would hold the reaper back instead, and the check would prove nothing
+        reaper = Reaper(reg, pool.bus, lambda *a: None, keep=lambda sid: False, orphan_after=1.0)
         assert await reaper.reap() == 0  # too fresh to call orphans yet
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(1.1)
         assert await reaper.reap() == 2
         r, f = await reg.get_sessions([retry.session_id, final.session_id])
         assert (r.state, r.attempt) == (ST.REGISTERED, 1)  # a lost holder: the system's fault
@@ -218,4 +232,30 @@ async def test_a_registry_blip_during_init_is_run_again_in_place(fresh_servers, 
         )  # fmt: skip
         assert s.attempt == 0 and pool.registry.blinks == 0
     finally:
+        await close_pool(pool)
+
+
+async def test_a_stopping_pool_admits_nothing_when_a_run_ends(fresh_servers, tmp_path):
+    """A run holds the node's one place, so queued work waits for it; the pool is then
+    stopped, and the run's end (the event that wakes admission) starts no INIT (before:
+    it admitted the work into a pool on its way out)."""
+    pool = await open_pool(*fresh_servers, tmp_path, max_run=1, ready_buffer=0)
+    reg = pool.registry
+    ended = await pool.bus.nc.subscribe(S.session_event(ST.POSTRUN))
+    try:
+        run = await registered(pool, "the-run")
+        for state in (ST.INITIALIZING, ST.READY, ST.RUNNING):
+            assert (await reg.transition(run.session_id, state, node=NODE)).ok
+        waiting, msg = await registered(pool, "waiting"), Ack()
+        pool.queue.push(waiting.priority, (waiting, msg))
+        assert await pool.dispatch() == 0 and pool._waits_for_run  # held by the run
+
+        pool.stop()
+        assert (await reg.transition(run.session_id, ST.POSTRUN)).ok
+        await pool.on_left_ready(await ended.next_msg(timeout=5))
+        s = await reg.get_session(waiting.session_id)
+        assert s.state == ST.REGISTERED and not pool._jobs  # before the fix: INITIALIZING
+        assert len(pool.queue) == 1 and not msg.acked  # left to be redelivered
+    finally:
+        await ended.unsubscribe()
         await close_pool(pool)

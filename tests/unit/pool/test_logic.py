@@ -1,8 +1,17 @@
-"""The pool's bounds as plain functions: room to start INITs, room to go READY."""
+"""The pool's bounds as plain functions: room to start INITs, room to go READY; whether a
+preparation is still wanted."""
 
 import pytest
 
-from services.pool.logic import Limits, PriorityQueue, held_by_runs, ready_room, room_to_init
+from schemas import Session, SessionState
+from services.pool.logic import (
+    Limits,
+    PriorityQueue,
+    held_by_runs,
+    prepared_for_nobody,
+    ready_room,
+    room_to_init,
+)
 
 L = Limits(max_init=3, ready_buffer=2, max_run=5)
 
@@ -73,3 +82,24 @@ def test_priority_queue_higher_first_fifo_within_a_level():
     for i, prio in enumerate([0, 5, 0, 5, -1, 0]):
         q.push(prio, i)
     assert [q.pop() for _ in range(len(q))] == [1, 3, 0, 2, 5, 4]
+
+
+@pytest.mark.parametrize(
+    ("state", "attempt", "why"),
+    [
+        (SessionState.INITIALIZING, 0, None),  # it waits for this preparation
+        (SessionState.REGISTERED, 1, "at attempt 1"),  # retried, not admitted yet
+        (SessionState.INITIALIZING, 1, "at attempt 1"),  # the next attempt, here or elsewhere
+        (SessionState.CANCELLED, 0, "CANCELLED"),
+        (SessionState.POSTRUN, 0, "POSTRUN"),  # ended by its deadline
+    ],
+)
+def test_a_preparation_is_wanted_only_by_its_initializing_attempt(state, attempt, why):
+    session = Session(
+        session_id="t-0000", task_id="t", index=0, token="ps_x", state=state, attempt=attempt
+    )
+    assert prepared_for_nobody(session, 0) == why
+
+
+def test_a_preparation_of_a_session_gone_is_wanted_by_nobody():
+    assert prepared_for_nobody(None, 0) == "gone"
