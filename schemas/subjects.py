@@ -173,6 +173,12 @@ def key_claim(name: str) -> str:
     return f"polar:claim:{name}"
 
 
+def key_ticket(service: str, nonce: str) -> str:
+    """Set once, until its ticket expires: a sign-in link of ``service``'s that was used
+    (services/common/auth.py), so no restart or replica takes it again."""
+    return f"polar:ticket:{service}:{nonce}"
+
+
 def key_submit_dedupe(digest: str) -> str:
     """String "<task id> <published at>": the first anonymous task message with these
     exact bytes (sha256 hex), so a copy published soon after joins its task."""

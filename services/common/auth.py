@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 ADMIN, READ = "admin", "read"
 
@@ -90,18 +91,25 @@ def _expiry(text: str) -> int | None:
     return int(text) if text.isdigit() and len(text) < 16 else None
 
 
+@dataclass(frozen=True)
+class Ticket:
+    nonce: str
+    expiry: int  # epoch seconds
+
+
 class Tickets:
-    """The tickets one service accepts (signed by one of ``keys``), each once: the
-    nonces redeemed are kept until their ticket expires (in memory: a restarted service
-    forgets them, so a ticket used before its restart works once more until it expires)."""
+    """The tickets one service accepts (signed by one of ``keys``), each once. ``verify``
+    checks one; whoever redeems it records its nonce until it expires: the registry does
+    for a service (``Registry.use_ticket``: no restart or replica takes a link twice),
+    ``redeem`` in this object's memory."""
 
     def __init__(self, keys: Iterable[str | None], service: str, renew: str) -> None:
         self.keys = [k for k in keys if k]
         self.service, self.renew = service, renew  # renew: how to get a fresh link
-        self.used: dict[str, int] = {}  # nonce -> its ticket's expiry
+        self.used: dict[str, int] = {}  # nonce -> its ticket's expiry (``redeem``)
 
-    def redeem(self, ticket: str, *, now: float) -> str | None:
-        """Why ``ticket`` is refused; None when it is good (it is used up then)."""
+    def verify(self, ticket: str, *, now: float) -> Ticket | str:
+        """The ticket if it is this service's and unexpired, else why it is refused."""
         fresh = self.renew
         expiry_text, _, rest = ticket.partition(".")
         nonce, _, mac = rest.partition(".")
@@ -116,10 +124,20 @@ class Tickets:
             return f"this sign-in link has expired: {fresh}"
         if expiry > now + MAX_TICKET_SECONDS:
             return f"this sign-in link claims to last more than a day: {fresh}"
+        return Ticket(nonce, expiry)
+
+    def used_up(self) -> str:
+        return f"this sign-in link was used already: {self.renew}"
+
+    def redeem(self, ticket: str, *, now: float) -> str | None:
+        """Why ``ticket`` is refused; None when it is good (used up then, in memory)."""
+        checked = self.verify(ticket, now=now)
+        if isinstance(checked, str):
+            return checked
         self.used = {n: e for n, e in self.used.items() if e > now}
-        if nonce in self.used:
-            return f"this sign-in link was used already: {fresh}"
-        self.used[nonce] = expiry
+        if checked.nonce in self.used:
+            return self.used_up()
+        self.used[checked.nonce] = checked.expiry
         return None
 
 

@@ -340,6 +340,12 @@ class Registry:
             await self.redis.set(S.key_claim(name), owner, nx=True, px=int(ttl_seconds * 1000))
         )
 
+    async def use_ticket(self, service: str, nonce: str, expiry: int) -> bool:
+        """Record a sign-in link's first use (kept until the link expires); False if it
+        was used before, by this process, an earlier one or a replica."""
+        key = S.key_ticket(service, nonce)
+        return bool(await self.redis.set(key, b"1", nx=True, exat=expiry))
+
     async def active_tasks(self) -> list[str]:
         return sorted(t.decode() for t in await self.redis.smembers(S.KEY_TASKS_ACTIVE))
 

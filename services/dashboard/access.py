@@ -4,13 +4,13 @@ gives a browser. ``polar dashboard`` and ``polar up`` print that link
 (``http://host:port/?token=<ticket>``: a one-time ticket signed with the read token,
 ``services/common/auth.py``); the dashboard redeems it for an HttpOnly, SameSite=Strict
 cookie and redirects to the same page without it. ``/healthz``, ``/metrics`` and the
-static files (no data: the script and style a sign-in page needs) are open. Pure: no
-I/O, the caller passes the clock.
+static files (no data: the script and style a sign-in page needs) are open. No I/O of
+its own: the caller passes the clock, and how a link's use is recorded (the registry).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from services.common.auth import (
     COOKIE_SECONDS,
@@ -24,6 +24,8 @@ from services.common.auth import (
 from services.dashboard.config import DashboardConfig
 
 SERVICE = "dashboard"
+# records a sign-in link's first use: (service, nonce, expiry) -> False if used before
+TicketUse = Callable[[str, str, int], Awaitable[bool]]
 TICKET_PARAM = "token"  # the sign-in link's query parameter
 SIGN_IN = (
     "sign in with the URL `polar dashboard` prints (a one-time link; `polar up` prints one "
@@ -63,10 +65,20 @@ class Access:
             return f"this browser's sign-in has expired or is from an earlier stack: {SIGN_IN}"
         return None
 
-    def sign_in(self, ticket: str, *, now: float) -> tuple[str | None, str | None]:
-        """(the cookie's value, None) for a good ticket, used up then; (None, why) else."""
-        if why := self.tickets.redeem(ticket, now=now):
-            return None, why
+    async def sign_in(
+        self, ticket: str, use: TicketUse, *, now: float
+    ) -> tuple[str | None, str | None]:
+        """(the cookie's value, None) for a good ticket, used up then (``use``: records
+        its first use, False if it had one); (None, why) else."""
+        checked = self.tickets.verify(ticket, now=now)
+        if isinstance(checked, str):
+            return None, checked
+        try:
+            first = await use(SERVICE, checked.nonce, checked.expiry)
+        except Exception as exc:  # noqa: BLE001 - no record of its use: no sign-in
+            return None, f"cannot sign in now (the registry did not answer: {exc}); try again"
+        if not first:
+            return None, self.tickets.used_up()
         return session_cookie(self.keys[0], SERVICE, now=now), None
 
 

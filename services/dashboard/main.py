@@ -129,7 +129,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
         why = access.refusal(request.headers, request.cookies, now=now)
         ticket = request.query_params.get(TICKET_PARAM)
         if ticket is not None and not is_api and request.method == "GET":
-            cookie, bad = access.sign_in(ticket, now=now)
+            cookie, bad = await access.sign_in(ticket, reader.registry.use_ticket, now=now)
             if bad is not None and why is not None:
                 return unauthorized(bad, api=False)
             headers = {

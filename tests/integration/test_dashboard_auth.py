@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -21,8 +22,11 @@ import pytest
 
 from infra import credentials
 from schemas import subjects as S
+from services.common.auth import sign_in_ticket
 from services.common.bus import Bus
 from services.common.registry import Registry
+from services.dashboard.access import Access
+from services.dashboard.config import DashboardConfig
 from tests.helpers.browser import printed_sign_in_url
 from tests.helpers.polar_cli import demo_stack_up
 
@@ -265,3 +269,26 @@ def test_nothing_served_holds_a_session_token_or_an_env_secret(stack):
     assert "[redacted]" in session["session"]["eval_reason"]  # the evaluator quoted it
     assert "my key is ps_[redacted]" in session["calls"][0]["request"]["text"]
     assert b"DB_PASS=[redacted]" in served["/api/sessions/dash-leak-0000/trajectory?view=stored"]
+
+
+async def test_a_link_used_once_is_refused_by_a_restarted_or_other_dashboard(redis_url):
+    """Its use is recorded in the registry until the link expires, not in the dashboard's
+    memory: a dashboard started afterwards (a restart, a replica) refuses it too."""
+    reg = Registry.from_url(redis_url)
+    try:
+        cfg = DashboardConfig(port=8161, read_token="pr_restart")
+        now = time.time()
+        link = sign_in_ticket("pr_restart", "dashboard", now=now, ttl=30)
+        first, later = Access(cfg), Access(cfg)  # two processes' worth of state
+        cookie, why = await first.sign_in(link, reg.use_ticket, now=now)
+        assert why is None and cookie
+        cookie, why = await later.sign_in(link, reg.use_ticket, now=now + 1)
+        assert cookie is None and "used already" in why
+        nonce = link.split(".")[1]
+        ttl = await reg.redis.ttl(S.key_ticket("dashboard", nonce))
+        assert 0 < ttl <= 30  # kept until the link expires, then gone
+        # another link still works
+        other = sign_in_ticket("pr_restart", "dashboard", now=now)
+        assert (await later.sign_in(other, reg.use_ticket, now=now))[1] is None
+    finally:
+        await reg.close()

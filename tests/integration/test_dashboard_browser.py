@@ -341,6 +341,10 @@ def test_cancel_from_the_ui_ends_the_task(stack, browser):
     topo, url = stack
     d = browser
     asyncio.run(publish(topo, slow_task("dash-slow")))
+    # its page once the scheduler has it (before, the page is a 404 that stays one: a
+    # loaded machine was slow enough for that once)
+    goto(d, url + "/")
+    wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-task="dash-slow"]'), 60)
     goto(d, url + "/tasks/dash-slow")
     wait(d, lambda d: "RUNNING" in d.find_element(By.ID, "timeline").text, 120)
     d.find_element(By.ID, "cancel").click()
