@@ -21,15 +21,27 @@ from proxy.callcount import RELEASE_IF_LAST
 from proxy.errors import ErrorKind, ProxyError, UpstreamError
 from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
-from schemas import CompletionRecord, Protocol, Session, Timings, UpstreamMode, encode
+from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
 from schemas import subjects as S
 from schemas.completion import delta_encode
 from services.common.jspub import JetStreamPublisher
-from services.common.registry import SESSION_FOR_CALL, session_from_flat
+from services.common.registry import SESSION_FOR_CALL
+from services.common.tokenization.lru import SizedLRU
 
 log = logging.getLogger("polar.proxy")
 
 STATE_TTL_SECONDS = 7 * 24 * 3600
+# Decoded TITO states kept per proxy process (``DecodedStates``), in memory as estimated
+# by ``state_cache_cost``: measured (tracemalloc), a state's decoded objects take about
+# twice its stored bytes plus ~1 KiB, and the stored bytes are kept to check it with.
+STATE_CACHE_BYTES = 32 << 20
+STATE_ENTRY_BYTES = 1024
+
+
+def state_cache_cost(stored: bytes) -> int:
+    return 3 * len(stored) + STATE_ENTRY_BYTES
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TurnState)
 SEQ_KEY = S.key_call_seq("")  # + session id
@@ -39,9 +51,11 @@ TITO_KEY = S.KEY_TITO_PREFIX
 # session: all a call needs before it goes to the engine, in one round trip. The script
 # is the registry's (it owns the session hash); the keys it touches for us are ours.
 _OPEN = Script(SESSION_FOR_CALL)
-# Remember a numbered call's state (stored as "<seq>:<msgpack>", newest first).
+# Remember a numbered call's state (stored as "<seq>:<msgpack>", newest first), dropping
+# the one it supersedes (ARGV[4], empty for none: see ``superseded``).
 _REMEMBER = Script(
     "redis.call('LPUSH', KEYS[1], ARGV[1]) "
+    "if ARGV[4] ~= '' then redis.call('LREM', KEYS[1], 1, ARGV[4]) end "
     "redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2])) "
     "redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))"
 )
@@ -66,7 +80,12 @@ class CallContext:
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    session: Session
+    """A token's session as a model call needs it (``SESSION_FOR_CALL``'s reply)."""
+
+    session_id: str
+    attempt: int
+    state: str  # a SessionState's value; '' for a session whose hash is gone
+    task_id: str
     states: list[bytes]  # raw, newest first
     seq: int | None  # the call's number, when the lookup took one
 
@@ -151,6 +170,11 @@ class SessionStore:
 
     def __init__(self, redis: Resp) -> None:
         self.redis = redis
+        self.decoded = DecodedStates()
+
+    def states(self, session_id: str, attempt: int, raw: list[bytes]) -> list[TurnState]:
+        """The stored states ``open`` read, decoded (each once per proxy while cached)."""
+        return self.decoded.decode(session_id, attempt, raw)
 
     def open(self, token: str, *, number: bool = False) -> Coroutine[Any, Any, Opened | None]:
         """The token's session and its attempt's stored TITO states (raw, newest first:
@@ -169,21 +193,28 @@ class SessionStore:
         reply = await sent
         if not reply:
             return None
-        row, states, seq = reply
-        return Opened(session_from_flat(row), states, None if seq < 0 else seq)
+        (sid, attempt, state, task_id), states, seq = reply
+        return Opened(
+            sid.decode(), int(attempt), state.decode(), task_id.decode(), states,
+            None if seq < 0 else seq,
+        )  # fmt: skip
 
     def reserve(self, session_id: str) -> Awaitable[int]:
         """INCR the session's call counter: sent now, its reply (how many numbers are
         taken) awaited later (``CallNumber``)."""
         return self.redis.start("INCR", SEQ_KEY + session_id)
 
-    def remember(self, session_id: str, attempt: int, state: TurnState) -> tuple[bytes, Awaitable]:
-        """Store ``state`` (numbered: its ``seq`` is set) as the session's newest: what was
-        stored (for ``forget``) and the reply to await."""
+    def remember(
+        self, session_id: str, attempt: int, state: TurnState, drop: bytes | None = None
+    ) -> tuple[bytes, Awaitable]:
+        """Store ``state`` (numbered: its ``seq`` is set) as the session's newest, and
+        remove ``drop`` (a stored state it supersedes) in the same step: what was stored
+        (for ``forget``) and the reply to await."""
         stored = b"%d:%s" % (state.seq, _encoder.encode(state))
+        self.decoded.put(session_id, attempt, stored, state)  # its next call decodes nothing
         key = S.key_tito(session_id, attempt)
         return stored, self.redis.start_script(
-            _REMEMBER, [key], [stored, MAX_STATES - 1, STATE_TTL_SECONDS]
+            _REMEMBER, [key], [stored, MAX_STATES - 1, STATE_TTL_SECONDS, drop or b""]
         )
 
     async def forget(self, session_id: str, attempt: int, stored: bytes) -> None:
@@ -196,15 +227,64 @@ class SessionStore:
         return bool(await self.redis.script(_RELEASE, [SEQ_KEY + session_id], [seq + 1]))
 
 
+def superseded(raw: list[bytes], base: TurnState | None) -> bytes | None:
+    """The stored state a call that continued ``base`` makes redundant: ``base``'s own
+    base. A conversation that only grows so keeps two states, its tip and the one before
+    (which a retry of the tip's call continues), not ``MAX_STATES`` snapshots of itself:
+    a long session's lookup reads and decodes 2 histories, not 8, and other branches
+    (sub-agents, side calls) are not pushed out by the main loop's turns."""
+    if base is None or base.base is None:
+        return None
+    prefix = b"%d:" % base.base
+    return next((item for item in raw if item.startswith(prefix)), None)
+
+
+class DecodedStates:
+    """Stored TITO states already decoded, so a session's calls do not decode its
+    histories again on every call (a long conversation's two states are most of what its
+    lookup reads: 0.6 ms of msgspec a call at 100 turns, ``tests/bench/bench_tito.py``).
+    Keyed by (session, attempt, seq) and used only while the stored bytes are the same
+    (a number given back is taken again by another state); least recently used out
+    first, within ``budget`` bytes of memory (``state_cache_cost``). Cached states are
+    shared by the calls that read them: nothing may change one.
+    """
+
+    def __init__(self, budget: int = STATE_CACHE_BYTES) -> None:
+        self.lru: SizedLRU[tuple[str, int, bytes], tuple[bytes, TurnState]] = SizedLRU(
+            budget, lambda _key, entry: state_cache_cost(entry[0])
+        )
+
+    def decode(self, session_id: str, attempt: int, raw: list[bytes]) -> list[TurnState]:
+        states = []
+        for item in raw:
+            hit = self.lru.get((session_id, attempt, item.partition(b":")[0]))
+            if hit is not None and hit[0] == item:
+                states.append(hit[1])
+                continue
+            state = decode_state(item)
+            self.put(session_id, attempt, item, state)
+            states.append(state)
+        return states
+
+    def put(self, session_id: str, attempt: int, stored: bytes, state: TurnState) -> None:
+        if state_cache_cost(stored) <= self.lru.budget // 8:  # one huge history: not kept
+            self.lru.put((session_id, attempt, stored.partition(b":")[0]), (stored, state))
+
+    def __len__(self) -> int:
+        return len(self.lru)
+
+
+def decode_state(item: bytes) -> TurnState:
+    """A stored state (``"<seq>:<msgpack>"``) -> its TurnState."""
+    seq, _, encoded = item.partition(b":")
+    state = _decoder.decode(encoded)
+    state.seq = int(seq)
+    return state
+
+
 def decode_states(raw: list[bytes]) -> list[TurnState]:
-    """Stored states (``"<seq>:<msgpack>"``, newest first) -> TurnStates."""
-    states = []
-    for item in raw:
-        seq, _, encoded = item.partition(b":")
-        state = _decoder.decode(encoded)
-        state.seq = int(seq)
-        states.append(state)
-    return states
+    """Stored states (newest first) -> TurnStates."""
+    return [decode_state(item) for item in raw]
 
 
 def build_record(

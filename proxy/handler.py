@@ -20,7 +20,13 @@ from proxy import capture, metrics, sidecalls
 from proxy.app import ModelCall, Render, SessionInfo, estimate_tokens
 from proxy.backends.base import BackendError, Generation, SamplingParams
 from proxy.backends.base import ErrorKind as BackendKind
-from proxy.capture import CallContext, CallNumber, Numbering, SessionStore, decode_states
+from proxy.capture import (
+    CallContext,
+    CallNumber,
+    Numbering,
+    SessionStore,
+    superseded,
+)
 from proxy.conversation import AssistantTurn, Conversation
 from proxy.errors import ErrorKind, ProtocolError, ProxyError, UpstreamError
 from proxy.gate import WeightGate
@@ -89,7 +95,8 @@ class CompletionHandler:
             await self.unused(session, protocol, _failure(request.broken))
             raise request.broken
         ctx = self._context(session, protocol, request)
-        states = decode_states(session.states)  # as the session was when called
+        # as the session was when called
+        states = self.store.states(session.session_id, session.attempt, session.states)
         number: CallNumber | None = None
         capturing = False
         try:
@@ -107,7 +114,7 @@ class CompletionHandler:
                 # Once sampled, a call is captured in full even if the harness leaves now.
                 capturing = True
                 state, reply = await asyncio.shield(
-                    self._capture(ctx, number, plan, gen, request, queue_ms, render)
+                    self._capture(ctx, number, plan, gen, request, queue_ms, render, session)
                 )
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
@@ -184,7 +191,15 @@ class CompletionHandler:
         )
 
     async def _capture(
-        self, ctx, number: CallNumber, plan, gen, request: _Request, queue_ms, render: Render
+        self,
+        ctx,
+        number: CallNumber,
+        plan,
+        gen,
+        request: _Request,
+        queue_ms,
+        render: Render,
+        session: SessionInfo,
     ) -> tuple[TurnState, Any]:
         """Commit the call's record and store its TITO state, both round trips at once,
         the answer rendered (``render``) while they are out (parsed before: the record
@@ -215,8 +230,10 @@ class CompletionHandler:
                 tools_key=request.key,
                 prompt=pack(plan.prompt_ids),
                 output=pack(gen.output_ids),
+                base=plan.base.seq if plan.base is not None else None,
             )
-            stored, remembering = self.store.remember(ctx.session_id, ctx.attempt, state)
+            drop = superseded(session.states, plan.base)
+            stored, remembering = self.store.remember(ctx.session_id, ctx.attempt, state, drop)
             reply = render(turn)
         except Exception:  # a bug: the record is out all the same, and the harness gets a 500
             with contextlib.suppress(UpstreamError):

@@ -22,7 +22,15 @@ from proxy.conversation import AssistantTurn, ToolCall, Usage
 from proxy.errors import ProtocolError
 from proxy.images import ImageStore, place, place_sampled
 from proxy.io.serving import after_reply
-from proxy.tito import PromptPlan, TurnState, head_text, judge_chat_prompt, plan_token_prompt
+from proxy.tito import (
+    PromptPlan,
+    TurnState,
+    head_text,
+    judge_chat_prompt,
+    pack,
+    plan_token_prompt,
+    unpack,
+)
 from schemas import UpstreamMode
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
 from services.common.tokenization.lru import SizedLRU
@@ -43,6 +51,11 @@ RENDER_AHEAD_MAX_BYTES = 64 * 1024
 # calls meanwhile; a shorter one is cheaper than the hand-off to a thread.
 PLAN_OFF_LOOP_BYTES = RENDER_AHEAD_MAX_BYTES
 PLANS_OFF_LOOP_AT_ONCE = 2
+# First calls' prompts by request (its messages and tools as JSON, and the ids packed):
+# ~16 MB, i.e. tens of thousands of short requests or ~100 of the longest rendered
+# ahead; an entry's objects (key, value, its place in the map) count ~200 bytes more.
+PROMPT_CACHE_BYTES = 16_000_000
+PROMPT_ENTRY_BYTES = 200
 
 
 class TokenMode:
@@ -64,6 +77,13 @@ class TokenMode:
             HEAD_CACHE_CHARS, lambda _key, text: len(text)
         )
         self._heavy_plans = asyncio.Semaphore(PLANS_OFF_LOOP_AT_ONCE)
+        # a first call's prompt by its request: the sessions of an RL group (and a
+        # harness's retries) start from the same messages, so each is rendered once
+        self.first_prompts: SizedLRU[bytes, bytes] = SizedLRU(
+            PROMPT_CACHE_BYTES, lambda key, packed: len(key) + len(packed) + PROMPT_ENTRY_BYTES
+        )
+        # a template that writes today's date renders the same messages otherwise tomorrow
+        self._same_render = "strftime_now" not in tokenizer.chat_template
 
     def render_ahead(self, request: _Request) -> None:
         """A short request without an assistant turn continues no state (continuing one
@@ -73,9 +93,21 @@ class TokenMode:
         if any(m.get("role") == "assistant" for m in request.messages):
             return
         try:
-            request.prompt_ids = self.tok.render_ids(request.messages, request.tools)
+            request.prompt_ids = self.first_prompt(request)
         except TemplateRenderError as exc:
             request.rejected = rejected(exc)
+
+    def first_prompt(self, request: _Request) -> list[int]:
+        """``render_ids`` of the request's messages and tools, from the cache when an
+        identical request (the same normalized JSON) was rendered before."""
+        if not self._same_render or request.image_urls:  # images: the bytes are the key
+            return self.tok.render_ids(request.messages, request.tools)
+        packed = self.first_prompts.get(request.normalized)
+        if packed is not None:
+            return unpack(packed)
+        ids = self.tok.render_ids(request.messages, request.tools)
+        self.first_prompts.put(request.normalized, pack(ids))
+        return ids
 
     async def generate(
         self, ctx: CallContext, request: _Request, states: list[TurnState], sampling: SamplingParams

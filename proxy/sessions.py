@@ -37,13 +37,12 @@ class SessionResolver:
         opened = await opening
         if opened is None:
             return None
-        session = opened.session
-        if session.state != SessionState.RUNNING:
+        if opened.state != SessionState.RUNNING:
             return None  # not RUNNING: no number was taken
         return SessionInfo(
-            session_id=session.session_id,
-            attempt=session.attempt,
-            task_id=session.task_id,
+            session_id=opened.session_id,
+            attempt=opened.attempt,
+            task_id=opened.task_id,
             states=opened.states,
             seq=opened.seq,
         )

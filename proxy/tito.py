@@ -27,7 +27,7 @@ from schemas.completion import RESPONSE_RETOKENIZED, ImageSpan
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
 from services.common.tokenization.images import image_urls
 
-MAX_STATES = 8  # per session: main loop, sub-agents, side calls
+MAX_STATES = 8  # per session: main loop, sub-agents, side calls (each branch keeps 2)
 
 
 class TurnState(msgspec.Struct, kw_only=True):
@@ -37,6 +37,7 @@ class TurnState(msgspec.Struct, kw_only=True):
     tools_key: str
     prompt: bytes  # uint32 ids, packed (prompts may be 200k tokens long)
     output: bytes
+    base: int | None = None  # the seq of the state this call continued, if any
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -122,15 +123,25 @@ def continues(messages: list[dict[str, Any]], state: TurnState, key: str) -> boo
         return False
     if not same_message(messages[n], state.reply):
         return False
-    return all(same_message(x, y) for x, y in zip(messages[:n], state.messages, strict=True))
+    # A harness echoes its history as it sent it, so the history is most often equal as
+    # it stands (one comparison in C); else message by message, as the model sees them.
+    history = messages[:n]
+    return history == state.messages or all(
+        same_message(x, y) for x, y in zip(history, state.messages, strict=True)
+    )
 
 
 def best_continued(
     messages: list[dict[str, Any]], key: str, states: list[TurnState]
 ) -> TurnState | None:
-    """The state with the longest history that ``messages`` continues."""
-    found = [s for s in states if continues(messages, s, key)]
-    return max(found, key=lambda s: (len(s.messages), s.seq), default=None)
+    """The state with the longest history that ``messages`` continues (the newest of
+    those as long). Tried longest first: in a conversation that only grows, the newest
+    state is continued and the others are not looked at (each is a whole-history
+    comparison: a session keeps up to ``MAX_STATES``)."""
+    for state in sorted(states, key=lambda s: (len(s.messages), s.seq), reverse=True):
+        if continues(messages, state, key):
+            return state
+    return None
 
 
 def classify_break(messages: list[dict[str, Any]], key: str, states: list[TurnState]) -> str:

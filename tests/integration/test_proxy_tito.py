@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from schemas import subjects as S
 from schemas.completion import reconstruct_prompts
 from services.common.registry import Registry
 from services.engine.weights import load_model
@@ -22,7 +23,14 @@ from tests.helpers.stack import (
     proxy_process,
     running_session,
 )
-from tests.integration.proxy_agents import AGENTS, TOOL, captured, run_loop
+from tests.integration.proxy_agents import (
+    AGENTS,
+    TOOL,
+    ChatAgent,
+    captured,
+    run_loop,
+    tool_output,
+)
 from tests.unit.engine.tiny import tiny_model_dir
 
 pytestmark = pytest.mark.asyncio
@@ -172,3 +180,36 @@ async def test_chat_mode_same_sessions_report_drift_with_reasons(chat_proxy, red
             assert metrics[(agent.protocol, reason)] == n, (agent.protocol, reason)
         report[agent.protocol] = reasons
     print("\nchat mode drift by reason:", report)
+
+
+async def test_a_growing_conversation_keeps_two_states_and_other_branches_survive(
+    token_proxy, redis_client, bus
+):
+    """A call that continues a state supersedes that state's own base: a conversation
+    that only grows keeps its tip and the state before it (which a retry of the tip's
+    call continues), so a side branch is not pushed out of the session's MAX_STATES by
+    the main loop's turns (before: 8 snapshots of the main loop, the side's state gone
+    after 8 turns) and a long session's lookup reads 2 histories, not 8."""
+    (session,) = await running_session(Registry(redis_client), "tito-branches", n=1)
+    main = ChatAgent(token_proxy.url, session.token)
+    side = ChatAgent(token_proxy.url, session.token)
+    side.messages[0] = {"role": "system", "content": "You title conversations."}
+    await main.step(stream=False)  # call 0
+    main.add_result(tool_output(0, last=False))
+    await side.step(stream=False)  # call 1: another branch (its own system prompt)
+    side.add_result(tool_output(1, last=False))
+    for i in range(10):  # calls 2..11, each continuing the one before
+        await main.step(stream=False)
+        if i < 9:
+            main.add_result(tool_output(i + 2, last=False))
+    await side.step(stream=False)  # call 12: the side branch, ten main turns later
+    main.messages.pop()  # call 13: call 11 again (its answer never arrived, say)
+    await main.step(stream=False)
+
+    recs = {r.seq: r for r in await captured(bus, session.session_id, expect=14)}
+    assert sorted(recs) == list(range(14))
+    assert all(recs[s].extends_previous and recs[s].prompt_base_seq == s - 1 for s in range(3, 12))
+    assert recs[12].extends_previous is True and recs[12].prompt_base_seq == 1
+    assert recs[13].extends_previous is True and recs[13].prompt_base_seq == 10
+    stored = await redis_client.lrange(S.key_tito(session.session_id, 0), 0, -1)
+    assert sorted(int(item.split(b":", 1)[0]) for item in stored) == [1, 10, 11, 12, 13]

@@ -3,9 +3,10 @@ preparing touches none of them)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from proxy.conversation import Conversation, Message, TextPart
+from proxy.conversation import Conversation, Message, TextPart, ToolSpec
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.modes import RENDER_AHEAD_MAX_BYTES
@@ -52,3 +53,51 @@ def test_a_long_request_or_one_that_may_continue_a_state_is_not(tok):
     later = conv(("user", "Say hello."), ("assistant", "Hello."), ("user", "Again."))
     h.prepare(later, "openai_chat", b"{}", {})  # its prompt depends on the session's states
     assert renders == []
+
+
+def prepared_ids(h: CompletionHandler, c: Conversation) -> list[int]:
+    return h.prepare(c, "openai_chat", b"{}", {}).args[0].prompt_ids
+
+
+def test_an_identical_first_call_reuses_the_rendered_prompt_ids(tok):
+    renders: list = []
+    h = handler(tok, renders)
+    first = conv(("system", "Be brief."), ("user", "Say hello."))
+    ids = prepared_ids(h, first)
+    again = prepared_ids(h, conv(("system", "Be brief."), ("user", "Say hello.")))
+    assert renders == [1]
+    assert again == ids == tok.render_ids(first.to_openai_messages())
+    again.append(0)  # each call gets its own list: the cached ids stay as rendered
+    assert prepared_ids(h, first) == ids
+    assert renders == [1]
+
+
+def test_a_first_call_that_differs_in_anything_rendered_is_rendered(tok):
+    renders: list = []
+    h = handler(tok, renders)
+    prepared_ids(h, conv(("system", "Be brief."), ("user", "Say hello.")))
+    other = conv(("system", "Be brief."), ("user", "Say hello!"))
+    with_tools = msgspec.structs.replace(
+        conv(("system", "Be brief."), ("user", "Say hello.")),
+        tools=[ToolSpec(name="f", parameters={"type": "object"})],
+    )
+    for c in (other, with_tools):
+        assert prepared_ids(h, c) == tok.render_ids(c.to_openai_messages(), c.to_openai_tools())
+    assert renders == [1, 1, 1]
+
+
+def test_a_template_that_writes_the_date_is_rendered_every_time(tok):
+    renders: list = []
+    dated = ChatTokenizer(
+        tok.tokenizer, "{{ strftime_now('%d %b %Y') }}" + tok.chat_template,
+        tok.special_tokens, tok.eos_token_ids,
+    )  # fmt: skip
+    render_ids = dated.render_ids
+    dated.render_ids = lambda *a, **k: renders.append(1) or render_ids(*a, **k)
+    h = CompletionHandler(
+        publisher=None, store=None, backend=None, gate=WeightGate(), mode=UpstreamMode.TOKEN,
+        tokenizer=dated, default_max_tokens=16,
+    )  # fmt: skip
+    first = conv(("user", "Say hello."))
+    assert prepared_ids(h, first) == prepared_ids(h, first)
+    assert renders == [1, 1]

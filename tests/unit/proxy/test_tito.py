@@ -1,10 +1,13 @@
 """TITO prompt planning on the real tiny model's tokenizer and chat template."""
 
+import msgspec
 import orjson
 import pytest
 
+from proxy.capture import DecodedStates, decode_states, state_cache_cost, superseded
 from proxy.tito import (
     TurnState,
+    best_continued,
     classify_break,
     head_text,
     judge_chat_prompt,
@@ -203,3 +206,90 @@ def test_chat_mode_drift_is_judged(tok):
     assert plan.extends is False and plan.drift_reason == "reasoning_dropped"
     exact = plan_token_prompt(tok, nxt, None, [st]).prompt_ids
     assert judge_chat_prompt(exact, nxt, None, [st]).extends is True
+
+
+def test_the_longest_continued_state_is_found_whatever_the_order():
+    """Longest first, the newest of equal length; one not continued is passed over for a
+    shorter one that is; an echo equal only as the model sees it (call ids, argument
+    spacing and reasoning rewritten) still continues."""
+    sys_user = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    turn1 = call(1, '{"cmd": "ls"}')
+    echoed = {**call(1, '{"cmd":"ls"}'), "reasoning_content": "", "tool_calls": [
+        {"id": "other", "type": "function", "function": {"name": "exec_command", "arguments": '{"cmd":"ls"}'}}
+    ]}  # fmt: skip
+    tool1 = {"role": "tool", "tool_call_id": "c1", "content": "a b"}
+    short = state(1, sys_user, turn1, [1], [2])
+    long_ = state(2, sys_user + [turn1, tool1], call(2, "{}"), [1], [2])
+    long_newer = state(3, sys_user + [turn1, tool1], call(2, "{}"), [1], [2])
+    wrong = state(4, sys_user + [turn1, tool1, call(9, "{}")], call(3, "{}"), [1], [2])
+    request = sys_user + [echoed, tool1, call(2, "{}"), {"role": "user", "content": "go on"}]
+    key = tools_key(TOOLS)
+    for states in ([short, long_, long_newer, wrong], [wrong, long_newer, long_, short]):
+        assert best_continued(request, key, states) is long_newer
+    assert best_continued(request, key, [wrong, short]) is short  # wrong: its turn 3 differs
+    assert best_continued(sys_user + [call(7, "{}")], key, [short]) is None  # another answer
+    assert best_continued(request, tools_key(None), [long_]) is None  # other tools
+
+
+def test_a_continued_state_supersedes_its_own_base_only():
+    def stored(seq, base):
+        s = TurnState(seq=seq, messages=[], reply={}, tools_key="", prompt=b"", output=b"")
+        s.base = base
+        return b"%d:%s" % (seq, msgspec.msgpack.encode(s))  # as SessionStore.remember does
+
+    raw = [stored(12, 11), stored(11, 10), stored(10, 9), stored(3, None)]
+    states = decode_states(raw)
+    assert [(s.seq, s.base) for s in states] == [(12, 11), (11, 10), (10, 9), (3, None)]
+    # continuing 12 (whose base is 11): 11 goes, 12 stays for a retry of the new call
+    assert superseded(raw, states[0]) == raw[1]
+    assert superseded(raw, states[3]) is None  # a branch's first state: nothing before it
+    assert superseded(raw, None) is None  # continued nothing
+    assert superseded(raw[:1], states[0]) is None  # its base already gone
+    # the seq is matched whole: state 11 is not state 1
+    assert superseded([stored(11, 10)], decode_states([stored(5, 1)])[0]) is None
+
+
+def _stored(seq: int, text: str = "hi", n_ids: int = 4) -> bytes:
+    state = TurnState(
+        seq=seq,
+        messages=[{"role": "user", "content": text}],
+        reply={"role": "assistant", "content": "ok"},
+        tools_key="",
+        prompt=pack(list(range(n_ids))),
+        output=pack([7]),
+    )
+    return b"%d:%s" % (seq, msgspec.msgpack.encode(state))
+
+
+def test_decoded_states_are_decoded_once_and_only_while_their_bytes_match():
+    cache = DecodedStates()
+    raw = [_stored(2), _stored(1)]
+    first = cache.decode("s1", 0, raw)
+    assert [(s.seq, s.messages) for s in first] == [(2, [{"role": "user", "content": "hi"}])] + [
+        (1, [{"role": "user", "content": "hi"}])
+    ]
+    again = cache.decode("s1", 0, [bytes(r) for r in raw])  # new bytes from a new read
+    assert all(a is b for a, b in zip(again, first, strict=True))
+    assert [s.seq for s in decode_states(raw)] == [2, 1]  # the same as undecoded-cached
+    # the same number taken again by another state (given back, then reused): decoded anew
+    (other,) = cache.decode("s1", 0, [_stored(2, "another")])
+    assert other is not first[0] and other.messages[0]["content"] == "another"
+    # another session's or attempt's state of the same number is its own
+    assert cache.decode("s2", 0, raw[:1])[0] is not first[0]
+    assert cache.decode("s1", 1, raw[:1])[0] is not first[0]
+
+
+def test_decoded_states_stay_within_their_byte_budget():
+    one = _stored(10)  # as long as each of 10..20
+    cache = DecodedStates(budget=state_cache_cost(one) * 8)
+    for seq in range(1, 21):
+        cache.decode("s", 0, [_stored(seq)])
+    assert len(cache) == 8 and cache.lru.used <= cache.lru.budget
+    newest = cache.decode("s", 0, [_stored(20)])[0]
+    assert cache.decode("s", 0, [_stored(20)])[0] is newest  # the newest are kept
+    huge = _stored(99, n_ids=len(one))  # over an eighth of the budget: not kept
+    assert cache.decode("s", 0, [huge])[0].seq == 99 and len(cache) == 8
+    # a state put by remember is found by the next read
+    state = decode_states([_stored(50)])[0]
+    cache.put("s", 0, _stored(50), state)
+    assert cache.decode("s", 0, [_stored(50)])[0] is state
