@@ -8,6 +8,8 @@ import pytest
 from infra import localservers
 from proxy.capture import SessionStore
 from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
+from proxy.sessions import SessionResolver
+from schemas import subjects as S
 from services.common.registry import Registry
 from tests.helpers.stack import running_session
 
@@ -92,12 +94,24 @@ async def test_token_lookup_matches_the_registry(redis_url, redis_client):
     try:
         for s in sessions:
             opened = await store.open(s.token)
-            assert opened.session == await reg.session_by_token(s.token)
+            known = await reg.session_by_token(s.token)
+            assert (opened.session_id, opened.attempt, opened.state, opened.task_id) == (
+                known.session_id,
+                known.attempt,
+                known.state,
+                known.task_id,
+            )
             assert opened.seq is None  # a lookup that is not for a model call numbers nothing
             numbered = await store.open(s.token, number=True)
-            assert numbered.session == opened.session and numbered.seq == 0
+            assert numbered.session_id == opened.session_id and numbered.seq == 0
             assert (await store.open(s.token, number=True)).seq == 1
         assert await store.open("ps_not_a_token") is None
         assert await store.open("ps_not_a_token", number=True) is None
+        # a token whose session hash is gone (expired apart): no state, so no call and no
+        # number taken, rather than a lookup that fails to parse
+        await redis_client.delete(S.key_session(sessions[0].session_id))
+        gone = await store.open(sessions[0].token, number=True)
+        assert (gone.state, gone.attempt, gone.task_id, gone.seq) == ("", 0, "", None)
+        assert await SessionResolver(store)(sessions[0].token, True) is None
     finally:
         await r.aclose()
