@@ -3,8 +3,10 @@
 ``system`` blocks and leading ``role: "system"`` messages form the system text (Claude
 Code's billing-header line removed); later ``role: "system"`` messages stay in place.
 A user message's ``tool_result`` blocks become ``tool`` messages, in order; its other
-blocks stay a user message. Blocks with no place in a prompt (redacted thinking, server
-tool results, documents) are dropped and counted.
+blocks stay a user message. A ``document`` with a text or content source becomes text
+parts; one the prompt cannot hold (a PDF's bytes, a URL, a Files API file) is a 400
+naming its source, as an image by ``file`` is. Blocks with no place in a prompt
+(redacted thinking, server tool results) are dropped and counted.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def user_parts(blocks: list[dict[str, Any]], at: str, dropped: list[str]) -> lis
             parts.append(TextPart(req_str(b, "text", at + "content[].")))
         elif kind == "image":
             parts.append(ImagePart(image_url(b.get("source"), f"{at}content[{i}].source")))
+        elif kind == "document":
+            parts.extend(document_parts(b, f"{at}content[{i}].", dropped))
         else:
             dropped.append(str(kind))
     return parts
@@ -125,6 +129,39 @@ def image_url(source: Any, at: str) -> str:
             at + ".file_id",
         )
     raise bad(f"{at}.type must be 'base64' or 'url', not {kind!r}", at + ".type")
+
+
+# document sources the prompt cannot hold, and why
+UNREADABLE_DOCUMENTS = {
+    "base64": "the prompt holds text and images, not PDFs",
+    "url": "nothing here fetches URLs",
+    "file": "Polar has no files API",
+}
+
+
+def document_parts(b: dict[str, Any], at: str, dropped: list[str]) -> list[Part]:
+    """A document block's text, after a line with its title and context if it has them.
+    Any other source is a 400 naming it, never a document silently left out (the model
+    would answer about a document it never read)."""
+    where = at + "source"
+    src = as_dict(b.get("source"), where)
+    kind = src.get("type")
+    if kind == "text":
+        body: list[Part] = [TextPart(req_str(src, "data", where + "."))]
+    elif kind == "content":
+        blocks = content_blocks(src.get("content"), where + ".content")
+        body = user_parts(blocks, where + ".", dropped)
+    elif isinstance(kind, str) and kind in UNREADABLE_DOCUMENTS:
+        raise bad(
+            f"{where}: a document source of type {kind!r} is not supported "
+            f"({UNREADABLE_DOCUMENTS[kind]}): send the document's text as a text source "
+            '({"type": "text", "media_type": "text/plain", "data": "..."})',
+            where,
+        )
+    else:
+        raise bad(f"{where}.type must be 'text' or 'content', not {kind!r}", where + ".type")
+    heading = [t for t in (opt_str(b, "title", at), opt_str(b, "context", at)) if t]
+    return [TextPart("\n".join(heading)), *body] if heading else body
 
 
 def assistant_message(blocks: list[dict[str, Any]], at: str, dropped: list[str]) -> Message:

@@ -3,11 +3,16 @@
 Field names are read in camelCase or snake_case (the REST API accepts both). A
 ``functionCall`` without an id gets one, and a ``functionResponse`` without an id answers
 the oldest open call of the same name. ``parameters`` (OpenAPI-style, upper-case types)
-become JSON schema; ``parametersJsonSchema`` is taken as is.
+become JSON schema; ``parametersJsonSchema`` is taken as is. ``inlineData`` of a text/*
+type is read as its UTF-8 text; otherwise ``inlineData`` / ``fileData`` must be images:
+any other media type is a 400 naming the field; parts with no place in a prompt are
+dropped and counted.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any
 
@@ -83,7 +88,7 @@ class _Reader:
                 text = req_str(p, "text", where)  # a text that is no string is a 400
                 content.append(ReasoningPart(text) if p.get("thought") else TextPart(text))
             else:
-                self.media(p, content)
+                self.media(p, content, where)
         self.messages.append(Message(role="assistant", content=content, tool_calls=calls))
 
     def call(self, fc: dict[str, Any], where: str) -> ToolCall:
@@ -110,7 +115,7 @@ class _Reader:
             elif p.get("text") is not None:
                 pending.append(TextPart(req_str(p, "text", where)))
             else:
-                self.media(p, pending)
+                self.media(p, pending, where)
         if pending or not parts:
             self.messages.append(Message(role="user", content=pending))
 
@@ -127,14 +132,46 @@ class _Reader:
             role="tool", content=response_parts(fr.get("response")), tool_call_id=call_id, name=name
         )
 
-    def media(self, p: dict[str, Any], out: list[Part]) -> None:
+    def media(self, p: dict[str, Any], out: list[Part], at: str) -> None:
         inline, file = get(p, "inlineData"), get(p, "fileData")
         if isinstance(inline, dict) and isinstance(inline.get("data"), str):
-            out.append(ImagePart(data_url(str(get(inline, "mimeType") or ""), inline["data"])))
+            if is_text(inline):  # a text file sent as bytes: the model reads its text
+                out.append(TextPart(inline_text(inline, at + "inlineData")))
+                return
+            mime = image_type(inline, at + "inlineData")
+            out.append(ImagePart(data_url(mime, inline["data"])))
         elif isinstance(file, dict) and isinstance(get(file, "fileUri"), str):
+            image_type(file, at + "fileData")
             out.append(ImagePart(get(file, "fileUri")))
         elif p:
             self.dropped.append(next(iter(p)))
+
+
+def is_text(blob: dict[str, Any]) -> bool:
+    return str(get(blob, "mimeType") or "").lower().startswith("text/")
+
+
+def inline_text(blob: dict[str, Any], at: str) -> str:
+    """A text/* inline part's text: its base64 data decoded as UTF-8 (a 400 naming the
+    field when it is not)."""
+    try:
+        return base64.b64decode(blob["data"], validate=True).decode("utf-8")
+    except (binascii.Error, ValueError) as exc:
+        raise bad(f"{at}.data is not base64 of UTF-8 text ({exc})", at + ".data") from exc
+
+
+def image_type(blob: dict[str, Any], at: str) -> str:
+    """An inline or file part's media type. The prompt holds text and images only: a
+    document, sound or video is a 400 naming the field, never a part passed on as an
+    image or left out. No type at all is left to the bytes to decide, as before."""
+    mime = str(get(blob, "mimeType") or "")
+    if mime and not mime.lower().startswith("image/"):
+        raise bad(
+            f"{at}.mimeType {mime!r} is not supported (the prompt holds text and images "
+            "only): send a document's text as a text part, an image as image/*",
+            at + ".mimeType",
+        )
+    return mime
 
 
 def response_parts(response: Any) -> list[Part]:

@@ -54,6 +54,16 @@ from proxy.sse import DONE, KEEPALIVE_COMMENT, SseEvent
 NAME = "openai_chat"
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "length"}
 SYSTEM_ROLES = ("system", "developer")
+# Parts the user means the model to read that the prompt cannot hold: why, and what to
+# send. A 400 naming the field, never a part silently left out (the model would answer
+# about a file or a sound it never saw).
+UNREADABLE_PARTS = {
+    "file": (
+        "Polar has no files API and the prompt holds text and images only",
+        "send the file's text as a text part",
+    ),
+    "input_audio": ("the prompt holds text and images only", "send a transcript as a text part"),
+}
 
 # ---------------------------------------------------------------- request
 
@@ -151,7 +161,12 @@ def parse_content(v: Any, where: str) -> list[Part]:
             if not isinstance(url, str):
                 raise bad(f"{where}[{i}].image_url.url must be a string", f"{where}[{i}].image_url")
             parts.append(ImagePart(url))
-        # other part types (audio, files, refusals) have no place in a text prompt: skipped
+        elif kind == "refusal":  # an assistant's earlier refusal: what it said
+            parts.append(TextPart(opt_str(p, "refusal", f"{where}[{i}].") or ""))
+        elif isinstance(kind, str) and kind in UNREADABLE_PARTS:
+            field, (why, fix) = f"{where}[{i}].{kind}", UNREADABLE_PARTS[kind]
+            raise bad(f"{field}: a {kind} part is not supported ({why}): {fix}", field)
+        # other part types have no place in a text prompt: skipped
     return parts
 
 

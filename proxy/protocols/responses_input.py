@@ -3,7 +3,9 @@
 Items of one model turn (reasoning, an assistant message, function / custom tool calls)
 are merged back into one assistant message, so a chat template sees the turn as the
 model produced it. Tool outputs become ``tool`` messages. Items with no place in a
-prompt (item references, hosted-tool calls, compaction blobs) are dropped and counted.
+prompt (item references, hosted-tool calls, compaction blobs) are dropped and counted;
+an ``input_file`` part, or an ``input_image`` by ``file_id`` only, is meant to be read,
+so it is a 400 naming the field instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from proxy.conversation import (
     ToolCall,
     join_system,
 )
+from proxy.errors import ProtocolError
 from proxy.protocols.base import as_dict, bad, json_text, opt_str, req_str
 
 SYSTEM_ROLES = ("system", "developer")
@@ -145,7 +148,8 @@ def parse_content(v: Any, where: str) -> list[Part]:
             parts.append(TextPart(opt_str(p, "refusal", f"{where}[{i}].") or ""))
         elif kind == "input_image":
             parts.append(ImagePart(_image_url(p, f"{where}[{i}].")))
-        # input_file parts (documents) have no place in a text prompt: skipped
+        elif kind == "input_file":
+            raise _file_refused(p, f"{where}[{i}].")
     return parts
 
 
@@ -163,6 +167,18 @@ def _image_url(p: dict[str, Any], at: str) -> str:
             at + "file_id",
         )
     raise bad(f"{at}image_url is required for an input_image", at + "image_url")
+
+
+def _file_refused(p: dict[str, Any], at: str) -> ProtocolError:
+    """An ``input_file``, however given: Polar has no files API and the prompt holds text
+    and images only, so it is a 400 naming the field, never a file silently left out."""
+    given = next((k for k in ("file_id", "file_data", "file_url") if p.get(k) is not None), "")
+    field = at + (given or "type")
+    return bad(
+        f"{field}: input_file is not supported (Polar has no files API and the prompt "
+        "holds text and images only): send the file's text as an input_text part",
+        field,
+    )
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:

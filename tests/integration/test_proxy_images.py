@@ -211,6 +211,33 @@ async def test_an_image_the_proxy_cannot_pass_on_is_a_400_in_the_callers_protoco
         )
 
 
+async def test_gemini_inline_text_is_read_as_text_and_a_pdf_is_a_400(proxy, bus, redis_client):
+    """Inline data the SDK sends for a file: text/* is the file's text in the prompt, a
+    PDF (which the prompt cannot hold) a 400 in Gemini's shape naming the field."""
+    (session,) = await running_session(Registry(redis_client), "gemini-text-file")
+    client = genai.Client(api_key=session.token, http_options=gt.HttpOptions(base_url=proxy.url))
+    notes = "The grass is green and the sky is blue."
+    parts = [
+        gt.Part.from_bytes(data=notes.encode(), mime_type="text/plain"),
+        gt.Part(text=QUESTION),
+    ]
+    await client.aio.models.generate_content(
+        model="m",
+        contents=[gt.Content(role="user", parts=parts)],
+        config=gt.GenerateContentConfig(max_output_tokens=4),
+    )
+    (rec,) = await records(bus, session.session_id, 1)
+    (message,) = msgspec.json.decode(bytes(rec.normalized))["messages"]
+    assert message["role"] == "user" and notes in str(message["content"])
+    assert rec.images == [] and len(rec.prompt_ids) > 20
+    pdf = gt.Part.from_bytes(data=b"%PDF-1.4\n", mime_type="application/pdf")
+    with pytest.raises(genai.errors.ClientError) as err:
+        await client.aio.models.generate_content(
+            model="m", contents=[gt.Content(role="user", parts=[pdf, gt.Part(text=QUESTION)])]
+        )
+    assert err.value.code == 400 and "inlineData.mimeType" in str(err.value)
+
+
 async def test_a_merged_image_trace_recomputes_to_its_captured_logprobs(
     proxy, bus, redis_client, model
 ):

@@ -189,6 +189,64 @@ def test_an_anthropic_image_by_file_source_is_a_400_naming_the_field(client, han
     assert handler.calls[0][1].messages[0].content == [ImagePart("data:image/png;base64,AA==")]
 
 
+PDF_B64 = "JVBERi0xLjQK"
+UNREADABLE = {  # protocol: (what the request holds, the field its 400 names)
+    "openai_chat": (
+        {"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
+        "messages[0].content[0].file",
+    ),
+    "openai_responses": (
+        {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
+        "input[0].content[0].file_id",
+    ),
+    "anthropic_messages": (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "summarize it"},
+                        {
+                            "type": "document",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "application/pdf",
+                                "data": PDF_B64,
+                            },
+                        },
+                    ],
+                }
+            ]
+        },
+        "messages[0].content[1].source",
+    ),
+    "gemini": (
+        {
+            "contents": [
+                {"parts": [{"inlineData": {"mimeType": "application/pdf", "data": PDF_B64}}]}
+            ]
+        },
+        "contents[0].parts[0].inlineData.mimeType",
+    ),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_document_or_sound_the_prompt_cannot_hold_is_a_400_naming_the_field(
+    client, handler, protocol
+) -> None:
+    """The model must not answer about a file it never saw: refused in the caller's shape."""
+    path, body = GENERATE[protocol]
+    holding, field = UNREADABLE[protocol]
+    r = client.post(path, json={**body, **holding}, headers=auth())
+    assert r.status_code == 400 and protocol_shaped(protocol, r.json())
+    error = r.json()["error"]
+    assert error["message"].startswith(field)
+    if "param" in error:
+        assert error["param"] == field
+    assert handler.calls == []
+
+
 EXPECTED_STATUS = {
     ("anthropic_messages", ErrorKind.OVERLOADED): 529,
     ("anthropic_messages", ErrorKind.UNAVAILABLE): 529,
