@@ -19,6 +19,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from services.trainer import checkpoint
+
 CHART_WIDTH, CHART_HEIGHT = 60, 10
 
 
@@ -134,12 +136,16 @@ def reached(records: list[dict], target: float, t0: float) -> tuple[int, float] 
 def final_lines(records: list[dict], target: float, state: Path, t0: float) -> list[str]:
     evals = _kind(records, "eval")
     ck = state / "checkpoints"
-    latest = ck / "LATEST"
+    found = checkpoint.latest(ck)
     lines = [
         f"plot: {ck / 'curves.png'}",
-        f"trained checkpoint: {ck / latest.read_text().strip() if latest.exists() else ck}",
+        f"trained checkpoint: {found[0] if found else ck}",
         f"trajectories: {state / 'trajectories.jsonl'}   log: {ck / 'log.jsonl'}",
     ]
+    best = checkpoint.best(ck)
+    if found and best and found[1].best_accuracy is not None:  # as the trainer kept it
+        said = f"held-out {found[1].best_accuracy:.3f} at step {found[1].best_step}"
+        lines.insert(2, f"best checkpoint: {best} ({said})")
     if not evals:
         return [*lines, "final held-out accuracy: none measured (see trainer.log)"]
     first, last = evals[0], evals[-1]

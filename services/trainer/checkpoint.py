@@ -3,6 +3,8 @@
     <checkpoint_dir>/step-000012/   model.safetensors, config + tokenizer files,
                                     optimizer.pt, trainer_state.json
     <checkpoint_dir>/LATEST         "step-000012" (replaced atomically)
+    <checkpoint_dir>/BEST           "step-000008": the best held-out accuracy so far
+                                    (``keep_best``; never pruned while it is best)
 
 A step directory is written under a temporary name and renamed once complete, and LATEST
 is replaced by rename after that, so a crash at any point leaves the previous checkpoint
@@ -21,6 +23,7 @@ import msgspec
 
 STATE_FILE = "trainer_state.json"
 LATEST = "LATEST"
+BEST = "BEST"
 
 
 class TrainerState(msgspec.Struct, kw_only=True):
@@ -31,6 +34,8 @@ class TrainerState(msgspec.Struct, kw_only=True):
     in_flight: dict[str, str] = {}  # task id -> "train" | "eval:<step>", submitted, unconsumed
     evals_done: list[int] = []  # steps whose held-out evaluation is recorded
     records: list[dict] = []  # the log records written since the previous checkpoint
+    best_step: int | None = None  # the step of the best held-out accuracy so far
+    best_accuracy: float | None = None
 
 
 def step_name(step: int) -> str:
@@ -86,14 +91,43 @@ def latest(root: Path) -> tuple[Path, TrainerState] | None:
     return ckpt, state
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Remove all but the newest ``keep`` step directories (and stale temporaries)."""
+def improves(state: TrainerState, accuracy: float) -> bool:
+    """Whether a held-out accuracy beats the best so far (a tie keeps the earlier step)."""
+    return state.best_accuracy is None or accuracy > state.best_accuracy
+
+
+def mark_best(root: Path, state: TrainerState) -> None:
+    """Point BEST at ``state.best_step``; the state (written first) is what prune and a
+    resume go by, so a crash before this rename is repaired by calling it again."""
+    if state.best_step is not None:
+        write_atomic(root / BEST, step_name(state.best_step).encode())
+
+
+def promote_best(root: Path, state: TrainerState, keep: int) -> None:
+    """``mark_best``, then prune: the step that was best is no longer protected, and a
+    run's last evaluation has no checkpoint after it to prune it then."""
+    mark_best(root, state)
+    if state.best_step is not None:
+        prune(root, keep, protect=(step_name(state.best_step),))
+
+
+def best(root: Path) -> Path | None:
+    pointer = root / BEST
+    if not pointer.exists():
+        return None
+    path = root / pointer.read_text().strip()
+    return path if path.is_dir() else None
+
+
+def prune(root: Path, keep: int, protect: tuple[str, ...] = ()) -> list[Path]:
+    """Remove all but the newest ``keep`` step directories (and stale temporaries); never
+    LATEST's nor those named in ``protect`` (the best step's)."""
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     doomed = steps[:-keep] + [p for p in root.glob(".tmp-step-*") if p.is_dir()]
     current = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
     removed = []
     for p in doomed:
-        if p.name != current:
+        if p.name != current and p.name not in protect:
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed

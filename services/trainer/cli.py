@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
-from services.trainer.config import ConfigError, load_config
+from services.trainer.checkpoint import TrainerState, step_name
+from services.trainer.config import ConfigError, TrainerConfig, load_config
 from services.trainer.loop import run_training
 
 FAILED_EXIT = 3
@@ -23,7 +25,19 @@ def _print(rec: dict) -> None:
             flush=True,
         )
     elif rec["type"] == "eval":
-        print(f"eval at step {rec['step']}: held-out accuracy {rec['accuracy']:.3f}", flush=True)
+        best = " (best so far)" if rec.get("best") else ""
+        print(
+            f"eval at step {rec['step']}: held-out accuracy {rec['accuracy']:.3f}{best}",
+            flush=True,
+        )
+
+
+def done_line(state: TrainerState, cfg: TrainerConfig) -> str:
+    line = f"done: {state.step} steps; log {cfg.log_file}, plot {cfg.plot_file}"
+    if cfg.keep_best and state.best_step is not None:
+        path = Path(cfg.checkpoint_dir) / step_name(state.best_step)
+        line += f"; best held-out {state.best_accuracy:.3f} at step {state.best_step}: {path}"
+    return line
 
 
 def main(path: str) -> int:
@@ -40,5 +54,5 @@ def main(path: str) -> int:
     except Exception as exc:  # noqa: BLE001 - a failed run is an exit status, with the reason
         print(f"training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return FAILED_EXIT
-    print(f"done: {state.step} steps; log {cfg.log_file}, plot {cfg.plot_file}")
+    print(done_line(state, cfg))
     return 0

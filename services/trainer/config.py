@@ -80,6 +80,8 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     ack_wait_seconds: Positive = 60.0  # a dead trainer's uncommitted groups come back after this
     sync_every: Annotated[int, Meta(ge=1)] = 1
     keep_checkpoints: Annotated[int, Meta(ge=1)] = 3
+    # also keep the step of the best held-out accuracy, named by <checkpoint_dir>/BEST
+    keep_best: bool = True
     cancel_on_exit: bool = True  # cancel tasks still in flight when the run ends
     # -- the objective
     objective: Objective = "grpo"

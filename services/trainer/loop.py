@@ -135,6 +135,8 @@ class Trainer:
             self.ckpt, self.state = found
             self.policy.load(self.ckpt)
             self.resumed = True
+            if self.cfg.keep_best:  # a crash between the state and BEST's rename
+                ck.mark_best(self.root, self.state)
             self._repair_log()
 
     def _repair_log(self) -> None:
@@ -336,7 +338,11 @@ class Trainer:
     def _checkpoint(self, rec: dict) -> None:
         self.state.records = [rec]
         self.ckpt = ck.commit_checkpoint(self.root, self.state, self.policy.save)
-        ck.prune(self.root, self.cfg.keep_checkpoints)
+        ck.prune(self.root, self.cfg.keep_checkpoints, self._protected())
+
+    def _protected(self) -> tuple[str, ...]:
+        best = self.state.best_step
+        return (ck.step_name(best),) if self.cfg.keep_best and best is not None else ()
 
     def _write_state(self) -> None:
         ck.write_atomic(self.ckpt / ck.STATE_FILE, msgspec.json.encode(self.state))
@@ -414,9 +420,16 @@ class Trainer:
             ),
             "eval_s": time.perf_counter() - t0,
         }
+        # the step evaluated is the checkpoint just written (or resumed from)
+        best = self.cfg.keep_best and self.ckpt.name == ck.step_name(step)
+        if best and ck.improves(self.state, rec["accuracy"]):
+            self.state.best_step, self.state.best_accuracy = step, rec["accuracy"]
+            rec["best"] = True
         self.state.evals_done.append(step)
         self.state.records = [*self.state.records, rec]
         self._write_state()
+        if rec.get("best"):
+            ck.promote_best(self.root, self.state, self.cfg.keep_checkpoints)
         self.hold += list(groups.values())
         if self._final():  # no later step commits them
             await self._commit([])

@@ -75,6 +75,7 @@ async def test_a_served_run_trains_pushes_versions_and_checks_every_on_policy_st
         out,
         run_id="served",
         steps=3,
+        keep_checkpoints=1,
         eval={
             "at_start": True,
             "at_end": True,
@@ -110,6 +111,14 @@ async def test_a_served_run_trains_pushes_versions_and_checks_every_on_policy_st
     print("mismatch per step:", [r["mismatch_max"] for r in steps])
     evals = [r for r in ck.read_log(out / "ckpt" / "log.jsonl") if r["type"] == "eval"]
     assert [(e["step"], e["versions"], e["tasks"]) for e in evals] == [(0, ["0"], 2), (3, ["3"], 2)]
+    # the best held-out step is kept (and named by BEST) past keep_checkpoints=1
+    top = max(evals, key=lambda e: e["accuracy"])  # a tie keeps the earlier
+    assert [e["step"] for e in evals if e.get("best")] == [0] + ([3] if top["step"] == 3 else [])
+    assert ck.best(out / "ckpt") == out / "ckpt" / ck.step_name(top["step"])
+    kept = {p.name for p in (out / "ckpt").glob("step-*")}
+    assert kept == {ck.step_name(top["step"]), "step-000003"}
+    _, state = ck.latest(out / "ckpt")
+    assert (state.best_step, state.best_accuracy) == (top["step"], top["accuracy"])
 
     async with httpx.AsyncClient(trust_env=False) as client:
         admin = admin_headers(topo)
@@ -154,11 +163,13 @@ async def test_rollouts_ahead_are_stale_and_a_stale_group_is_clipped_as_configur
         if m
     ]
     assert max(abs(r - 1) for r in ratios) > 1e-3  # the weights moved: the ratio is not 1
-    # an eps in a gap between tokens' deviations (none on the boundary), near the median
-    dev = sorted(abs(r - 1) for r in ratios)
-    gaps = [i for i in range(1, len(dev)) if dev[i] - dev[i - 1] > 1e-4 and dev[i] < 1]
-    i = min(gaps, key=lambda i: abs(i - len(dev) // 2))
-    eps = (dev[i - 1] + dev[i]) / 2
+    # an eps in a gap between tokens' deviations (none on the boundary), near the median.
+    # 0 and 1 bound the gaps (eps is in (0, 1)): four steps can push most ratios near 0,
+    # leaving no gap between two deviations below 1.
+    bounds = sorted({0.0, 1.0, *(d for d in (abs(r - 1) for r in ratios) if d < 1)})
+    gaps = [i for i in range(1, len(bounds)) if bounds[i] - bounds[i - 1] > 1e-4]
+    i = min(gaps, key=lambda i: abs(i - len(bounds) // 2))
+    eps = (bounds[i - 1] + bounds[i]) / 2
     settings = settings_of(
         parse_config({**raw, "clip_eps": eps, "max_staleness": 4, "stale_policy": "drop"})
     )

@@ -1,5 +1,7 @@
 import pytest
 
+from services.trainer.checkpoint import TrainerState
+from services.trainer.cli import done_line
 from services.trainer.config import ConfigError, load_config, parse_config
 
 BASE = {"tasks": {"path": "t.jsonl"}, "model_dir": "m", "checkpoint_dir": "c"}
@@ -45,3 +47,12 @@ def test_exponent_floats_in_yaml_and_json(tmp_path):
     j.write_text('{"tasks": {"path": "t"}, "model_dir": "m", "checkpoint_dir": "c", "lr": "x"}')
     with pytest.raises(ConfigError, match="lr"):
         load_config(j)
+
+
+def test_the_done_line_names_the_best_checkpoint_when_one_is_kept():
+    state = TrainerState(run_id="r", step=9, best_step=4, best_accuracy=0.75)
+    line = done_line(state, parse_config(BASE))
+    assert line.startswith("done: 9 steps; log c/log.jsonl")
+    assert line.endswith("; best held-out 0.750 at step 4: c/step-000004")
+    assert "best" not in done_line(TrainerState(run_id="r", step=9), parse_config(BASE))
+    assert "best" not in done_line(state, parse_config({**BASE, "keep_best": False}))
