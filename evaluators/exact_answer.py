@@ -16,8 +16,9 @@ why the others were not.
 
 ``partial_credit`` shapes a *training* reward: a wrong answer that is an integer ``d``
 away from an integer expected answer earns ``weight * (1 - d / window)`` (nothing from
-``window`` on), so a group whose samples are all wrong still ranks the near misses above
-the far ones. It never changes what counts as correct (``correct`` in the details, the
+``window`` on; ``d`` = 0 is the right number written otherwise, "03" for "3", which earns
+the whole weight), so a group whose samples are all wrong still ranks the near misses
+above the far ones. It never changes what counts as correct (``correct`` in the details, the
 reason), and a held-out set is scored without it.
 """
 

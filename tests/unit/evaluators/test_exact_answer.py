@@ -138,14 +138,16 @@ CREDIT = {"weight": 0.5, "window": 3}
 
 def test_partial_credit_ranks_near_misses_and_keeps_correct_exact():
     q2, q1 = ANSWERS
-    ctx = context([trace(q2, "2"), trace(q2, "3"), trace(q2, "4"), trace(q1, "7"), trace(q1, "1.")])
+    traces = [trace(q2, "2"), trace(q2, "3"), trace(q2, "4"), trace(q1, "7"), trace(q1, "1.")]
+    ctx = context([*traces, trace(q2, "02")])
     ctx.config["partial_credit"] = CREDIT
     r = evaluate(ctx)
     assert r.status == "ok"
-    # exact 1; 1 away 0.5*(2/3); 2 away 0.5*(1/3); 6 away 0; "1." is not an integer: 0
-    assert r.trace_rewards == pytest.approx((1.0, 1 / 3, 1 / 6, 0.0, 0.0))
+    # exact 1; 1 away 0.5*(2/3); 2 away 0.5*(1/3); 6 away 0; "1." is not an integer: 0;
+    # "02", the right number written otherwise, 0 away: the whole weight, still wrong
+    assert r.trace_rewards == pytest.approx((1.0, 1 / 3, 1 / 6, 0.0, 0.0, 0.5))
     assert r.details["correct"] == 1  # what counts as correct is unchanged
-    assert r.reason.startswith("1/5 answers correct")
+    assert r.reason.startswith("1/6 answers correct")
 
 
 def test_partial_credit_leaves_non_numeric_expected_answers_alone():

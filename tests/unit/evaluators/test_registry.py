@@ -80,7 +80,7 @@ async def test_crash_is_an_explicit_error():
 async def test_timeout_is_an_explicit_error():
     started = time.monotonic()
     r = await run(f"{P}:Sleeping", ctx(sleep=30), timeout=0.3)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # the timeout's, not the 30 s sleep's
     assert (r.status, r.reward) == ("error", None)
     assert r.reason == f"evaluator '{P}:Sleeping' timed out after 0.3s"
 
