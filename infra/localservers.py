@@ -56,8 +56,10 @@ def free_port() -> int:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
     low, high = span
-    for _ in range(4 * (high - low + 1)):
-        port = random.randint(low, high)
+    size = high - low + 1
+    start = random.randrange(size)  # spread concurrent pickers; then every port once
+    for offset in range(size):
+        port = low + (start + offset) % size
         if port not in _handed and _bindable(port):
             _handed.append(port)
             return port
