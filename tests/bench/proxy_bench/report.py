@@ -113,4 +113,24 @@ def verdicts(runs: list[Run]) -> list[str]:
                     f"max req per CPU-s, {target}: {value:.0f} = {ratio:.1f}x {peer}'s "
                     f"{best[peer]:.0f} ({'meets' if ratio >= 10 else 'misses'} >= 10x)"
                 )
+    return out + cell_ratios(runs)
+
+
+def cell_ratios(runs: list[Run]) -> list[str]:
+    """Each path's req per CPU-s over each peer's in the same cell (same streaming, same
+    sessions): the comparison at equal load, beside the best-cell one above."""
+    cells: dict[tuple[bool, int], dict[str, float]] = {}
+    for r in runs:
+        if r.per_cpu and not r.target.endswith(FIRST_CALLS):
+            cells.setdefault((r.stream, r.sessions), {})[r.target] = r.per_cpu
+    out = []
+    for peer in PEERS:
+        for (stream, sessions), cell in sorted(cells.items()):
+            if peer not in cell:
+                continue
+            ratios = ", ".join(
+                f"{t} {v / cell[peer]:.1f}x" for t, v in cell.items() if t not in PEERS
+            )
+            kind = "streaming" if stream else "non-streaming"
+            out.append(f"req per CPU-s over {peer}'s, {sessions} sessions, {kind}: {ratios}")
     return out
