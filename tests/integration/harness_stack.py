@@ -29,6 +29,7 @@ from schemas import CompletionRecord, SessionFinished, SessionStateChanged, Task
 from schemas import subjects as S
 from services.node.harnesses import CLI_PRESETS
 from services.node.harnesses.npm import Installed
+from tests.helpers.streams import stored_messages
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "tests" / "fixtures" / "policies"
@@ -263,7 +264,7 @@ class Stack:
         trajectory = (await read_stream(bus, S.trajectories(result.task_id), 1, 60))[0]
         records = [
             decode(raw, CompletionRecord)
-            for raw in await read_stream(bus, S.completions(sid), None, 1.0)
+            for raw in await read_stream(bus, S.completions(sid), None, 60)
         ]
         return TaskRun(
             result.task_id,
@@ -280,22 +281,8 @@ def _ignore(*_: object) -> None:
 
 
 async def read_stream(bus, subject: str, count: int | None, timeout: float) -> list[bytes]:
-    """The stored messages of ``subject`` (``count`` of them, or all until ``timeout``
-    passes without one)."""
-    sub = await bus.js.subscribe(subject, ordered_consumer=True)
-    out: list[bytes] = []
-    try:
-        while count is None or len(out) < count:
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except TimeoutError:
-                if count is None:
-                    break
-                raise
-            out.append(await bus.payload(msg))
-    finally:
-        await sub.unsubscribe()
-    return out
+    """The payloads of ``subject``'s stored messages (``stored_messages``)."""
+    return [await bus.payload(m) for m in await stored_messages(bus, subject, count, timeout)]
 
 
 # -- gateways between a CLI and the proxy ----------------------------------------------

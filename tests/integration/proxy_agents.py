@@ -267,12 +267,14 @@ AGENTS = (ChatAgent, ResponsesAgent, AnthropicAgent, GeminiAgent)
 
 # -- reading what the proxy captured -----------------------------------------------------
 async def captured(bus, session_id: str, *, expect: int | None = None) -> list[CompletionRecord]:
-    """Every CompletionRecord of a session, in stream order (claim-checks resolved)."""
+    """Every CompletionRecord of a session, in stream order (claim-checks resolved).
+    ``expect``: wait up to 10 s for each of that many (a loaded machine can take seconds
+    to deliver one), then 0.3 s for any more; without it, read until 2 s of silence."""
     sub = await bus.js.subscribe(S.completions(session_id), ordered_consumer=True)
     out: list[CompletionRecord] = []
     try:
         while True:
-            timeout = 0.3 if expect is not None and len(out) >= expect else 2.0
+            timeout = 2.0 if expect is None else 0.3 if len(out) >= expect else 10.0
             try:
                 msg = await sub.next_msg(timeout=timeout)
             except TimeoutError:

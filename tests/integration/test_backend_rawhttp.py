@@ -17,6 +17,7 @@ import pytest
 from proxy.backends.base import BackendError, ErrorKind
 from proxy.backends.http import HttpSettings, HttpWorker
 from proxy.io import rawhttp
+from tests.helpers.node import wait_until
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -172,7 +173,9 @@ async def test_close_mid_body_is_unavailable():
     base = await server.start()
     pool = rawhttp.ConnectionPool(base, limit=2, keepalive_s=4, connect_timeout_s=1)
     task = asyncio.create_task(pool.send(pool.encode("GET", "/x", None), 5))
-    await asyncio.sleep(0.1)
+    # the partial answer is written in the step that records the request: closed before
+    # it, the client would see no response at all
+    await wait_until(lambda: server.requests, 10, "the request answered in part")
     await server.close_idle()
     with pytest.raises(rawhttp.Disconnected) as err:
         await task
@@ -186,7 +189,7 @@ async def test_slow_answer_times_out_and_the_connection_is_not_reused():
         start = time.monotonic()
         with pytest.raises(BackendError) as err:
             await worker.get_json("/x", timeout_s=0.2)
-        assert err.value.kind is ErrorKind.TIMEOUT and time.monotonic() - start < 2
+        assert err.value.kind is ErrorKind.TIMEOUT and time.monotonic() - start < 5  # not 30
         assert await worker.get_json("/x") == 2
     assert server.connections == 2
 

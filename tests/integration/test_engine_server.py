@@ -110,6 +110,16 @@ def _post(url: str, path: str, body: dict | None = None, timeout: float = 60.0) 
     return httpx.post(url + path, json=body if body is not None else {}, timeout=timeout)
 
 
+def _engine_when(url: str, check, timeout: float = 30.0) -> dict:
+    """The engine's state once ``check(state)`` holds: how long a request sent from a
+    thread takes to reach the engine depends on the machine's load."""
+    deadline = time.monotonic() + timeout
+    while not check(state := httpx.get(url + "/server_info").json()["internal_states"][0]):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.02)
+    return state
+
+
 def _in_background(fn):
     box: dict = {}
     thread = threading.Thread(target=lambda: box.setdefault("value", fn()))
@@ -217,17 +227,17 @@ def test_weight_update_pause_and_continue(servers, model_dirs, tok):
         "sampling_params": {"max_new_tokens": 12, "temperature": 0},
     }
     before = _post(url, "/generate", greedy).json()
-    # long enough to be in flight 0.3 s later on a fast CPU (~1,700 tokens/s seen)
+    # long enough to be seen in flight on a fast CPU (~1,700 tokens/s seen)
     long_body = {
         "input_ids": [5, 6],
         "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
     }
-    longer_body = {  # aborted after 0.3 s: its length only matters if the abort fails
+    longer_body = {  # aborted in flight: its length only matters if the abort fails
         "input_ids": [5, 6],
         "sampling_params": {"max_new_tokens": 20000, "ignore_eos": True},
     }
     thread, box = _in_background(lambda: _post(url, "/generate", long_body).json())
-    time.sleep(0.3)
+    _engine_when(url, lambda s: s["running"] or box)  # in flight (or, on a fast CPU, done)
     update = _post(url, "/update_weights_from_disk", {"model_path": str(v2)})
     assert update.status_code == 200 and update.json()["success"] is True
     assert "now 2" in update.json()["message"]
@@ -241,12 +251,13 @@ def test_weight_update_pause_and_continue(servers, model_dirs, tok):
     assert httpx.get(url + "/model_info").json()["weight_version"] == "2"
 
     thread, box = _in_background(lambda: _post(url, "/generate", longer_body).json())
-    time.sleep(0.3)
+    _engine_when(url, lambda s: s["running"])
     assert _post(url, "/pause_generation", {"mode": "abort"}).json()["status"] == "ok"
     thread.join(timeout=30)
     assert box["value"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert box["value"]["meta_info"]["weight_version"] == "2"
     held, held_box = _in_background(lambda: _post(url, "/generate", greedy).json())
+    _engine_when(url, lambda s: s["waiting"])
     time.sleep(0.3)
     assert held.is_alive()  # new requests wait while paused
     assert _post(url, "/flush_cache").status_code == 400  # a request is queued
@@ -308,10 +319,7 @@ def test_full_queue_answers_503(servers):
     assert _post(url, "/pause_generation", {"mode": "in_place"}).status_code == 200
     try:
         queued, box = _in_background(lambda: _post(url, "/generate", {"text": "hello"}))
-        deadline = time.monotonic() + 10
-        while httpx.get(url + "/server_info").json()["internal_states"][0]["waiting"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _engine_when(url, lambda s: s["waiting"])
         full = _post(url, "/generate", {"text": "hello"})
         assert full.status_code == 503
         assert (

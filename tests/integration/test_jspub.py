@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from infra import localservers
 from schemas import subjects as S
 from services.common.bus import CLAIM_HEADER, CLAIM_THRESHOLD, Bus
 from services.common.jspub import DuplicateMessage, JetStreamPublisher, PublishError
+from tests.helpers.node import proc_state
+from tests.helpers.streams import stored_messages
 
 
 def publisher(url: str, bus: Bus | None = None, **kw) -> JetStreamPublisher:
@@ -24,19 +27,6 @@ def publisher(url: str, bus: Bus | None = None, **kw) -> JetStreamPublisher:
 
     kw.setdefault("fallback_above", 768 * 1024)
     return JetStreamPublisher(url, name="test", fallback=bus.publish if bus else no_fallback, **kw)
-
-
-async def stored(bus: Bus, subject: str) -> list:
-    msgs = []
-    sub = await bus.js.subscribe(subject, ordered_consumer=True)
-    try:
-        while True:
-            msgs.append(await sub.next_msg(timeout=1.0))
-    except Exception:  # noqa: BLE001 - nats' TimeoutError: nothing more
-        pass
-    finally:
-        await sub.unsubscribe()
-    return msgs
 
 
 async def test_publishes_are_stored_once_per_msg_id_and_acked_with_their_sequence(bus, nats_url):
@@ -51,7 +41,7 @@ async def test_publishes_are_stored_once_per_msg_id_and_acked_with_their_sequenc
     finally:
         await pub.aclose()
     assert len(set(seqs)) == 50 and again == seqs[7] and plain > max(seqs)
-    msgs = await stored(bus, subject)
+    msgs = await stored_messages(bus, subject)
     assert [m.data for m in msgs] == [b"record %d" % i for i in range(50)] + [b"no id"]
     assert msgs[3].headers["Nats-Msg-Id"] == "jspub-a:3"
 
@@ -74,7 +64,7 @@ async def test_a_payload_over_the_threshold_goes_through_the_claim_check(bus, na
         await pub.publish(subject, big_payload + b"!", msg_id="big:1")
     finally:
         await pub.aclose()
-    small, big = await stored(bus, subject)
+    small, big = await stored_messages(bus, subject)
     assert small.data == b"small" and CLAIM_HEADER not in (small.headers or {})
     assert big.headers[CLAIM_HEADER] and await bus.payload(big) == big_payload + b"!"
 
@@ -84,12 +74,14 @@ async def test_a_stalled_server_times_out_and_a_restarted_one_is_reconnected(tmp
     url = f"nats://127.0.0.1:{port}"
     proc = localservers.start_nats(port, tmp_path / "n")
     await (await Bus.open(url, "test-jspub")).close()  # declares the streams
-    pub = publisher(url, ack_timeout=0.5)
+    pub = publisher(url)  # 10 s for the acks a live server owes (a loaded one is slow)
     subject = S.completions("jspub-restart")
     try:
         assert await pub.publish(subject, b"1", msg_id="r:1") == 1
+        pub.ack_timeout = 0.5  # what the stalled and the stopped server get
         os.kill(proc.pid, signal.SIGSTOP)
         try:
+            await stopped(proc.pid)  # kill() returns before every thread has stopped
             with pytest.raises(PublishError, match="no JetStream ack in time"):
                 await pub.publish(subject, b"2", msg_id="r:2")
         finally:
@@ -97,6 +89,7 @@ async def test_a_stalled_server_times_out_and_a_restarted_one_is_reconnected(tmp
         localservers.stop_process(proc.pid)
         with pytest.raises(PublishError):  # down: refused, not hanging
             await pub.publish(subject, b"3", msg_id="r:3")
+        pub.ack_timeout = 10.0  # a restarted server recovering its store may be slow to ack
         proc = localservers.start_nats(port, tmp_path / "n")  # same store: the stream is back
         seq = await pub.publish(subject, b"4", msg_id="r:4")
         assert seq >= 2  # the stalled "2" may have been stored before the server stopped
@@ -118,6 +111,20 @@ async def test_user_and_password_from_the_url(nats_with):
         await pub.aclose()
         await bad.aclose()
         await bus.close()
+
+
+async def stopped(pid: int, within: float = 5.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (state T in /proc): under load a
+    thread still running when SIGSTOP was sent could answer one more publish."""
+    deadline = time.monotonic() + within
+    while not all(s in "Tt" for s in thread_states(pid)):
+        assert time.monotonic() < deadline, f"pid {pid} not stopped: {thread_states(pid)}"
+        await asyncio.sleep(0.005)
+
+
+def thread_states(pid: int) -> list[str]:
+    states = [proc_state(f"/proc/{pid}/task/{t}/stat") for t in os.listdir(f"/proc/{pid}/task")]
+    return [s for s in states if s] or ["?"]
 
 
 @pytest.fixture
@@ -179,4 +186,4 @@ async def test_new_only_refuses_a_message_whose_id_is_stored(bus, nats_url):
             await pub.publish(subject, b"another call 0", msg_id="jspub-new:0", new_only=True)
     finally:
         await pub.aclose()
-    assert [m.data for m in await stored(bus, subject)] == [b"call 0"]
+    assert [m.data for m in await stored_messages(bus, subject)] == [b"call 0"]

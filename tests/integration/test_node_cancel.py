@@ -121,7 +121,7 @@ async def test_cancel_in_ready_and_running(node_of, tmp_path, backend):
 
     assert await node.scheduler.cancel_session(running, "cancel in RUNNING")
     await wait_until(lambda: gone(node, work, [running]), CLEAN_SECONDS, "RUNNING cleanup")
-    await wait_until(lambda: not node.executor.running, 5, "the run to end")
+    await wait_until(lambda: not node.executor.running, 20, "the run to end")
     assert [await state_of(node, sid) for sid in sids] == [ST.POSTRUN, ST.POSTRUN]
     assert finished_as_cancelled(node, sids)  # finished by the canceller, not by the executor
     assert await left_behind(node, work, sids) == []
@@ -170,7 +170,7 @@ async def test_cancel_in_running_stops_the_prewarmed_eval_runtime(node_of, tmp_p
 
     assert await node.scheduler.cancel_session(sid, "cancel with a prewarm")
     await wait_until(lambda: gone(node, work, [sid]), CLEAN_SECONDS, "run + prewarm cleanup")
-    await wait_until(lambda: not node.executor.running, 5, "the run to end")
+    await wait_until(lambda: not node.executor.running, 20, "the run to end")
     assert await state_of(node, sid) == ST.POSTRUN and finished_as_cancelled(node, [sid])
 
 

@@ -24,6 +24,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.handlers import Scheduler
 from tests.helpers.node import dead, leftover_dirs, session_procs, task, wait_until
 from tests.helpers.procs import ServiceProcess
+from tests.helpers.prometheus import metric
 
 pytestmark = pytest.mark.asyncio
 ST = SessionState
@@ -33,15 +34,6 @@ HARNESS = 'echo "attempt $POLAR_ATTEMPT" > out.txt; [ "$POLAR_ATTEMPT" != 0 ] ||
 
 async def start(target: str, config: dict, logs) -> ServiceProcess:
     return await asyncio.to_thread(ServiceProcess(target, config, logs).start)
-
-
-def metric(text: str, name: str, **labels: str) -> float | None:
-    """One sample's value from a Prometheus text exposition."""
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") and all(p in line for p in want.split(",")):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 async def scrape(proc: ServiceProcess) -> str:
@@ -142,7 +134,7 @@ async def test_kill_9_executor_mid_run(fresh_servers, tmp_path):
         assert {f.session_id: (f.outcome, f.attempt) for f in finished} == {
             sid: (Outcome.ERROR, 0) for sid in err_ids
         }
-        await wait_until(lambda: all(dead(p) for p in harness_pids), 5, "orphans killed")
+        await wait_until(lambda: all(dead(p) for p in harness_pids), 20, "orphans killed")
         assert not [d for d in leftover_dirs(work) if d.startswith("k9-err")]  # eval ones too
 
         # A new executor on the node runs the retried attempts; stale hand-overs of the
@@ -152,7 +144,7 @@ async def test_kill_9_executor_mid_run(fresh_servers, tmp_path):
         assert {f.session_id: (f.outcome, f.attempt) for f in finished[2:]} == {
             sid: (Outcome.COMPLETED, 1) for sid in retry_ids
         }
-        await wait_until(lambda: leftover_dirs(work) == [], 5, "every runtime removed")
+        await wait_until(lambda: leftover_dirs(work) == [], 20, "every runtime removed")
         assert [p for sid in sids for p in session_procs(sid)] == []
     finally:
         for p in procs:

@@ -39,7 +39,9 @@ asyncio.run(main())
 """
 # Children of every kind, then a sleep far past the agent timeout.
 FORKS = "sleep 300 & (sleep 301 &); setsid sleep 302 & sh -c 'trap \"\" TERM; sleep 303; :' & "
-AGENT_TIMEOUT = 2.0
+# Room for publish.py (a Python start, an import of nats, a connect) on a loaded machine:
+# the timeout counts from the start, and the tree only forms after it.
+AGENT_TIMEOUT = 5.0
 GRACE = 0.5
 
 
@@ -87,7 +89,10 @@ async def test_timeout_kills_the_tree_and_keeps_the_completions(fresh_servers, t
             },
             agent={
                 "harness": "shell",
-                "command": f"{sys.executable} publish.py && echo published && {FORKS} sleep 304",
+                # `a && b && sleep 300 &` would background the whole and-list, publish
+                # included: each step ends before the forks begin.
+                "command": f"{sys.executable} publish.py || exit 1; echo published; "
+                f"{FORKS} sleep 304",
                 "env": {"NATS_URL": nats_url},
             },
         )
@@ -134,16 +139,18 @@ async def test_the_session_deadline_kills_the_tree_before_the_agent_timeout(
     work = tmp_path / "work"
     node = await Node.start(nats_url, redis_url, work, executor={"kill_grace_seconds": GRACE})
     try:
-        deadline_s = 5.0
+        # the agent may run as long as the whole session, but a slow INIT (4 s) leaves it
+        # less: the session's deadline binds first. The 6 s left must hold the rest of INIT,
+        # the agent's start and its forks on a loaded machine (5 s with 2.5 s of INIT was
+        # not always enough for the tree to form before the deadline ended the session).
+        deadline_s = 10.0
         spec = task(
             "ddl",
-            # the agent may run as long as the whole session, but a slow INIT (2.5 s)
-            # leaves it less: the session's deadline binds first
             agent_timeout_seconds=deadline_s,
             timeout_seconds=deadline_s,
             runtime={
                 "backend": "local",
-                "prepare": [{"action": "exec", "command": "sleep 2.5"}],
+                "prepare": [{"action": "exec", "command": "sleep 4"}],
             },
             agent={"harness": "shell", "command": f"{FORKS} sleep 304"},
         )

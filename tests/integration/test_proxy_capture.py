@@ -15,6 +15,7 @@ from tests.helpers.stack import (
     proxy_process,
     running_session,
 )
+from tests.helpers.streams import stored_messages
 
 pytestmark = pytest.mark.asyncio
 TOOLS = [
@@ -49,16 +50,8 @@ def chat_proxy(engine, nats_url, redis_url, tmp_path_factory):
 
 
 async def records(bus, session_id: str) -> list[CompletionRecord]:
-    sub = await bus.js.subscribe(S.completions(session_id), ordered_consumer=True)
-    out = []
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=1)
-            out.append(decode(await bus.payload(msg), CompletionRecord))
-    except Exception:  # noqa: BLE001 - timeout: no more records
-        pass
-    await sub.unsubscribe()
-    return out
+    msgs = await stored_messages(bus, S.completions(session_id))
+    return [decode(await bus.payload(m), CompletionRecord) for m in msgs]
 
 
 async def test_openai_tool_round_trip_is_captured_token_exact(proxy, bus, redis_client):

@@ -38,6 +38,8 @@ from schemas.completion import reconstruct_prompts
 from services.common.bus import CLAIM_HEADER, Bus, ensure_streams
 from services.common.tokenization import ChatTokenizer
 from services.engine.weights import load_model
+from tests.helpers.node import wait_until
+from tests.helpers.prometheus import metric
 from tests.helpers.stack import (
     new_session,
     proxy_process,
@@ -90,17 +92,10 @@ async def wait_in_flight(url: str, n: int = 1) -> None:
     raise AssertionError("the call never reached the engine")
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """One sample of the Prometheus text format (0 when absent), labels in any order."""
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, value = line.rsplit(" ", 1)
-        found, _, rest = head.partition("{")
-        pairs = dict(p.split("=", 1) for p in rest.rstrip("}").split(",")) if rest else {}
-        if found == name and {k: v.strip('"') for k, v in pairs.items()} == labels:
-            return float(value)
-    return 0.0
+async def paused(url: str) -> bool:
+    """Whether the proxy holds new calls for a weight update (it says so once the calls
+    in flight have drained, and until the new weights are in)."""
+    return metric((await get(url + "/metrics")).text, "polar_proxy_paused") == 1
 
 
 # -- capture failure ---------------------------------------------------------------------
@@ -374,7 +369,9 @@ async def test_weight_update_versions_every_record(proxy, redis_client, bus):
     update = asyncio.create_task(
         post(proxy.url + "/admin/update_weights", json=body, headers=ADMIN)
     )
-    await asyncio.sleep(0.2)
+    # the late calls go once the update has observably begun (after a fixed 0.2 s, a
+    # loaded machine could still be delivering it, and they were served version 1)
+    await wait_until(lambda: update.done() or paused(proxy.url), 60, "the update under way")
     agent = ChatAgent(proxy.url, late.token)
     after_update = asyncio.create_task(run_loop(agent, 2))  # waits for the update
     answer = await update

@@ -190,7 +190,7 @@ async def test_http_api(nats_url, redis_url, monkeypatch, bus, redis_client, tmp
         assert d.json()["cancelled_sessions"] == 2
         reg = Registry(redis_client, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
         await deliver(bus, reg, tmp_path)  # each cancelled session's trajectory, then final
-        for _ in range(50):
+        for _ in range(300):  # the app's consumer reads the results: 30 s for a loaded CPU
             got = (await client.get("/tasks/sch-http")).json()
             if got["result"]:
                 break

@@ -30,6 +30,7 @@ from services.pool.backpressure import queue_length
 from tests.fixtures.backends.record_vllm import TOOL as ADD
 from tests.fixtures.backends.record_vllm import TOOL_REGEX as TOOL_TEXT
 from tests.fixtures.backends.record_vllm import USER
+from tests.helpers.prometheus import metric
 from tests.helpers.requires import requires_vllm
 from tests.helpers.vllm_server import second_checkpoint, start_vllm, tiny_model_dir
 
@@ -164,17 +165,37 @@ async def test_context_length_errors_in_both_modes(client, vllm_engine):
     assert gen.finish_reason == "length" and len(gen.output_ids) == 4
 
 
-async def test_pause_abort_returns_partial_output_then_resume(client, ids):
-    long = SamplingParams(temperature=1.0, max_new_tokens=1500, extra={"ignore_eos": True})
+async def generated_tokens(url: str) -> float:
+    """Tokens the server has generated so far (its Prometheus counter)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        return metric((await http.get(f"{url}/metrics")).text, "vllm:generation_tokens_total")
+
+
+LONG = 20_000
+
+
+async def test_pause_abort_returns_partial_output_then_resume(client, vllm_engine, ids):
+    # long enough to outlast the wait: the tiny model makes ~1,500 tokens in 0.2 s, ~20,000
+    # in a minute (attention grows with the context)
+    long = SamplingParams(temperature=1.0, max_new_tokens=LONG, extra={"ignore_eos": True})
+    before = await generated_tokens(vllm_engine.url)
     task = asyncio.create_task(
         client.generate(TokenRequest(session_id="s", input_ids=ids, sampling=long))
     )
-    await asyncio.sleep(1.5)
+    # paused once it is generating: after a fixed wait, a loaded machine's engine may not
+    # have begun (nothing to return) and an idle one may have finished
+    deadline = asyncio.get_running_loop().time() + 120
+    while await generated_tokens(vllm_engine.url) < before + 8:
+        assert not task.done(), task
+        assert asyncio.get_running_loop().time() < deadline, "vLLM generated nothing in 120 s"
+        await asyncio.sleep(0.05)
     await client.pause()
-    gen = await asyncio.wait_for(task, 30)
-    assert gen.finish_reason == "abort"
-    assert 0 < len(gen.output_ids) < 1500 and len(gen.output_logprobs) == len(gen.output_ids)
-    await client.resume()
+    try:
+        gen = await asyncio.wait_for(task, 30)
+        assert gen.finish_reason == "abort"
+        assert 0 < len(gen.output_ids) < LONG and len(gen.output_logprobs) == len(gen.output_ids)
+    finally:  # the session's one engine: left paused, every later test's call would hang
+        await client.resume()
     again = await client.generate(TokenRequest(session_id="s", input_ids=ids, sampling=GREEDY))
     assert again.finish_reason == "length" and len(again.output_ids) == 8
 

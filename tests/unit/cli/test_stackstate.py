@@ -107,7 +107,10 @@ def test_stop_group_stops_the_leader_and_its_children(spawned):
 
 def test_stop_group_escalates_to_sigkill(spawned):
     stubborn = spawned("trap '' TERM; sleep 30 & wait; sleep 30")
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5  # the trap is set once the shell has forked its sleep
+    while len(group_members(stubborn.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(group_members(stubborn.pid)) == 2
     t0 = time.monotonic()
     assert stop_group(_proc("x", stubborn.pid), timeout=0.5)
     assert group_members(stubborn.pid) == [] and time.monotonic() - t0 < 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from proxy.io.spin import BusyPoll
 
@@ -21,7 +22,10 @@ async def test_polls_while_a_reply_is_due_and_stops_when_it_is_back():
     loop = asyncio.get_running_loop()
     future = loop.create_future()
     poll.watch(future)
-    await asyncio.sleep(0.02)  # the loop would sleep in epoll for all of it without polling
+    for _ in range(100):  # a loaded machine may lend the loop little of those 20 ms
+        await asyncio.sleep(0.005)  # the loop would sleep in epoll for all of it unpolled
+        if poll.ticks > 20:
+            break
     assert poll.spinning is loop and poll.pending == 1
     assert poll.ticks > 20  # polled over and over, not once per sleep
     future.set_result(None)
@@ -47,14 +51,19 @@ async def test_a_slow_reply_costs_at_most_the_budget():
 
 
 async def test_each_request_renews_the_budget():
-    poll = BusyPoll(0.03)
+    # budgets long enough that a loaded machine's pauses (tens of ms) cannot use up the
+    # second request's before the check: the check comes 0.3 s inside it
+    budget = 0.6
+    poll = BusyPoll(budget)
     loop = asyncio.get_running_loop()
     first = loop.create_future()
     poll.watch(first)
-    await asyncio.sleep(0.02)
+    first_at = time.monotonic()
+    await asyncio.sleep(budget / 2)
     second = loop.create_future()
     poll.watch(second)
-    await asyncio.sleep(0.02)  # 40 ms after the first, 20 after the second
+    while time.monotonic() < first_at + budget + 0.01:  # past the first one's budget
+        await asyncio.sleep(0.01)
     assert poll.spinning is loop
     for f in (first, second):
         f.set_result(None)
