@@ -178,7 +178,7 @@ class SessionStore:
 
     def open(self, token: str, *, number: bool = False) -> Coroutine[Any, Any, Opened | None]:
         """The token's session and its attempt's stored TITO states (raw, newest first:
-        see ``decode_states``); None for an unknown token. ``number``: a model call, so
+        ``states`` decodes them); None for an unknown token. ``number``: a model call, so
         a RUNNING session's call is numbered in the same round trip (``Opened.seq``).
         Asked for now: the caller reads the request body meanwhile (await the
         coroutine, or close it)."""

@@ -20,7 +20,7 @@ from schemas import SessionState
 
 class SessionResolver:
     """Token -> SessionInfo with the attempt, the task, the raw TITO states
-    (``proxy.capture.decode_states``) and the call's number for the completion handler."""
+    (decoded by ``SessionStore.states``) and the call's number for the completion handler."""
 
     def __init__(self, store: SessionStore):
         self.store = store

@@ -98,15 +98,13 @@ class Ticket:
 
 
 class Tickets:
-    """The tickets one service accepts (signed by one of ``keys``), each once. ``verify``
-    checks one; whoever redeems it records its nonce until it expires: the registry does
-    for a service (``Registry.use_ticket``: no restart or replica takes a link twice),
-    ``redeem`` in this object's memory."""
+    """The tickets one service accepts (signed by one of ``keys``), each once: ``verify``
+    checks one, and its first use is recorded in the registry until it expires
+    (``Registry.use_ticket``: no restart or replica takes a link twice)."""
 
     def __init__(self, keys: Iterable[str | None], service: str, renew: str) -> None:
         self.keys = [k for k in keys if k]
         self.service, self.renew = service, renew  # renew: how to get a fresh link
-        self.used: dict[str, int] = {}  # nonce -> its ticket's expiry (``redeem``)
 
     def verify(self, ticket: str, *, now: float) -> Ticket | str:
         """The ticket if it is this service's and unexpired, else why it is refused."""
@@ -128,17 +126,6 @@ class Tickets:
 
     def used_up(self) -> str:
         return f"this sign-in link was used already: {self.renew}"
-
-    def redeem(self, ticket: str, *, now: float) -> str | None:
-        """Why ``ticket`` is refused; None when it is good (used up then, in memory)."""
-        checked = self.verify(ticket, now=now)
-        if isinstance(checked, str):
-            return checked
-        self.used = {n: e for n, e in self.used.items() if e > now}
-        if checked.nonce in self.used:
-            return self.used_up()
-        self.used[checked.nonce] = checked.expiry
-        return None
 
 
 def session_cookie(key: str, service: str, *, now: float) -> str:

@@ -9,6 +9,7 @@ from services.common.auth import (
     MAX_TICKET_SECONDS,
     READ,
     TICKET_SECONDS,
+    Ticket,
     Tickets,
     bearer,
     cookie_valid,
@@ -34,22 +35,23 @@ def test_bearer_and_the_roles():
     assert "no admin_token" in refusal(ADMIN, ok, admin_token=None, service="x")
 
 
-def test_a_ticket_signs_in_once_and_says_nothing_of_the_token():
+def test_a_ticket_carries_its_own_nonce_and_says_nothing_of_the_token():
+    """Its one use is recorded by nonce in the registry (tests/unit/dashboard/test_access.py,
+    tests/integration/test_dashboard_auth.py): each link has its own."""
     t = sign_in_ticket(KEY, "dashboard", now=NOW)
     assert KEY not in t and KEY.removeprefix("pr_") not in t
-    book = tickets()
-    assert book.redeem(t, now=NOW + 1) is None
-    assert "used already" in book.redeem(t, now=NOW + 2)
+    checked = tickets().verify(t, now=NOW + 1)
+    assert checked == Ticket(t.split(".")[1], int(NOW) + TICKET_SECONDS)
     again = sign_in_ticket(KEY, "dashboard", now=NOW)
-    assert again != t and book.redeem(again, now=NOW + 3) is None  # each link its own
+    assert again != t and tickets().verify(again, now=NOW + 3).nonce != checked.nonce
 
 
 def test_a_ticket_is_refused_when_expired_forged_or_for_another_service():
     t = sign_in_ticket(KEY, "dashboard", now=NOW)
-    assert "expired" in tickets().redeem(t, now=NOW + TICKET_SECONDS + 1)
-    assert "fresh one" in tickets().redeem(t, now=NOW + TICKET_SECONDS + 1)
-    assert "not one of" in tickets(OTHER).redeem(t, now=NOW)  # another stack's key
-    assert "not one of" in tickets().redeem(sign_in_ticket(KEY, "scheduler", now=NOW), now=NOW)
+    assert "expired" in tickets().verify(t, now=NOW + TICKET_SECONDS + 1)
+    assert "fresh one" in tickets().verify(t, now=NOW + TICKET_SECONDS + 1)
+    assert "not one of" in tickets(OTHER).verify(t, now=NOW)  # another stack's key
+    assert "not one of" in tickets().verify(sign_in_ticket(KEY, "scheduler", now=NOW), now=NOW)
     expiry, nonce, mac = t.split(".")
     for forged in (
         f"{int(expiry) + 3600}.{nonce}.{mac}",  # a later expiry is not what was signed
@@ -60,21 +62,13 @@ def test_a_ticket_is_refused_when_expired_forged_or_for_another_service():
         "x.y.z",
         f"-1.{nonce}.{mac}",
     ):
-        assert "not one of" in tickets().redeem(forged, now=NOW), forged
+        assert "not one of" in tickets().verify(forged, now=NOW), forged
     long = sign_in_ticket(KEY, "dashboard", now=NOW, ttl=MAX_TICKET_SECONDS + 60)
-    assert "more than a day" in tickets().redeem(long, now=NOW)
+    assert "more than a day" in tickets().verify(long, now=NOW)
     # the admin token is a key too: a dashboard given both takes either's tickets
-    assert tickets(KEY, OTHER).redeem(sign_in_ticket(OTHER, "dashboard", now=NOW), now=NOW) is None
-
-
-def test_redeemed_nonces_are_forgotten_once_their_ticket_expired():
-    book = tickets()
-    for i in range(50):
-        assert book.redeem(sign_in_ticket(KEY, "dashboard", now=NOW + i), now=NOW + i) is None
-    assert len(book.used) == 50
-    later = NOW + 50 + TICKET_SECONDS
-    assert book.redeem(sign_in_ticket(KEY, "dashboard", now=later), now=later) is None
-    assert len(book.used) == 1  # the expired ones went
+    assert isinstance(
+        tickets(KEY, OTHER).verify(sign_in_ticket(OTHER, "dashboard", now=NOW), now=NOW), Ticket
+    )
 
 
 def test_a_cookie_is_good_for_its_key_service_and_day_only():
@@ -92,4 +86,4 @@ def test_a_cookie_is_good_for_its_key_service_and_day_only():
     # a ticket is no cookie, nor a cookie a ticket
     t = sign_in_ticket(KEY, "dashboard", now=NOW)
     assert not cookie_valid(t, [KEY], "dashboard", now=NOW)
-    assert tickets().redeem(c, now=NOW) is not None
+    assert isinstance(tickets().verify(c, now=NOW), str)
