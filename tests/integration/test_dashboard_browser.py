@@ -431,7 +431,9 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
     try:
         goto(driver, minted_sign_in_url(dash.url, cfg["read_token"]))
         wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
-        assert not driver.find_element(By.ID, "banner").is_displayed()
+        # a healthy stack shows no banner: under load a first poll may time out (and say
+        # so), the next one clears it
+        wait(driver, lambda d: not d.find_element(By.ID, "banner").is_displayed(), 30)
         metrics = httpx.get(dash.url + "/metrics").text  # its own, beside every service's
         assert "polar_dashboard_sessions" in metrics and "polar_dashboard_live_clients" in metrics
         localservers.stop_process(valkey.pid)
