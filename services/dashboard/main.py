@@ -359,11 +359,13 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
         async def changes() -> AsyncIterator[dict[str, Any]]:
             LIVE_CLIENTS.inc()
             try:
-                seen, seen_log, quiet = -1, None, 0.0
+                seen, seen_log, seen_problems, quiet = -1, None, None, 0.0
                 while True:
                     v, log = reader.index.version, reader.trainer_log_stamp()
-                    if v != seen or log != seen_log or quiet >= 15.0:
-                        seen, seen_log, quiet = v, log, 0.0
+                    problems = reader.problems()
+                    # a banner comes and goes with its problem, not at the next heartbeat
+                    if v != seen or log != seen_log or problems != seen_problems or quiet >= 15.0:
+                        seen, seen_log, seen_problems, quiet = v, log, problems, 0.0
                         yield {
                             "event": "change",
                             "data": _json(
@@ -373,7 +375,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
                                         "trainer_log": log,  # the training page follows it
                                         "ts": time.time(),
                                         "states": reader.index.state_counts(),
-                                        "problems": reader.problems(),
+                                        "problems": problems,
                                     }
                                 )
                             ),

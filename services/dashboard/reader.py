@@ -63,6 +63,9 @@ class StackReader:
         self.registry = Registry.from_url(cfg.redis_url, client_name=REDIS_CLIENT_NAME)
         self.redis_error: str | None = "not connected yet"
         self.nats_error: str | None = "not connected yet"
+        # apart from nats_error, which each stack poll sets afresh: a stream that is missing
+        # stays in the banner until the dashboard follows it, not only between two polls
+        self.events_error: str | None = None
         self.loaded = False  # the registry has been read once
         self.specs: dict[str, TaskRequest] = {}
         # each session's token: never shown, scrubbed from what is (``secrets``)
@@ -137,9 +140,10 @@ class StackReader:
                     cb=self._on_event,
                 )
                 self._subs.append(sub)
+                self.events_error = None
                 return
             except (NotFoundError, Exception) as exc:  # noqa: BLE001 - no stream yet
-                self.nats_error = f"NATS: no session events stream yet ({exc})"
+                self.events_error = f"NATS: no session events stream yet ({exc})"
                 await asyncio.sleep(1.0)
 
     # -- what arrives -----------------------------------------------------------------
@@ -280,7 +284,7 @@ class StackReader:
         return {**row, "queue": queue_length(r.text) if r.is_success else None, "up": True}
 
     def problems(self) -> list[str]:
-        return [p for p in (self.nats_error, self.redis_error) if p]
+        return [p for p in (self.nats_error, self.events_error, self.redis_error) if p]
 
     # -- one task, one session ---------------------------------------------------------
     async def task(self, task_id: str) -> TaskRecord | None:

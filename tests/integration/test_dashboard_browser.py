@@ -415,6 +415,11 @@ def test_unknown_ids_are_404_pages_and_cancel_needs_the_admin_token(stack, brows
     assert browser.execute_script("return document.cookie") == ""
 
 
+async def declare_streams(nats_url: str) -> None:
+    bus = await Bus.open(nats_url, "dash-banner-test")
+    await bus.close()
+
+
 def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
     nport, rport = localservers.free_port(), localservers.free_port()
     nats = localservers.start_nats(nport, tmp_path / "nats")
@@ -426,13 +431,14 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
         "stack_poll_seconds": 0.5,
         "read_token": "pr_banner-test",
     }
+    asyncio.run(declare_streams(cfg["nats_url"]))  # as any service of a running stack does
     dash = ServiceProcess("services.dashboard.main:create_app", cfg, tmp_path).start(timeout=60)
     driver = new_browser()
     try:
         goto(driver, minted_sign_in_url(dash.url, cfg["read_token"]))
         wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
         # a healthy stack shows no banner: under load a first poll may time out (and say
-        # so), the next one clears it
+        # so), the next one clears it and the live stream says so at once
         wait(driver, lambda d: not d.find_element(By.ID, "banner").is_displayed(), 30)
         metrics = httpx.get(dash.url + "/metrics").text  # its own, beside every service's
         assert "polar_dashboard_sessions" in metrics and "polar_dashboard_live_clients" in metrics
