@@ -116,7 +116,9 @@ def harness_task(task_id: str, harness: str, **agent) -> dict:
     """A task for ``harness``: write proof.txt through its shell tool; the ``command``
     evaluator gives 1.0 when the file holds the scripted content."""
     short = harness.split("_")[0]
-    timeout = agent.pop("agent_timeout", 300)
+    # a cap, not a measure: 13 CLIs at once prefill ~20k-token prompts on the CPU engine,
+    # and on a slow 2-core machine the batch has taken 10 minutes (3 CLIs past 300 s)
+    timeout = agent.pop("agent_timeout", 600)
     return {
         "task_id": task_id,
         "instruction": f"[polar-harness:{harness}] Create proof.txt holding polar-{short}.",
