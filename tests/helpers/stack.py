@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from infra import localservers
 from schemas import SessionState, TaskRequest
+from services.common.bus import Bus
 from services.common.registry import Registry
 from tests.helpers.procs import ServiceProcess
 from tests.unit.engine.tiny import tiny_model_dir
@@ -93,6 +96,52 @@ def proxy_process(nats_url, redis_url, engine, log_dir, **extra) -> Iterator[Ser
         yield proxy
     finally:
         proxy.stop()
+
+
+def declare_streams(nats_url: str) -> None:
+    """The stack's streams, as any of its services declares them when it starts."""
+
+    async def declare() -> None:
+        await (await Bus.open(nats_url, "test-declare-streams")).close()
+
+    asyncio.run(declare())
+
+
+@dataclass
+class LoneDashboard:
+    """A dashboard over NATS and Valkey of its own, with no other service of a stack."""
+
+    nats: subprocess.Popen
+    valkey: subprocess.Popen
+    dash: ServiceProcess
+    config: dict
+
+
+@contextmanager
+def lone_dashboard(tmp_path: Path, read_token: str, *, streams: bool) -> Iterator[LoneDashboard]:
+    """NATS, Valkey (stopped by the test at will) and a dashboard polling them often;
+    ``streams``: declared first, as a running stack has them."""
+    nport, rport = localservers.free_port(), localservers.free_port()
+    nats = localservers.start_nats(nport, tmp_path / "nats")
+    valkey = localservers.start_valkey(rport, tmp_path / "valkey")
+    cfg = {
+        "nats_url": f"nats://127.0.0.1:{nport}",
+        "redis_url": f"redis://127.0.0.1:{rport}/0",
+        "refresh_seconds": 0.2,
+        "stack_poll_seconds": 0.5,
+        "read_token": read_token,
+    }
+    dash = None
+    try:
+        if streams:
+            declare_streams(cfg["nats_url"])
+        dash = ServiceProcess("services.dashboard.main:create_app", cfg, tmp_path).start(timeout=60)
+        yield LoneDashboard(nats, valkey, dash, cfg)
+    finally:
+        if dash is not None:
+            dash.stop()
+        localservers.stop_process(nats.pid)
+        localservers.stop_process(valkey.pid)
 
 
 async def new_session(redis_client, task_id: str):

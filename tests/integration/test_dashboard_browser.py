@@ -35,7 +35,7 @@ from tests.helpers.browser import (
     new_browser,
     printed_sign_in_url,
 )
-from tests.helpers.procs import ServiceProcess
+from tests.helpers.stack import lone_dashboard
 
 pytestmark = [pytest.mark.timeout(420)]
 
@@ -415,46 +415,29 @@ def test_unknown_ids_are_404_pages_and_cancel_needs_the_admin_token(stack, brows
     assert browser.execute_script("return document.cookie") == ""
 
 
-async def declare_streams(nats_url: str) -> None:
-    bus = await Bus.open(nats_url, "dash-banner-test")
-    await bus.close()
-
-
 def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
-    nport, rport = localservers.free_port(), localservers.free_port()
-    nats = localservers.start_nats(nport, tmp_path / "nats")
-    valkey = localservers.start_valkey(rport, tmp_path / "valkey")
-    cfg = {
-        "nats_url": f"nats://127.0.0.1:{nport}",
-        "redis_url": f"redis://127.0.0.1:{rport}/0",
-        "refresh_seconds": 0.2,
-        "stack_poll_seconds": 0.5,
-        "read_token": "pr_banner-test",
-    }
-    asyncio.run(declare_streams(cfg["nats_url"]))  # as any service of a running stack does
-    dash = ServiceProcess("services.dashboard.main:create_app", cfg, tmp_path).start(timeout=60)
-    driver = new_browser()
-    try:
-        goto(driver, minted_sign_in_url(dash.url, cfg["read_token"]))
-        wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
-        # a healthy stack shows no banner: under load a first poll may time out (and say
-        # so), the next one clears it and the live stream says so at once
-        wait(driver, lambda d: not d.find_element(By.ID, "banner").is_displayed(), 30)
-        metrics = httpx.get(dash.url + "/metrics").text  # its own, beside every service's
-        assert "polar_dashboard_sessions" in metrics and "polar_dashboard_live_clients" in metrics
-        localservers.stop_process(valkey.pid)
-        wait(driver, lambda d: "cannot reach Redis" in d.find_element(By.ID, "banner").text, 30)
-        localservers.stop_process(nats.pid)
-        wait(driver, lambda d: "NATS" in d.find_element(By.ID, "banner").text, 30)
-        shot(driver, "banner")
-        goto(driver, dash.url + "/")  # a fresh load still renders, with the banner
-        wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
-        wait(driver, lambda d: d.find_element(By.ID, "banner").is_displayed(), 10)
-        assert httpx.get(dash.url + "/healthz").status_code == 503
-        assert httpx.get(dash.url + "/metrics").status_code == 200  # served while degraded
-        assert dash.proc.poll() is None
-    finally:
-        driver.quit()
-        dash.stop()
-        localservers.stop_process(nats.pid)
-        localservers.stop_process(valkey.pid)
+    with lone_dashboard(tmp_path, "pr_banner-test", streams=True) as lone:
+        dash, driver = lone.dash, new_browser()
+        try:
+            goto(driver, minted_sign_in_url(dash.url, lone.config["read_token"]))
+            wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
+            # a healthy stack shows no banner: under load a first poll may time out (and say
+            # so), the next one clears it and the live stream says so at once
+            wait(driver, lambda d: not d.find_element(By.ID, "banner").is_displayed(), 30)
+            metrics = httpx.get(dash.url + "/metrics").text  # its own, beside every service's
+            assert (
+                "polar_dashboard_sessions" in metrics and "polar_dashboard_live_clients" in metrics
+            )
+            localservers.stop_process(lone.valkey.pid)
+            wait(driver, lambda d: "cannot reach Redis" in d.find_element(By.ID, "banner").text, 30)
+            localservers.stop_process(lone.nats.pid)
+            wait(driver, lambda d: "NATS" in d.find_element(By.ID, "banner").text, 30)
+            shot(driver, "banner")
+            goto(driver, dash.url + "/")  # a fresh load still renders, with the banner
+            wait(driver, lambda d: d.find_elements(By.ID, "n-sessions"))
+            wait(driver, lambda d: d.find_element(By.ID, "banner").is_displayed(), 10)
+            assert httpx.get(dash.url + "/healthz").status_code == 503
+            assert httpx.get(dash.url + "/metrics").status_code == 200  # served while degraded
+            assert dash.proc.poll() is None
+        finally:
+            driver.quit()

@@ -17,18 +17,12 @@ import orjson
 import pytest
 
 from infra import localservers
-from services.common.bus import Bus
 from services.dashboard.config import DashboardConfig
 from services.dashboard.reader import StackReader
-from tests.helpers.procs import ServiceProcess
+from tests.helpers.stack import declare_streams, lone_dashboard
 
 pytestmark = [pytest.mark.timeout(180)]
 NO_STREAM = "no session events stream yet"
-
-
-async def declare_streams(nats_url: str) -> None:
-    bus = await Bus.open(nats_url, "dash-problems-test")  # as any service of a stack does
-    await bus.close()
 
 
 async def samples(reader: StackReader, seconds: float) -> list[list[str]]:
@@ -62,7 +56,7 @@ async def test_a_missing_events_stream_stays_in_the_problems_until_followed(fres
         seen = await samples(reader, 2.0)
         assert len(seen) > 20
         assert all(len(p) == 1 and NO_STREAM in p[0] for p in seen), seen
-        await declare_streams(nats_url)
+        await asyncio.to_thread(declare_streams, nats_url)
         await until(lambda: reader.problems() == [])
         assert all(p == [] for p in await samples(reader, 1.0))
     finally:
@@ -80,34 +74,20 @@ def change_events(lines, timeout: float):
 
 
 def test_the_live_stream_sends_a_change_of_problems_at_once(tmp_path):
-    nport, rport = localservers.free_port(), localservers.free_port()
-    nats = localservers.start_nats(nport, tmp_path / "nats")
-    valkey = localservers.start_valkey(rport, tmp_path / "valkey")
-    cfg = {
-        "nats_url": f"nats://127.0.0.1:{nport}",
-        "redis_url": f"redis://127.0.0.1:{rport}/0",
-        "refresh_seconds": 0.2,
-        "stack_poll_seconds": 0.5,
-        "read_token": "pr_problems-test",
-    }
-    dash = ServiceProcess("services.dashboard.main:create_app", cfg, tmp_path).start(timeout=60)
-    read = {"authorization": f"Bearer {cfg['read_token']}"}
-    try:
-        with httpx.stream("GET", dash.url + "/api/live", headers=read, timeout=30) as live:
+    with lone_dashboard(tmp_path, "pr_problems-test", streams=False) as lone:
+        read = {"authorization": f"Bearer {lone.config['read_token']}"}
+        url = lone.dash.url + "/api/live"
+        with httpx.stream("GET", url, headers=read, timeout=30) as live:
             events = change_events(live.iter_lines(), 60)
             first = next(e for e in events if any(NO_STREAM in p for p in e["problems"]))
             started = time.monotonic()
-            asyncio.run(declare_streams(cfg["nats_url"]))
+            declare_streams(lone.config["nats_url"])
             cleared = next(e for e in events if e["problems"] == [])
             # well inside the 15 s heartbeat: the change itself was sent
             assert time.monotonic() - started < 8, (first, cleared)
             started = time.monotonic()
-            localservers.stop_process(valkey.pid)
+            localservers.stop_process(lone.valkey.pid)
             down = next(e for e in events if e["problems"])
             assert time.monotonic() - started < 8
             assert any("cannot reach Redis" in p for p in down["problems"]), down
             assert cleared["version"] == down["version"]  # no session changed: only problems
-    finally:
-        dash.stop()
-        localservers.stop_process(nats.pid)
-        localservers.stop_process(valkey.pid)
