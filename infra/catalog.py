@@ -30,7 +30,7 @@ class ServiceKind(NamedTuple):
     port: int  # default port (per-node services: the first node's)
     per_node: bool = False
     takes: tuple[str, ...] = ()
-    rsgi: bool = False  # served over granian's RSGI interface (the app speaks it), else ASGI
+    native: bool = False  # a ProxyApp served by proxy.io.native, else ASGI under granian
     proxy_url: bool = False  # given the stack's proxy URL
     work_dir: bool = False  # given a work_dir under the state dir
     opt_in: bool = False  # runs only when the topology's `services` names it
@@ -40,7 +40,7 @@ SERVICES: dict[str, ServiceKind] = {
     # the embedded CPU model server (SGLang surface); disable it when backends are GPUs
     "model": ServiceKind("services.engine.main:create_app", 30000),
     # the harnesses' model API: token-exact capture in front of the inference engine
-    "proxy": ServiceKind("proxy.main:create_app", 8200, takes=TOPOLOGY_FIELDS, rsgi=True),
+    "proxy": ServiceKind("proxy.main:create_app", 8200, takes=TOPOLOGY_FIELDS, native=True),
     # the task front door: HTTP API + polar.tasks.* consumers
     "scheduler": ServiceKind("services.scheduler.main:create_app", 8100),
     # INIT stage per node: sandboxes prepared ahead into the READY buffer

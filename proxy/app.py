@@ -128,6 +128,7 @@ def create_app(
         wrong_method=generic_error(ErrorKind.BAD_REQUEST, "Method Not Allowed", 405),
         not_found=generic_error(ErrorKind.NOT_FOUND, "Not Found"),
         probe=Reply(200),  # empty, as the CLIs that send them expect
+        refused=lambda status, reason: generic_error(ErrorKind.BAD_REQUEST, reason, status),
     )
     routes = ProxyRoutes(served, protocols, operator_routes, probes=PROBE_PATHS)
     return ProxyApp(routes, lifespan)
@@ -304,11 +305,11 @@ class _Proxy:
 
         def slow() -> None:
             nonlocal pump
-            pump = asyncio.ensure_future(
+            pump = request.loop.create_task(
                 keep_alive(request, spec.keepalive(conv, ids), self.keepalive)
             )
 
-        timer = asyncio.get_running_loop().call_later(self.keepalive, slow)
+        timer = request.loop.call_later(self.keepalive, slow)
         try:
             try:
                 events = await answer_unless_gone(answer, request)
@@ -365,7 +366,8 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
 async def answer_unless_gone(call: Awaitable[T], request: CallRequest) -> T:
     """Run the handler in this request's own task (no task of its own: most answers are
     back within ``QUICK_SECONDS``); past that, a client that disconnects cancels it."""
-    me = asyncio.current_task()
+    loop = request.loop
+    me = asyncio.current_task(loop)
     assert me is not None
     watcher: asyncio.Future | None = None
 
@@ -375,10 +377,10 @@ async def answer_unless_gone(call: Awaitable[T], request: CallRequest) -> T:
 
     def watch() -> None:
         nonlocal watcher
-        watcher = asyncio.ensure_future(request.disconnected())
+        watcher = loop.create_task(request.disconnected())
         watcher.add_done_callback(hang_up)
 
-    timer = asyncio.get_running_loop().call_later(QUICK_SECONDS, watch)
+    timer = loop.call_later(QUICK_SECONDS, watch)
     try:
         return await call
     except asyncio.CancelledError:

@@ -6,11 +6,11 @@ request and response layers cost more per call than the proxy's own work, so
 harnesses' routes (every protocol route, GET and POST, and the probes) and the
 operator's (health, metrics, admin: ``OperatorRoute``), and it runs the lifespan.
 
-It speaks both server interfaces: RSGI, as ``polar serve proxy`` runs it (granian: a
-request's body is one call and its answer another, ~35 µs less per call than ASGI's
-messages), and ASGI (litestar's test client, any ASGI server). ``AsgiRequest`` and
-``RsgiRequest`` give the routes the same few operations: read the body under a limit,
-wait for a disconnect, stream, answer. What a route may rely on is typed once:
+It is served two ways: by ``proxy.io.native`` (HTTP/1.1 on the proxy's own event loop,
+as ``polar serve proxy`` runs it: no server threads between the socket and the app),
+and over ASGI (``__call__``: litestar's test client, any ASGI server). Their requests,
+``NativeRequest`` and ``AsgiRequest``, give the routes the same few operations: read the
+body under a limit, wait for a disconnect, stream, answer. What a route may rely on is typed once:
 ``RequestHead`` (path params, headers, query), all a route that reads no body uses, and
 ``CallRequest``, the head plus those operations; both request classes are both, and
 they are the only requests any route receives.
@@ -28,8 +28,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl
-
-from proxy.io.rsgi import CLOSED, rsgi_shutdown, rsgi_startup
 
 log = logging.getLogger("polar.proxy")
 
@@ -57,8 +55,8 @@ class Reply:
 
 @runtime_checkable
 class RequestHead(Protocol):
-    """What a protocol route that reads no body (a models list) relies on; ``AsgiRequest``
-    and ``RsgiRequest`` offer it."""
+    """What a protocol route that reads no body (a models list) relies on; ``NativeRequest``
+    and ``AsgiRequest`` offer it."""
 
     @property
     def path_params(self) -> Mapping[str, Any]: ...
@@ -72,11 +70,16 @@ class RequestHead(Protocol):
 
 @runtime_checkable
 class CallRequest(RequestHead, Protocol):
-    """A protocol route's request (``AsgiRequest``, ``RsgiRequest``): its head, and its body
-    read under a limit, a wait for a disconnect, a stream of keep-alives, the answer.
-    ``started``: the stream has begun (the answer then only ends it)."""
+    """A protocol route's request (``NativeRequest``, ``AsgiRequest``): its head, and its
+    body read under a limit, a wait for a disconnect, a stream of keep-alives, the answer.
+    ``started``: the stream has begun (the answer then only ends it). ``loop``: the event
+    loop it is served on (asking asyncio for the running loop costs a ``getpid()``
+    syscall per ask on Python 3.11, several per call on the hot path)."""
 
     started: bool
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
 
     async def read(self, limit: int) -> bytes: ...
 
@@ -100,7 +103,7 @@ class ClientGone(Exception):
 SSE_START = [("content-type", SSE), *SSE_HEADERS.items()]
 
 
-def _query(qs: str) -> dict[str, str]:
+def parse_query(qs: str) -> dict[str, str]:
     return dict(parse_qsl(qs)) if qs else {}
 
 
@@ -108,10 +111,13 @@ class AsgiRequest:
     """A hot-path request from an ASGI server. ``started``: its stream of keep-alives
     has begun (the reply then only ends it)."""
 
-    __slots__ = ("path_params", "headers", "started", "_scope", "_receive", "_send", "_query")
+    __slots__ = (
+        "path_params", "headers", "started", "loop", "_scope", "_receive", "_send", "_query",
+    )  # fmt: skip
 
     def __init__(self, scope: dict, receive: Callable, send: Callable) -> None:
         self._scope, self._receive, self._send = scope, receive, send
+        self.loop = asyncio.get_running_loop()  # made by the server, in its loop
         self.path_params: dict[str, str] = {}
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         self.started = False
@@ -120,7 +126,7 @@ class AsgiRequest:
     @property
     def query_params(self) -> dict[str, str]:
         if self._query is None:
-            self._query = _query(self._scope.get("query_string", b"").decode("latin-1"))
+            self._query = parse_query(self._scope.get("query_string", b"").decode("latin-1"))
         return self._query
 
     async def read(self, limit: int) -> bytes:
@@ -166,66 +172,6 @@ class AsgiRequest:
             {"type": "http.response.start", "status": reply.status, "headers": headers}
         )
         await self._send({"type": "http.response.body", "body": reply.body})
-
-
-class RsgiRequest:
-    """A hot-path request from granian's RSGI interface."""
-
-    __slots__ = ("path_params", "headers", "started", "_scope", "_proto", "_stream", "_query")
-
-    def __init__(self, scope: Any, proto: Any) -> None:
-        self._scope, self._proto = scope, proto
-        self.path_params: dict[str, str] = {}
-        self.headers = scope.headers  # a mapping with .get; names are lower-case
-        self.started = False
-        self._stream: Any = None
-        self._query: dict[str, str] | None = None
-
-    @property
-    def query_params(self) -> dict[str, str]:
-        if self._query is None:
-            self._query = _query(self._scope.query_string)
-        return self._query
-
-    async def read(self, limit: int) -> bytes:
-        declared = self.headers.get("content-length", "")
-        try:
-            if declared.isdigit():  # the server reads exactly that many bytes
-                if int(declared) > limit:
-                    raise BodyTooLarge
-                return await self._proto()
-            chunks: list[bytes] = []  # chunked: counted as it comes
-            size = 0
-            async for chunk in self._proto:
-                size += len(chunk)
-                if size > limit:
-                    raise BodyTooLarge
-                chunks.append(chunk)
-            return b"".join(chunks)
-        except CLOSED as e:
-            raise ClientGone from e
-
-    async def disconnected(self) -> None:
-        await self._proto.client_disconnect()
-
-    async def start_stream(self) -> None:
-        self._stream = self._proto.response_stream(200, SSE_START)
-        self.started = True
-
-    async def send_chunk(self, data: bytes) -> None:
-        try:
-            await self._stream.send_bytes(data)
-        except CLOSED as e:
-            raise ClientGone from e
-
-    async def finish(self, reply: Reply) -> None:
-        if self.started:
-            if reply.media_type == SSE and reply.body:
-                with contextlib.suppress(*CLOSED):  # the client left just now
-                    await self._stream.send_bytes(reply.body)
-            return
-        with contextlib.suppress(*CLOSED):
-            self._proto.response_bytes(reply.status, _headers(reply), reply.body)
 
 
 def _headers(reply: Reply) -> list[tuple[str, str]]:
@@ -278,7 +224,8 @@ class Served:
     """How each kind of route is answered: a model call (``call``, a ``CallRequest``), a
     protocol route that reads no body (``head``), an operator's route (``operator``,
     given its ``OperatorRoute``); the fixed replies: a known path asked with another
-    method, an unknown path, the probes."""
+    method, an unknown path, the probes; ``refused``: the reply to a request the server
+    could not parse (status, reason)."""
 
     call: Serve
     head: Serve
@@ -286,6 +233,7 @@ class Served:
     wrong_method: Reply
     not_found: Reply
     probe: Reply
+    refused: Callable[[int, str], Reply]
 
 
 class ProxyRoutes:
@@ -368,10 +316,10 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
 class ProxyApp:
     """The proxy's server app: every request routed by ``ProxyRoutes`` and answered here,
-    over ASGI (``__call__``: litestar's test client, any ASGI server) or RSGI
-    (``__rsgi__``, as ``polar serve proxy`` runs it). ``lifespan``: context managers,
-    each given the app, entered in order at start-up and left in reverse at shutdown,
-    from ASGI's lifespan messages or RSGI's init and del hooks."""
+    from ``proxy.io.native`` (``answer``, as ``polar serve proxy`` runs it) or over ASGI
+    (``__call__``: litestar's test client, any ASGI server). ``lifespan``: context
+    managers, each given the app, entered in order at start-up and left in reverse at
+    shutdown, from the native server's start and stop or ASGI's lifespan messages."""
 
     def __init__(self, routes: ProxyRoutes, lifespan: Sequence[Lifespan] = ()) -> None:
         self.routes = routes
@@ -388,14 +336,10 @@ class ProxyApp:
         else:  # websockets: none of the proxy's routes is one
             await send({"type": "websocket.close", "code": 1000})
 
-    async def __rsgi__(self, scope: Any, proto: Any) -> None:
-        await self._answer(self.routes.match(scope.method, scope.path), RsgiRequest(scope, proto))
-
-    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        rsgi_startup(loop, self.startup)
-
-    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
-        rsgi_shutdown(loop, self.shutdown)
+    async def answer(self, method: str, path: str, request: CallRequest) -> None:
+        """Route and answer one request of a server that makes its own request objects
+        (``proxy.io.native``)."""
+        await self._answer(self.routes.match(method, path), request)
 
     async def startup(self) -> None:
         running = AsyncExitStack()

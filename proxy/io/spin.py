@@ -9,10 +9,11 @@ with a zero timeout instead of sleeping, for at most ``budget`` seconds after th
 request went out: a slow reply (a real engine generating for seconds) costs at most
 ``budget`` of CPU, then the loop sleeps as before. ``budget`` 0 turns it off.
 
-Polling alone does not help under granian: its I/O threads need the GIL to hand the
-loop a request or a response, so an idle poll also yields the CPU (``sched_yield``,
-which lets go of the GIL). A busy loop (other callbacks ran between two polls) does not
-yield: that syscall per loop turn cost ~15% of throughput at 64 sessions.
+An idle poll also yields the CPU (``sched_yield``, which lets go of the GIL): a thread
+that needs it (the log writer; under granian, which served the proxy before
+``proxy.io.native``, every request and answer crossed one) is not starved. A busy loop
+(other callbacks ran between two polls) does not yield: that syscall per loop turn cost
+~15% of throughput at 64 sessions.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class BusyPoll:
         now = time.monotonic()
         if self.pending > 0 and now < self.until:
             self.ticks += 1
-            if now - self.last < IDLE_TICK_S:  # idle: let the server's threads at the GIL
+            if now - self.last < IDLE_TICK_S:  # idle: let other threads at the GIL
                 os.sched_yield()
             self.last = time.monotonic()
             loop.call_soon(self._tick, loop)

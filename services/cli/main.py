@@ -240,9 +240,9 @@ def serve(
         raise _fail(f"unknown service {service!r}; known: {', '.join(SERVICES)}")
     config = _serve_config(service, topology, host, port)
     os.environ["POLAR_CONFIG"] = json.dumps(config)  # the factory reads its settings here
-    from services.common.http import serve as serve_app
+    from infra.serve import serve_service
 
-    serve_app(kind.target, config["host"], config["port"], rsgi=kind.rsgi)
+    serve_service(kind, config["host"], config["port"])
 
 
 def _serve_config(service: str, topology: Path | None, host: str | None, port: int | None) -> dict:

@@ -36,10 +36,9 @@ def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
     return [healthz, metrics]
 
 
-def serve(target: str, host: str, port: int, *, factory: bool = True, rsgi: bool = False) -> None:
-    """Run an app (``module:callable``) under granian, one worker, over ASGI, or over
-    RSGI for an app that speaks it (``proxy.io.serving.ProxyApp``; ``infra.catalog`` says
-    which services do)."""
+def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
+    """Run an ASGI app (``module:callable``) under granian, one worker (the proxy has a
+    server of its own: ``proxy.io.native``; ``infra.serve`` picks)."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
@@ -47,7 +46,7 @@ def serve(target: str, host: str, port: int, *, factory: bool = True, rsgi: bool
         target,
         address=host,
         port=port,
-        interface=Interfaces.RSGI if rsgi else Interfaces.ASGI,
+        interface=Interfaces.ASGI,
         workers=1,
         factory=factory,
         loop=_fastest_loop(Loops),

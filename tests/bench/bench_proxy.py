@@ -7,8 +7,8 @@ rLLM's model gateway (the token-capturing proxy of rLLM, issue 18).
 
 An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py; vLLM-shaped on
 ``/vllm/v1``) answers at once, so latency above the direct call is the proxy's own. Polar runs as ``polar serve
-proxy`` does (granian, one worker, uvloop when installed; ``--loops asyncio`` forces a
-loop), with capture on: every call is committed to a real JetStream and its state written to a
+proxy`` does (``proxy.io.native`` on uvloop when installed; ``--loops asyncio`` forces
+asyncio's loop; a ``--baseline`` checkout from before it under granian), with capture on: every call is committed to a real JetStream and its state written to a
 real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
 same OpenAI requests through to the same engine. rLLM's gateway (its own venv too) takes
 them on ``/sessions/<id>/v1``, asks the engine's vLLM face for token ids and logprobs and
@@ -315,7 +315,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--levels", default="1,16,64")
     ap.add_argument("--modes", default="chat,token")
     ap.add_argument(
-        "--loops", default="serve", help="serve (as polar serve proxy), or granian loops to force"
+        "--loops", default="serve", help="serve (uvloop, as polar serve proxy), or asyncio"
     )
     ap.add_argument("--memory-sessions", type=int, default=1000)
     ap.add_argument("--first-calls", type=int, default=300, help="first calls of fresh sessions")

@@ -106,8 +106,8 @@ class NsService:
     def start(self) -> NsService:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
         code = (
-            "from services.common.http import serve; "
-            f"serve({self.kind.target!r}, {self.host.addr!r}, {self.port}, rsgi={self.kind.rsgi})"
+            "from infra.serve import serve_service; from infra.catalog import SERVICES; "
+            f"serve_service(SERVICES[{self.service!r}], {self.host.addr!r}, {self.port})"
         )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:

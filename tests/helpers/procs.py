@@ -41,10 +41,11 @@ class ServiceProcess:
 
     def _start_once(self, timeout: float) -> ServiceProcess:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
-        rsgi = any(k.target == self.target and k.rsgi for k in SERVICES.values())
+        native = any(k.target == self.target and k.native for k in SERVICES.values())
         code = (  # served as `polar serve` serves it
-            "from services.common.http import serve; "
-            f"serve({self.target!r}, '127.0.0.1', {self.port}, rsgi={rsgi})"
+            "from infra.serve import serve_service; from infra.catalog import ServiceKind; "
+            f"serve_service(ServiceKind({self.target!r}, {self.port}, native={native}), "
+            f"'127.0.0.1', {self.port})"
         )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:

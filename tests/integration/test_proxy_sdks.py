@@ -1,4 +1,4 @@
-"""Real clients against the proxy app served by granian.
+"""Real clients against the proxy app as `polar serve proxy` serves it, and under granian.
 
 The official ``openai`` (Chat Completions and Responses), ``anthropic`` and
 ``google-genai`` SDKs each run a full tool-call round trip, streaming and not, with the
@@ -6,8 +6,8 @@ session token in the base URL or as the API key. The model behind the proxy is a
 scripted test double: it calls the first tool offered, then answers with the tool's
 result. Also here: a client that disconnects cancels the handler (stream and not), and
 raw HTTP (lengths, kept-alive and closed connections, 413s, litestar's own routes).
-Each test runs against the app served over RSGI (as `polar serve proxy` serves it) and
-over ASGI.
+Each test runs against the app served by ``proxy.io.native`` (as `polar serve proxy`
+serves it) and over ASGI under granian.
 """
 
 from __future__ import annotations
@@ -44,19 +44,25 @@ SHELL_SCHEMA = {
 # ---------------------------------------------------------------- server fixture
 
 
-# RSGI: as `polar serve proxy` runs the proxy; ASGI: the same app as any ASGI server runs it
-@pytest.fixture(scope="module", params=["RSGI", "ASGI"])
+# native: as `polar serve proxy` runs the proxy (proxy.io.native); ASGI: the same app
+# under granian, as any ASGI server runs it
+@pytest.fixture(scope="module", params=["native", "ASGI"])
 def server(request, tmp_path_factory) -> Iterator[tuple[str, Path]]:
     markers = tmp_path_factory.mktemp("markers")
     port = localservers.free_port()
-    code = (
-        "from granian import Granian; from granian.constants import Interfaces, Loops; "
-        f"Granian('tests.integration.proxy_sdk_app:make_app', address='127.0.0.1', port={port}, "
-        f"interface=Interfaces.{request.param}, workers=1, factory=True, loop=Loops.asyncio, "
-        "log_access=False).serve()"
-    )
+    app = "tests.integration.proxy_sdk_app:make_app"
+    if request.param == "native":
+        code = (
+            f"from proxy.io.native import serve_native; serve_native({app!r}, '127.0.0.1', {port})"
+        )
+    else:
+        code = (
+            "from granian import Granian; from granian.constants import Interfaces, Loops; "
+            f"Granian({app!r}, address='127.0.0.1', port={port}, interface=Interfaces.ASGI, "
+            "workers=1, factory=True, loop=Loops.asyncio, log_access=False).serve()"
+        )
     env = {**os.environ, "POLAR_TEST_MARKERS": str(markers), "PYTHONPATH": str(REPO)}
-    log = markers / "granian.log"
+    log = markers / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-c", code],
@@ -78,13 +84,13 @@ def _wait_up(url: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"granian exited: {log.read_text()[-2000:]}")
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
         try:
             if httpx.head(f"{url}/api/hello", timeout=0.5).status_code == 200:
                 return
         except httpx.HTTPError:
             time.sleep(0.1)
-    raise RuntimeError(f"granian not up: {log.read_text()[-2000:]}")
+    raise RuntimeError(f"server not up: {log.read_text()[-2000:]}")
 
 
 AUTH_MODES = ["token_in_path", "token_as_key"]

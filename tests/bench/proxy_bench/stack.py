@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import catalog, localservers
+from infra import localservers
 from tests.bench.proxy_bench import procs
 from tests.bench.proxy_bench.backend import MODEL, VLLM_API
 
@@ -74,7 +74,7 @@ class Stack:
             "backend": {"kind": "sglang", "urls": [f"http://127.0.0.1:{backend_port}"]},
         }
         env = {**os.environ, "POLAR_CONFIG": json.dumps(cfg), "PYTHONPATH": str(src)}
-        argv = [sys.executable, "-c", _granian_code(port, loop, src)]
+        argv = [sys.executable, "-c", _proxy_code(port, loop, src)]
         log = self.work / f"polar-{mode}.log"
         proc = procs.spawn(argv, log, self.proxy_cpus, env=env, cwd=str(src))
         self.procs.append(proc)
@@ -119,32 +119,27 @@ class Stack:
         self.procs.clear()
 
 
-def _granian_code(port: int, loop: str, src: Path) -> str:
-    """The proxy of checkout ``src`` as ``polar serve proxy`` runs it (``loop`` "serve"),
-    or under the granian loop named (an experiment)."""
-    rsgi = _speaks_rsgi(src)
-    if loop == "serve":
+def _proxy_code(port: int, loop: str, src: Path) -> str:
+    """The proxy of checkout ``src`` as its ``polar serve proxy`` runs it (``loop``
+    "serve"), or on asyncio's own event loop instead of uvloop (``loop`` "asyncio")."""
+    if (src / "infra" / "serve.py").exists():  # proxy.io.native, since issue 18's last cut
         return (
-            "from services.common.http import serve; "
-            f"serve('proxy.main:create_app', '127.0.0.1', {port}"
-            + (", rsgi=True)" if rsgi else ")")  # an older checkout's serve() has no rsgi
+            "from proxy.io.native import serve_native; "
+            f"serve_native('proxy.main:create_app', '127.0.0.1', {port}, "
+            f"uvloop={loop != 'asyncio'})"
         )
+    rsgi = "rsgi=True" in (src / "infra" / "catalog.py").read_text()  # granian, 61c285d on
+    interface = "RSGI" if rsgi else "ASGI"
+    loops = "Loops.asyncio" if loop == "asyncio" else "Loops.uvloop"
     return textwrap.dedent(
         f"""
         from granian import Granian
         from granian.constants import Interfaces, Loops
         Granian('proxy.main:create_app', address='127.0.0.1', port={port},
-                interface=Interfaces.{"RSGI" if rsgi else "ASGI"}, workers=1, factory=True,
-                loop=Loops.{loop}, log_access=False).serve()
+                interface=Interfaces.{interface}, workers=1, factory=True,
+                loop={loops}, log_access=False).serve()
         """
     )
-
-
-def _speaks_rsgi(src: Path) -> bool:
-    """Whether that checkout serves its proxy over RSGI (since 61c285d)."""
-    if src.resolve() == ROOT:
-        return catalog.SERVICES["proxy"].rsgi
-    return "rsgi=True" in (src / "infra" / "catalog.py").read_text()
 
 
 def litellm_bin() -> str:

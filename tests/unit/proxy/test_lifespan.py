@@ -1,15 +1,18 @@
 """``ProxyApp``'s lifespan: its context managers entered in order at start-up and left in
-reverse at shutdown, from RSGI's init and del hooks (each runs the event loop itself, as
-granian calls them) or from ASGI's lifespan messages."""
+reverse at shutdown, around the native server's serving (``proxy.io.native.run_native``:
+started before it listens, stopped after SIGTERM) or from ASGI's lifespan messages."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from contextlib import asynccontextmanager
 
 import pytest
 
 from proxy.app import create_app, unprepared
+from proxy.io.native import run_native
 from tests.unit.protocols.app_support import Scripted, resolve
 
 
@@ -35,30 +38,29 @@ def app_with(events: list[str], fail: str | None = None):
     return create_app(unprepared(Scripted()), resolve, lifespan=lifespans(events, fail))
 
 
-def test_rsgi_startup_runs_before_serving_and_shutdown_after() -> None:
+def test_the_native_server_starts_before_serving_and_stops_after() -> None:
     events: list[str] = []
     app = app_with(events)
-    loop = asyncio.new_event_loop()
-    try:
-        app.__rsgi_init__(loop)
-        assert events == ["start a", "start b"]
-        loop.run_until_complete(asyncio.sleep(0))  # the server's loop runs in between
-        app.__rsgi_del__(loop)
-        assert events == ["start a", "start b", "stop b", "stop a"]
-        app.__rsgi_del__(loop)  # once only
-        assert len(events) == 4
-    finally:
-        loop.close()
+    seen: list[list[str]] = []
+
+    async def main() -> None:
+        def ready(port: int) -> None:  # listening: start-up has run, shutdown not yet
+            seen.append(list(events))
+            assert port > 0
+            asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
+
+        await run_native(app, "127.0.0.1", 0, ready)
+
+    asyncio.run(main())
+    assert seen == [["start a", "start b"]]
+    assert events == ["start a", "start b", "stop b", "stop a"]
 
 
-def test_a_failed_rsgi_startup_ends_the_worker_with_its_reason(capsys) -> None:
+def test_a_failed_native_startup_ends_the_process_with_its_reason(capsys) -> None:
     events: list[str] = []
-    loop = asyncio.new_event_loop()
-    try:
-        with pytest.raises(SystemExit) as exit_:
-            app_with(events, fail="b").__rsgi_init__(loop)
-    finally:
-        loop.close()
+    app = app_with(events, fail="b")
+    with pytest.raises(SystemExit) as exit_:
+        asyncio.run(run_native(app, "127.0.0.1", 0, lambda port: None))
     assert exit_.value.code == 1
     assert events == ["start a", "stop a"]  # what did start is stopped again
     err = capsys.readouterr().err

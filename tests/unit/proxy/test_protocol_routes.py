@@ -28,7 +28,15 @@ async def answer(request):  # noqa: ARG001
 
 
 WRONG, MISSING, PROBED = Reply(405), Reply(404), Reply(200)
-SERVED = Served(call, head, operator, wrong_method=WRONG, not_found=MISSING, probe=PROBED)
+SERVED = Served(
+    call,
+    head,
+    operator,
+    wrong_method=WRONG,
+    not_found=MISSING,
+    probe=PROBED,
+    refused=lambda status, reason: Reply(status, reason.encode()),
+)
 OPERATOR = [
     OperatorRoute("GET", "/healthz", answer),
     OperatorRoute("GET", "/metrics", answer),

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from proxy.io.serving import AsgiRequest, CallRequest, RequestHead, RsgiRequest
+from proxy.io.native import NativeRequest
+from proxy.io.serving import AsgiRequest, CallRequest, RequestHead
+
+CONN = SimpleNamespace(loop=None)  # what a request takes of its connection when made
 
 SCOPE = {
     "type": "http",
@@ -18,15 +21,16 @@ SCOPE = {
 }
 
 
-def test_every_request_a_route_gets_has_the_head():
+async def test_every_request_a_route_gets_has_the_head():
     asgi = AsgiRequest(SCOPE, None, None)
-    rsgi = RsgiRequest(SimpleNamespace(headers={"x-api-key": "t"}, query_string="key=abc"), None)
-    for request in (asgi, rsgi):
+    native = NativeRequest(CONN, "GET", b"/v1/models?key=abc", {"x-api-key": "t"}, False)
+    for request in (asgi, native):
         assert isinstance(request, RequestHead)
-    assert asgi.query_params == {"key": "abc"} and rsgi.query_params == {"key": "abc"}
+    assert asgi.query_params == {"key": "abc"} and native.query_params == {"key": "abc"}
+    assert native.path == "/v1/models" and native.headers == {"x-api-key": "t"}
 
 
-def test_both_can_be_read_and_streamed():
+async def test_both_can_be_read_and_streamed():  # made in the server's loop
     asgi = AsgiRequest(SCOPE, None, None)
-    rsgi = RsgiRequest(SimpleNamespace(headers={}, query_string=""), None)
-    assert isinstance(asgi, CallRequest) and isinstance(rsgi, CallRequest)
+    native = NativeRequest(CONN, "POST", b"/v1/chat/completions", {}, False)
+    assert isinstance(asgi, CallRequest) and isinstance(native, CallRequest)
