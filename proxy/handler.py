@@ -99,6 +99,7 @@ class CompletionHandler:
         states = self.store.states(session.session_id, session.attempt, session.states)
         number: CallNumber | None = None
         capturing = False
+        loop = asyncio.get_running_loop()  # once: each ask is a getpid() syscall on 3.11
         try:
             async with self.gate.call():
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
@@ -109,16 +110,20 @@ class CompletionHandler:
                     )
                 except Exception as exc:  # nothing sampled: the number is given back
                     settling, number = number, None  # a hang-up now gets a new one
-                    await asyncio.shield(settling.settle(ctx, _failure(exc)))
+                    await asyncio.shield(loop.create_task(settling.settle(ctx, _failure(exc))))
                     raise
                 # Once sampled, a call is captured in full even if the harness leaves now.
                 capturing = True
                 state, reply = await asyncio.shield(
-                    self._capture(ctx, number, plan, gen, request, queue_ms, render, session)
+                    loop.create_task(
+                        self._capture(ctx, number, plan, gen, request, queue_ms, render, session)
+                    )
                 )
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
             if not capturing:
-                await asyncio.shield(self._record_abort(ctx, number, request, states))
+                await asyncio.shield(
+                    loop.create_task(self._record_abort(ctx, number, request, states))
+                )
             raise
         except BackendError as exc:
             metrics.CALLS.labels(protocol, "backend_error").inc()
@@ -130,7 +135,7 @@ class CompletionHandler:
             raise UpstreamError(503, f"session state unavailable: {exc}") from exc
         # counted as the answer goes out (the next turn of the event loop), before a
         # client that got the answer can ask /metrics
-        asyncio.get_running_loop().call_soon(metrics.observe_call, protocol, ctx, gen, plan)
+        loop.call_soon(metrics.observe_call, protocol, ctx, gen, plan)
         self.upstream.answered(ctx, plan, state, request.tools)
         return reply
 

@@ -194,6 +194,9 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser: ResponseParser | None = None
         self._waiter: asyncio.Future[ResponseParser] | None = None
+        # made in the loop that uses it: asking the loop per call costs a getpid() syscall
+        # on Python 3.11 (the running loop's fork check)
+        self.loop = asyncio.get_running_loop()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -228,7 +231,7 @@ class Connection(asyncio.Protocol):
         self._fail(Disconnected(reason, before_response=not parser.started))
 
     async def roundtrip(self, request: bytes, parser: ResponseParser, timeout_s: float):
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self._parser = parser
         self._waiter = waiter = loop.create_future()
         POLL.watch(waiter)

@@ -53,6 +53,7 @@ class _Protocol(asyncio.Protocol):
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
+        self.loop = asyncio.get_running_loop()  # once: per call it costs a getpid() on 3.11
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -78,7 +79,7 @@ class _Protocol(asyncio.Protocol):
                 future.set_exception(self.lost)
 
     def send(self, payload: bytes) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
+        future = self.loop.create_future()
         POLL.watch(future)
         self.waiting.append(future)
         self.transport.write(payload)

@@ -55,7 +55,8 @@ class _Protocol(asyncio.Protocol):
         self.buf = bytearray()
         self.acks: dict[bytes, asyncio.Future] = {}
         self.transport: asyncio.Transport | None = None
-        loop = asyncio.get_running_loop()
+        # kept: asking for the running loop per publish costs a getpid() on Python 3.11
+        self.loop = loop = asyncio.get_running_loop()
         self.greeted: asyncio.Future = loop.create_future()  # the server's first INFO
         self.ready: asyncio.Future = loop.create_future()  # PONG to our CONNECT + PING
         self.lost: Exception | None = None
@@ -187,7 +188,7 @@ class JetStreamPublisher:
         self, proto: _Protocol, subject: str, payload: bytes, msg_id: str | None, new_only: bool
     ) -> Coroutine[Any, Any, int]:
         reply = proto.inbox + str(next(self._next)).encode()
-        future = asyncio.get_running_loop().create_future()
+        future = proto.loop.create_future()
         if self.watch is not None:
             self.watch(future)
         proto.acks[reply] = future
@@ -202,7 +203,7 @@ class JetStreamPublisher:
             proto.transport.write(
                 b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload)
             )
-        timer = asyncio.get_running_loop().call_later(self.ack_timeout, _expire, future)
+        timer = proto.loop.call_later(self.ack_timeout, _expire, future)
         return _acked(subject, future, timer, proto, reply, msg_id if new_only else None)
 
     async def _open_any(self) -> _Protocol:
