@@ -50,6 +50,7 @@ from services.common.settings import load
 from services.common.tokenization import ChatTokenizer
 
 log = logging.getLogger("polar.proxy")
+GC_YOUNG_THRESHOLD = 10_000
 
 
 class _Late:
@@ -263,6 +264,12 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
         # (~1 ms instead of ~100 ms here, and every call in flight waits for it).
         gc.collect()
         gc.freeze()
+        # A young collection every 700 net allocations ran ~0.1 times a call at 64 calls
+        # in flight, each scanning every call's live objects, and pushed them on to the
+        # older generations (full collections too): ~16 µs of collector a call, ~9% of
+        # the proxy's CPU. Every 10,000, what a call made is mostly freed before the
+        # next one: 1.7 µs a call (docs/benchmarks.md, issue 18).
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         try:
             yield
         finally:
