@@ -33,6 +33,7 @@ from typing import Any
 import hiredis
 
 from proxy.io.spin import POLL
+from services.common.coalesce import Coalesced
 from services.common.endpoints import EndpointError, RedisEndpoint, parse_redis
 from services.common.oneconn import OneConnection
 
@@ -57,6 +58,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.out = Coalesced(transport, self.loop)  # the calls' commands, per loop turn
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -82,7 +84,7 @@ class _Protocol(asyncio.Protocol):
         future = self.loop.create_future()
         POLL.watch(future)
         self.waiting.append(future)
-        self.transport.write(payload)
+        self.out.write(payload)
         return future
 
 

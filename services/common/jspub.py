@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
+from services.common.coalesce import Coalesced
 from services.common.oneconn import OneConnection
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.out = Coalesced(transport, self.loop)  # the publishes, per loop turn
 
     def connection_lost(self, exc) -> None:
         self.lost = PublishError(f"NATS connection lost: {exc or 'closed'}")
@@ -194,13 +196,13 @@ class JetStreamPublisher:
         proto.acks[reply] = future
         headers = b"NATS/1.0\r\nNats-Msg-Id: " + msg_id.encode() + b"\r\n\r\n" if msg_id else b""
         if headers:
-            proto.transport.write(
+            proto.out.write(
                 b"HPUB %s %s %d %d\r\n%s%s\r\n"
                 % (subject.encode(), reply, len(headers), len(headers) + len(payload), headers,
                    payload)
             )  # fmt: skip
         else:
-            proto.transport.write(
+            proto.out.write(
                 b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload)
             )
         timer = proto.loop.call_later(self.ack_timeout, _expire, future)
