@@ -38,6 +38,7 @@ from proxy.images import (
     read_images,
 )
 from proxy.io.resp import RedisReplyError, RedisUnavailable
+from proxy.io.serving import serving_loop
 from proxy.modes import MODES, rejected
 from proxy.tito import PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
@@ -99,7 +100,7 @@ class CompletionHandler:
         states = self.store.states(session.session_id, session.attempt, session.states)
         number: CallNumber | None = None
         capturing = False
-        loop = asyncio.get_running_loop()  # once: each ask is a getpid() syscall on 3.11
+        loop = serving_loop()  # not asyncio's: each ask is a getpid() syscall on 3.11
         try:
             async with self.gate.call():
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused

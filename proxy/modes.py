@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import uuid
+import random
 from typing import TYPE_CHECKING
 
 from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRequest
@@ -262,4 +262,4 @@ def rejected(exc: TemplateRenderError) -> ProtocolError:
 
 
 def call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+    return f"call_{random.getrandbits(96):024x}"  # unique, not secret: no getrandom() syscall

@@ -298,17 +298,36 @@ class ProxyRoutes:
         return next((m for m, t in self.tables.items() if t.match(path, {})), None)
 
 
-_AFTER_REPLY: ContextVar[list | None] = ContextVar("polar_after_reply", default=None)
+class _Answering:
+    """The request a task is answering (its context's): what to run once the answer is
+    out, and the loop it is served on."""
+
+    __slots__ = ("pending", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.pending: list[tuple[Callable[..., None], tuple]] = []
+        self.loop = loop
+
+
+_ANSWERING: ContextVar[_Answering | None] = ContextVar("polar_answering", default=None)
 
 
 def after_reply(fn: Callable[..., None], *args: Any) -> None:
     """Run ``fn(*args)`` once this request's answer is with the server: work the answer
     need not wait for. Outside a hot-path request: on the event loop's next turn."""
-    pending = _AFTER_REPLY.get()
-    if pending is None:
+    answering = _ANSWERING.get()
+    if answering is None:
         asyncio.get_running_loop().call_soon(fn, *args)
     else:
-        pending.append((fn, args))
+        answering.pending.append((fn, args))
+
+
+def serving_loop() -> asyncio.AbstractEventLoop:
+    """The event loop this request is answered on, known without asking asyncio: on
+    Python 3.11 each ``asyncio.get_running_loop()`` is a ``getpid()`` syscall, ~2% of
+    the proxy's CPU per call where the handler asked once. Outside a request: asyncio's."""
+    answering = _ANSWERING.get()
+    return asyncio.get_running_loop() if answering is None else answering.loop
 
 
 Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
@@ -374,13 +393,13 @@ class ProxyApp:
             await request.finish(hit)
             return
         serve, spec, route, request.path_params = hit
-        pending: list = []
-        context = _AFTER_REPLY.set(pending)
+        answering = _Answering(request.loop)
+        context = _ANSWERING.set(answering)
         try:
             await request.finish(await serve(spec, route, request))
         finally:
-            _AFTER_REPLY.reset(context)
-            _run(pending)
+            _ANSWERING.reset(context)
+            _run(answering.pending)
 
 
 def _run(pending: list) -> None:
