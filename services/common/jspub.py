@@ -19,6 +19,7 @@ retries) and the next publish reconnects.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -61,6 +62,11 @@ class _Protocol(asyncio.Protocol):
         self.greeted: asyncio.Future = loop.create_future()  # the server's first INFO
         self.ready: asyncio.Future = loop.create_future()  # PONG to our CONNECT + PING
         self.lost: Exception | None = None
+        # acks due, in the order sent, and one timer for the earliest deadline: a timer per
+        # publish cost more than reading its ack
+        self.due: collections.deque[tuple[float, asyncio.Future]] = collections.deque()
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -76,6 +82,39 @@ class _Protocol(asyncio.Protocol):
             if not future.done():
                 future.set_exception(self.lost)
         self.acks.clear()
+        self.due.clear()  # failed just now, every one
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def expire(self, future: asyncio.Future, after: float) -> None:
+        """Fail ``future`` with "no ack in time" if it is not done ``after`` seconds on."""
+        due = self.due
+        while due and due[0][1].done():  # acks come in order, mostly: the head is done
+            due.popleft()
+        deadline = self.loop.time() + after
+        due.append((deadline, future))
+        if self._expiry is None or deadline < self._expiry_at:
+            self._arm(deadline)
+
+    def _arm(self, deadline: float) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry, self._expiry_at = self.loop.call_at(deadline, self._expired), deadline
+
+    def _expired(self) -> None:
+        self._expiry = None
+        now, waiting = self.loop.time(), collections.deque()
+        for deadline, future in self.due:
+            if future.done():
+                continue
+            if deadline <= now:
+                future.set_exception(PublishError("no JetStream ack in time"))
+            else:
+                waiting.append((deadline, future))
+        self.due = waiting
+        if waiting:
+            self._arm(min(deadline for deadline, _ in waiting))
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -205,8 +244,8 @@ class JetStreamPublisher:
             proto.out.write(
                 b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload)
             )
-        timer = proto.loop.call_later(self.ack_timeout, _expire, future)
-        return _acked(subject, future, timer, proto, reply, msg_id if new_only else None)
+        proto.expire(future, self.ack_timeout)
+        return _acked(subject, future, proto, reply, msg_id if new_only else None)
 
     async def _open_any(self) -> _Protocol:
         errors = []
@@ -259,20 +298,12 @@ class JetStreamPublisher:
         self._conn.close()
 
 
-async def _acked(
-    subject: str, future, timer, proto: _Protocol, reply: bytes, new_id: str | None
-) -> int:
+async def _acked(subject: str, future, proto: _Protocol, reply: bytes, new_id: str | None) -> int:
     try:
         head, body = await future
     finally:
-        timer.cancel()
         proto.acks.pop(reply, None)
     return _pub_ack(subject, head, body, new_id)
-
-
-def _expire(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_exception(PublishError("no JetStream ack in time"))
 
 
 def _dropped(subject: str, msg_id: str | None, seq: int) -> str:
