@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import orjson
@@ -239,39 +239,73 @@ def superseded(raw: list[bytes], base: TurnState | None) -> bytes | None:
     return next((item for item in raw if item.startswith(prefix)), None)
 
 
+class _Known(NamedTuple):
+    """One attempt's decoded states, by their stored number (the bytes before ``:``):
+    the stored bytes (to check them with) and the state. Never changed once made: a
+    change is a new one, so the LRU's accounting of its cost stays true."""
+
+    by_seq: dict[bytes, tuple[bytes, TurnState]]
+    cost: int
+
+
 class DecodedStates:
     """Stored TITO states already decoded, so a session's calls do not decode its
     histories again on every call (a long conversation's two states are most of what its
     lookup reads: 0.6 ms of msgspec a call at 100 turns, ``tests/bench/bench_tito.py``).
-    Keyed by (session, attempt, seq) and used only while the stored bytes are the same
-    (a number given back is taken again by another state); least recently used out
-    first, within ``budget`` bytes of memory (``state_cache_cost``). Cached states are
-    shared by the calls that read them: nothing may change one.
+    Kept per (session, attempt), one LRU entry each (one lookup a call, not one a state),
+    and a state used only while its stored bytes are the same (a number given back is
+    taken again by another state); least recently used attempts out first, within
+    ``budget`` bytes of memory (``state_cache_cost``), an attempt keeping at most
+    ``MAX_STATES`` states. Cached states are shared by the calls that read them: nothing
+    may change one.
     """
 
     def __init__(self, budget: int = STATE_CACHE_BYTES) -> None:
-        self.lru: SizedLRU[tuple[str, int, bytes], tuple[bytes, TurnState]] = SizedLRU(
-            budget, lambda _key, entry: state_cache_cost(entry[0])
-        )
+        self.lru: SizedLRU[tuple[str, int], _Known] = SizedLRU(budget, lambda _k, known: known.cost)
 
     def decode(self, session_id: str, attempt: int, raw: list[bytes]) -> list[TurnState]:
+        known = self.lru.get((session_id, attempt))
+        by_seq = known.by_seq if known is not None else {}
         states = []
+        fresh: list[tuple[bytes, TurnState]] | None = None
         for item in raw:
-            hit = self.lru.get((session_id, attempt, item.partition(b":")[0]))
+            hit = by_seq.get(item.partition(b":")[0])
             if hit is not None and hit[0] == item:
                 states.append(hit[1])
                 continue
             state = decode_state(item)
-            self.put(session_id, attempt, item, state)
             states.append(state)
+            if fresh is None:
+                fresh = []
+            fresh.append((item, state))
+        if fresh:  # what was read is what the attempt has now: kept as such
+            stored = {item.partition(b":")[0] for item in raw}
+            kept = {seq: hit for seq, hit in by_seq.items() if seq in stored}
+            self._keep(session_id, attempt, kept, fresh)
         return states
 
     def put(self, session_id: str, attempt: int, stored: bytes, state: TurnState) -> None:
-        if state_cache_cost(stored) <= self.lru.budget // 8:  # one huge history: not kept
-            self.lru.put((session_id, attempt, stored.partition(b":")[0]), (stored, state))
+        known = self.lru.get((session_id, attempt))
+        self._keep(session_id, attempt, dict(known.by_seq) if known else {}, [(stored, state)])
+
+    def _keep(
+        self,
+        session_id: str,
+        attempt: int,
+        by_seq: dict[bytes, tuple[bytes, TurnState]],
+        new: list[tuple[bytes, TurnState]],
+    ) -> None:
+        for stored, state in new:
+            if state_cache_cost(stored) <= self.lru.budget // 8:  # one huge history: not kept
+                by_seq[stored.partition(b":")[0]] = (stored, state)
+        while len(by_seq) > MAX_STATES:  # the oldest numbers go first
+            del by_seq[min(by_seq, key=int)]
+        cost = sum(state_cache_cost(stored) for stored, _ in by_seq.values())
+        self.lru.put((session_id, attempt), _Known(by_seq, cost))
 
     def __len__(self) -> int:
-        return len(self.lru)
+        """How many states are kept decoded."""
+        return sum(len(known.by_seq) for known in self.lru.entries.values())
 
 
 def decode_state(item: bytes) -> TurnState:

@@ -6,6 +6,7 @@ import pytest
 
 from proxy.capture import DecodedStates, decode_states, state_cache_cost, superseded
 from proxy.tito import (
+    MAX_STATES,
     TurnState,
     best_continued,
     classify_break,
@@ -282,14 +283,30 @@ def test_decoded_states_are_decoded_once_and_only_while_their_bytes_match():
 def test_decoded_states_stay_within_their_byte_budget():
     one = _stored(10)  # as long as each of 10..20
     cache = DecodedStates(budget=state_cache_cost(one) * 8)
-    for seq in range(1, 21):
-        cache.decode("s", 0, [_stored(seq)])
+    for seq in range(1, 21):  # 20 sessions of one state each
+        cache.decode(f"s{seq}", 0, [_stored(seq)])
     assert len(cache) == 8 and cache.lru.used <= cache.lru.budget
-    newest = cache.decode("s", 0, [_stored(20)])[0]
-    assert cache.decode("s", 0, [_stored(20)])[0] is newest  # the newest are kept
+    newest = cache.decode("s20", 0, [_stored(20)])[0]
+    assert cache.decode("s20", 0, [_stored(20)])[0] is newest  # the newest are kept
     huge = _stored(99, n_ids=len(one))  # over an eighth of the budget: not kept
-    assert cache.decode("s", 0, [huge])[0].seq == 99 and len(cache) == 8
+    assert cache.decode("s99", 0, [huge])[0].seq == 99 and len(cache) == 8
     # a state put by remember is found by the next read
     state = decode_states([_stored(50)])[0]
-    cache.put("s", 0, _stored(50), state)
-    assert cache.decode("s", 0, [_stored(50)])[0] is state
+    cache.put("s20", 0, _stored(50), state)
+    assert cache.decode("s20", 0, [_stored(50), _stored(20)])[0] is state
+
+
+def test_an_attempt_keeps_what_its_last_read_held_and_at_most_max_states():
+    cache = DecodedStates()
+    raw = [_stored(seq) for seq in range(12, 0, -1)]  # more than a session stores
+    cache.decode("s", 0, raw)
+    assert len(cache) == MAX_STATES  # the newest numbers
+    kept = cache.decode("s", 0, raw[:MAX_STATES])
+    assert all(a is b for a, b in zip(kept, cache.decode("s", 0, raw[:MAX_STATES]), strict=True))
+    # a read without some of them (superseded, dropped): those go from the cache too
+    cache.decode("s", 0, [_stored(13), *raw[:2]])
+    assert len(cache) == 3
+    # remember's put adds to what is kept, within the bound
+    for seq in range(14, 30):
+        cache.put("s", 0, _stored(seq), decode_states([_stored(seq)])[0])
+    assert len(cache) == MAX_STATES
