@@ -20,6 +20,7 @@ from collections import deque
 from urllib.parse import urlsplit
 
 from proxy.io.spin import POLL
+from services.common.deadlines import Deadlines
 
 _MAX_HEAD = 64 * 1024
 
@@ -230,17 +231,17 @@ class Connection(asyncio.Protocol):
         reason = f"{type(exc).__name__}: {exc}" if exc else "server closed the connection"
         self._fail(Disconnected(reason, before_response=not parser.started))
 
-    async def roundtrip(self, request: bytes, parser: ResponseParser, timeout_s: float):
-        loop = self.loop
+    async def roundtrip(
+        self, request: bytes, parser: ResponseParser, timeout_s: float, deadlines: Deadlines
+    ):
         self._parser = parser
-        self._waiter = waiter = loop.create_future()
+        self._waiter = waiter = self.loop.create_future()
         POLL.watch(waiter)
-        timer = loop.call_later(timeout_s, self._on_timeout)
+        deadlines.add(waiter, timeout_s, self._on_timeout)
         try:
             self.transport.write(request)
             return await waiter
         finally:
-            timer.cancel()
             self._parser = self._waiter = None
 
     def reusable(self, parser: ResponseParser) -> bool:
@@ -288,6 +289,7 @@ class ConnectionPool:
         self.keepalive_s = keepalive_s
         self.connect_timeout_s = connect_timeout_s
         self._idle: deque[Connection] = deque()
+        self._deadlines: Deadlines | None = None  # the requests', on one timer
         self._closed = False
         self._slots = asyncio.Semaphore(limit)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
@@ -308,7 +310,9 @@ class ConnectionPool:
             if conn is None:
                 conn, reused = await self._open(), False
             try:
-                parser = await conn.roundtrip(request, ResponseParser(head_request=head), timeout_s)
+                parser = await conn.roundtrip(
+                    request, ResponseParser(head_request=head), timeout_s, self._due(conn)
+                )
             except Disconnected as exc:
                 conn.close()
                 if not (reused and exc.before_response):
@@ -322,9 +326,17 @@ class ConnectionPool:
             self._give_back(conn, parser)
             return parser
 
+    def _due(self, conn: Connection) -> Deadlines:
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not conn.loop:
+            deadlines = self._deadlines = Deadlines(conn.loop)
+        return deadlines
+
     async def _roundtrip_fresh(self, conn, request, head, timeout_s):
         try:
-            return await conn.roundtrip(request, ResponseParser(head_request=head), timeout_s)
+            return await conn.roundtrip(
+                request, ResponseParser(head_request=head), timeout_s, self._due(conn)
+            )
         except BaseException:
             conn.close()
             raise

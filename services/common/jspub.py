@@ -19,17 +19,18 @@ retries) and the next publish reconnects.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import orjson
 
 from services.common.coalesce import Coalesced
+from services.common.deadlines import Deadlines
 from services.common.oneconn import OneConnection
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,7 @@ class _Protocol(asyncio.Protocol):
         self.greeted: asyncio.Future = loop.create_future()  # the server's first INFO
         self.ready: asyncio.Future = loop.create_future()  # PONG to our CONNECT + PING
         self.lost: Exception | None = None
-        # acks due, in the order sent, and one timer for the earliest deadline: a timer per
-        # publish cost more than reading its ack
-        self.due: collections.deque[tuple[float, asyncio.Future]] = collections.deque()
-        self._expiry: asyncio.TimerHandle | None = None
-        self._expiry_at = 0.0
+        self.due = Deadlines(loop)  # the acks' (one timer for them all)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -83,38 +80,6 @@ class _Protocol(asyncio.Protocol):
                 future.set_exception(self.lost)
         self.acks.clear()
         self.due.clear()  # failed just now, every one
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
-
-    def expire(self, future: asyncio.Future, after: float) -> None:
-        """Fail ``future`` with "no ack in time" if it is not done ``after`` seconds on."""
-        due = self.due
-        while due and due[0][1].done():  # acks come in order, mostly: the head is done
-            due.popleft()
-        deadline = self.loop.time() + after
-        due.append((deadline, future))
-        if self._expiry is None or deadline < self._expiry_at:
-            self._arm(deadline)
-
-    def _arm(self, deadline: float) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-        self._expiry, self._expiry_at = self.loop.call_at(deadline, self._expired), deadline
-
-    def _expired(self) -> None:
-        self._expiry = None
-        now, waiting = self.loop.time(), collections.deque()
-        for deadline, future in self.due:
-            if future.done():
-                continue
-            if deadline <= now:
-                future.set_exception(PublishError("no JetStream ack in time"))
-            else:
-                waiting.append((deadline, future))
-        self.due = waiting
-        if waiting:
-            self._arm(min(deadline for deadline, _ in waiting))
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -244,7 +209,7 @@ class JetStreamPublisher:
             proto.out.write(
                 b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload)
             )
-        proto.expire(future, self.ack_timeout)
+        proto.due.add(future, self.ack_timeout, partial(_no_ack, future))
         return _acked(subject, future, proto, reply, msg_id if new_only else None)
 
     async def _open_any(self) -> _Protocol:
@@ -304,6 +269,10 @@ async def _acked(subject: str, future, proto: _Protocol, reply: bytes, new_id: s
     finally:
         proto.acks.pop(reply, None)
     return _pub_ack(subject, head, body, new_id)
+
+
+def _no_ack(future: asyncio.Future) -> None:
+    future.set_exception(PublishError("no JetStream ack in time"))
 
 
 def _dropped(subject: str, msg_id: str | None, seq: int) -> str:
