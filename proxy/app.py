@@ -8,9 +8,10 @@ session lookup is under way while the body is read and parsed and the handler pr
 the call (CPU work), so its round trip costs no waiting of its own; an unknown token is
 still a 401 before any 400.
 
-The handler runs in the request's own task; a client that disconnects (watched only
-after ``QUICK_SECONDS``) cancels it (it sees ``CancelledError``). Streams: the whole event
-sequence is sent once the answer is there; a call still running after
+The handler runs in the request's own task; a client that disconnects cancels it (it
+sees ``CancelledError``): at once under ``proxy.io.native``, which sees the connection
+close, and over ASGI once a watcher started past ``QUICK_SECONDS`` sees it. Streams:
+the whole event sequence is sent once the answer is there; a call still running after
 ``keepalive_seconds`` gets its stream started by a pump that sends protocol-legal
 keep-alives until then (a failure then becomes the protocol's in-stream error; before,
 it keeps its real status). ``proxy.io.serving`` routes and serves every request, the
@@ -364,11 +365,29 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
 
 
 async def answer_unless_gone(call: Awaitable[T], request: CallRequest) -> T:
-    """Run the handler in this request's own task (no task of its own: most answers are
-    back within ``QUICK_SECONDS``); past that, a client that disconnects cancels it."""
+    """Run the handler in this request's own task; a client that disconnects cancels it.
+    A server that sees the disconnect itself (``watch_gone``) calls back at once; else a
+    task waits for it, started only past ``QUICK_SECONDS`` (most answers are back sooner)."""
     loop = request.loop
     me = asyncio.current_task(loop)
     assert me is not None
+    left = False
+
+    def gone() -> None:
+        nonlocal left
+        left = True
+        me.cancel()
+
+    if request.watch_gone(gone):
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if left:
+                me.uncancel()
+                raise ClientGone from None
+            raise
+        finally:
+            request.watch_gone(None)
     watcher: asyncio.Future | None = None
 
     def hang_up(w: asyncio.Future) -> None:

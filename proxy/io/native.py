@@ -158,6 +158,12 @@ class NativeRequest:
     async def disconnected(self) -> None:
         await self._conn.lost()
 
+    def watch_gone(self, callback: Callable[[], None] | None) -> bool:
+        self._conn.on_gone = callback  # one request is answered at a time
+        if callback is not None and self._conn.gone:
+            self.loop.call_soon(callback)
+        return True
+
     async def start_stream(self) -> None:
         head = _STREAM_HEAD
         if self._chunked:
@@ -222,6 +228,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.gone = False
+        self.on_gone: Callable[[], None] | None = None  # the request answered now wants to know
         self._lost: asyncio.Future | None = None
         self._drain: asyncio.Future | None = None
         self._paused_reading = False
@@ -269,6 +276,9 @@ class _Connection(asyncio.Protocol):
         for request in (self._receiving, self._current):
             if request is not None:
                 request._wake()
+        on_gone, self.on_gone = self.on_gone, None
+        if on_gone is not None:
+            on_gone()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -344,6 +354,7 @@ class _Connection(asyncio.Protocol):
 
     def _done(self, request: NativeRequest) -> None:
         self._current = None
+        self.on_gone = None
         if self.gone:
             return
         closing = (

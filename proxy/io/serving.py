@@ -85,6 +85,11 @@ class CallRequest(RequestHead, Protocol):
 
     async def disconnected(self) -> None: ...
 
+    def watch_gone(self, callback: Callable[[], None] | None) -> bool:
+        """Have ``callback`` called once if the client leaves while this request is
+        answered (None: no longer); False: this server cannot, wait on ``disconnected``."""
+        ...
+
     async def start_stream(self) -> None: ...
 
     async def send_chunk(self, data: bytes) -> None: ...
@@ -150,6 +155,9 @@ class AsgiRequest:
     async def disconnected(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
+
+    def watch_gone(self, callback: Callable[[], None] | None) -> bool:
+        return False  # ASGI says so only to a task waiting in receive()
 
     async def start_stream(self) -> None:
         headers = [(k.encode(), v.encode()) for k, v in SSE_START]
