@@ -45,14 +45,22 @@ class _PerProtocol:
     """The labelled series a successful call touches, looked up once per protocol
     (``labels()`` costs more than the increments themselves on the hot path)."""
 
-    __slots__ = ("ok", "latency", "overhead", "tokens_in", "tokens_out")
+    __slots__ = ("protocol", "ok", "latency", "overhead", "tokens_in", "tokens_out", "by_label")
 
     def __init__(self, protocol: str) -> None:
+        self.protocol = protocol
         self.ok = CALLS.labels(protocol, "ok")
         self.latency = LATENCY.labels(protocol)
         self.overhead = OVERHEAD.labels(protocol)
         self.tokens_in = TOKENS.labels(protocol, "in")
         self.tokens_out = TOKENS.labels(protocol, "out")
+        self.by_label: dict[tuple[Counter, str], Counter] = {}  # drift reasons, side calls
+
+    def counter(self, family: Counter, label: str) -> Counter:
+        child = self.by_label.get((family, label))
+        if child is None:  # a handful of reasons and kinds: a few entries per protocol
+            child = self.by_label[family, label] = family.labels(self.protocol, label)
+        return child
 
 
 _series: dict[str, _PerProtocol] = {}
@@ -70,6 +78,6 @@ def observe_call(protocol: str, ctx, gen, plan) -> None:
     m.tokens_in.inc(len(gen.prompt_ids))
     m.tokens_out.inc(len(gen.output_ids))
     if plan.extends is False:
-        DRIFT.labels(protocol, plan.drift_reason or "unknown").inc()
+        m.counter(DRIFT, plan.drift_reason or "unknown").inc()
     if ctx.side_call:
-        SIDE_CALLS.labels(protocol, ctx.side_call).inc()
+        m.counter(SIDE_CALLS, ctx.side_call).inc()
