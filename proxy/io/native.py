@@ -13,7 +13,8 @@ HTTP/1.1 as the harnesses' clients speak it: keep-alive (HTTP/1.0 only when aske
 pipelined requests answered in order, chunked or sized request bodies read under the
 app's limit (a body past it is left unread and the connection closed after the answer),
 ``Expect: 100-continue`` answered when the app reads the body, streams sent chunked,
-back-pressure from a slow reader, a client that leaves seen at once. Bounds: a request
+back-pressure from a slow reader, a client that leaves seen at once, a request that asks
+to switch protocols (h2c, websocket) answered over HTTP/1.1 all the same. Bounds: a request
 head over ``MAX_HEAD_BYTES`` is a 431, a head not complete within ``HEAD_TIMEOUT_S`` of
 its first byte closes the connection, an idle keep-alive connection is closed after
 ``IDLE_TIMEOUT_S``. Malformed requests get a 400 in the generic error body and the
@@ -66,6 +67,20 @@ def _status_line(status: int) -> bytes:
 
 
 _STATUS_LINES = {s: _status_line(s) for s in _PHRASES}
+
+
+def _head(status: int, media_type: str, length: int) -> bytes:
+    """A sized answer's first lines; the caller adds its other headers and the blank line."""
+    status_line = _STATUS_LINES.get(status) or _status_line(status)
+    return b"%bcontent-type: %b\r\ncontent-length: %d\r\n" % (
+        status_line,
+        media_type.encode(),
+        length,
+    )
+
+
+def _expects_continue(headers: dict[str, str]) -> bool:
+    return headers.get("expect", "").lower() == "100-continue"
 
 
 class NativeRequest:
@@ -143,12 +158,12 @@ class NativeRequest:
         if self._size > limit:
             self._over = True
             self._chunks.clear()
+        if not self._done and not self._size and _expects_continue(self.headers):
+            self._conn.write(_CONTINUE)  # the client waits for it before sending the body
         while not self._done and not self._over:
             if self._conn.gone:
                 raise ClientGone
-            if self.headers.get("expect", "").lower() == "100-continue" and not self._size:
-                self._conn.write(_CONTINUE)
-            self._waiter = self._conn.loop.create_future()
+            self._waiter = self.loop.create_future()
             self._conn.resume_reading()
             await self._waiter
         if self._over:
@@ -197,14 +212,7 @@ class NativeRequest:
             return
         if reply.close:
             self.keep_alive = False
-        head = [
-            _STATUS_LINES.get(reply.status) or _status_line(reply.status),
-            b"content-type: ",
-            reply.media_type.encode(),
-            b"\r\ncontent-length: ",
-            str(len(reply.body)).encode(),
-            b"\r\n",
-        ]
+        head = [_head(reply.status, reply.media_type, len(reply.body))]
         for name, value in reply.headers.items():
             if name != "connection":
                 head.append(f"{name}: {value}\r\n".encode("latin-1"))
@@ -238,11 +246,13 @@ class _Connection(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._head_bytes = 0
         self._receiving: NativeRequest | None = None
+        self._last: NativeRequest | None = None  # the newest whose head was parsed
+        self._reframing: NativeRequest | None = None  # its body parsed under a made-up head
         self._current: NativeRequest | None = None  # the one being answered
         self._queue: deque[NativeRequest] = deque()  # pipelined, waiting
         # when the connection is closed unless a request comes (idle) or its head ends;
-        # None while a request is answered. The server's sweep checks it: a timer per
-        # request would cost more than the request's own parsing.
+        # None while a request is answered. The server's sweep checks it once a second,
+        # instead of a timer armed and cancelled for every request.
         self.deadline: float | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -259,8 +269,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # no upgrade is offered: the request is answered over HTTP/1.1
+        except httptools.HttpParserUpgrade as exc:
+            self._not_upgraded(data[exc.args[0] :])
         except httptools.HttpParserError as exc:  # a callback's raise comes wrapped in one
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
@@ -309,13 +319,16 @@ class _Connection(asyncio.Protocol):
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
+        if self._reframing is not None:  # the made-up head of an upgrade request's body
+            self._receiving, self._reframing = self._reframing, None
+            return
         parser = self.parser
         http10 = parser.get_http_version() == "1.0"
         request = NativeRequest(
             self, parser.get_method().decode("ascii"), self._url, self._headers, http10
         )
         request.keep_alive = parser.should_keep_alive()
-        self._receiving = request
+        self._receiving = self._last = request
         if self._current is None:
             self._start(request)
         else:
@@ -330,6 +343,27 @@ class _Connection(asyncio.Protocol):
         if self._receiving is not None:
             self._receiving._complete()
             self._receiving = None
+
+    def _not_upgraded(self, rest: bytes) -> None:
+        """A request asked to switch protocols (``Upgrade: h2c``, a websocket): none is
+        offered, so it is answered over HTTP/1.1, as RFC 9110 lets a server do. llhttp
+        stops at such a request's head and ends the message there, leaving its body and
+        whatever follows unparsed (``rest``): a fresh parser reads them, the body framed
+        by a head made up from the request's own Content-Length or Transfer-Encoding."""
+        self.parser = httptools.HttpRequestParser(self)
+        request = self._last
+        assert request is not None  # llhttp raises only once a head is parsed
+        framing = [
+            f"{name}: {request.headers[name]}\r\n"
+            for name in ("content-length", "transfer-encoding")
+            if name in request.headers
+        ]
+        if framing:
+            request._done = False  # its body is still to come
+            self._reframing = request
+            rest = f"PUT / HTTP/1.1\r\n{''.join(framing)}\r\n".encode("latin-1") + rest
+        if rest:
+            self.data_received(rest)
 
     # -- the cycle ---------------------------------------------------------------------
 
@@ -412,11 +446,9 @@ class _Connection(asyncio.Protocol):
         connection closed (what came after it on the connection cannot be framed). With
         an answer still under way, the connection just closes."""
         if self._current is None:
-            body = self.server.app.routes.served.refused(status, reason).body
-            self.write(
-                _STATUS_LINES[status] + b"content-type: application/json\r\ncontent-length: "
-                + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
-            )  # fmt: skip
+            reply = self.server.app.routes.served.refused(status, reason)
+            head = _head(status, reply.media_type, len(reply.body))
+            self.write(head + b"connection: close\r\n\r\n" + reply.body)
         self._close()
 
     def _close(self) -> None:

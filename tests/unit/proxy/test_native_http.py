@@ -212,3 +212,27 @@ async def test_shutdown_lets_a_call_under_way_finish_then_closes(served) -> None
     assert await closed(busy_reader)
     with pytest.raises(OSError):
         await connect(port)  # no longer listening
+
+
+async def test_an_upgrade_it_does_not_offer_is_answered_over_http_1_1(served) -> None:
+    """``Upgrade: h2c`` (curl --http2 on http://) and the like: the request is answered as
+    HTTP/1.1 with its whole body, sized or chunked, and the next request on the
+    connection after it too (llhttp alone would stop at the head and drop the rest)."""
+    _, port, model = served
+    upgrade = "connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAA\r\n"
+    reader, writer = await connect(port)
+    sized = post(extra=upgrade)
+    writer.write(sized[:-5])  # the body's end comes in a later read
+    await asyncio.sleep(0.05)
+    writer.write(sized[-5:] + post())
+    assert [(await read_response(reader))[0] for _ in range(2)] == [200, 200]
+    head = f"POST {PATH} HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n{upgrade}\r\n"
+    chunked = b"%x\r\n%b\r\n0\r\n\r\n" % (len(BODY), BODY)
+    writer.write(head.encode() + chunked)
+    assert (await read_response(reader))[0] == 200
+    writer.write(b"GET /v1/models HTTP/1.1\r\nhost: t\r\n" + upgrade.encode() + b"\r\n")
+    writer.write(b"HEAD / HTTP/1.1\r\nhost: t\r\n\r\n")  # no body: parsed straight after
+    assert (await read_response(reader))[0] == 401  # no token: answered, not upgraded
+    assert (await read_response(reader))[0] == 200
+    assert [call[3] for call in model.calls] == [BODY, BODY, BODY]  # every body whole
+    writer.close()
