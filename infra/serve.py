@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from infra.catalog import ServiceKind
 
-
-def serve_service(kind: ServiceKind, host: str, port: int) -> None:
-    """The proxy (``native``) on ``proxy.io.native``'s HTTP/1.1 server, which runs on its
+def serve_app(target: str, host: str, port: int, *, native: bool) -> None:
+    """``target`` (a catalog row's ``module:create_app``): one the catalog marks
+    ``native`` (the proxy) on ``proxy.io.native``'s HTTP/1.1 server, which runs on its
     own event loop with no server threads; every other service under granian (ASGI)."""
-    if kind.native:
+    if native:
         from proxy.io.native import serve_native
 
-        serve_native(kind.target, host, port)
+        serve_native(target, host, port)
     else:
         from services.common.http import serve
 
-        serve(kind.target, host, port)
+        serve(target, host, port)

@@ -240,9 +240,9 @@ def serve(
         raise _fail(f"unknown service {service!r}; known: {', '.join(SERVICES)}")
     config = _serve_config(service, topology, host, port)
     os.environ["POLAR_CONFIG"] = json.dumps(config)  # the factory reads its settings here
-    from infra.serve import serve_service
+    from infra.serve import serve_app
 
-    serve_service(kind, config["host"], config["port"])
+    serve_app(kind.target, config["host"], config["port"], native=kind.native)
 
 
 def _serve_config(service: str, topology: Path | None, host: str | None, port: int | None) -> dict:

@@ -106,8 +106,9 @@ class NsService:
     def start(self) -> NsService:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
         code = (
-            "from infra.serve import serve_service; from infra.catalog import SERVICES; "
-            f"serve_service(SERVICES[{self.service!r}], {self.host.addr!r}, {self.port})"
+            "from infra.serve import serve_app; "
+            f"serve_app({self.kind.target!r}, {self.host.addr!r}, {self.port}, "
+            f"native={self.kind.native})"
         )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:

@@ -43,9 +43,8 @@ class ServiceProcess:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
         native = any(k.target == self.target and k.native for k in SERVICES.values())
         code = (  # served as `polar serve` serves it
-            "from infra.serve import serve_service; from infra.catalog import ServiceKind; "
-            f"serve_service(ServiceKind({self.target!r}, {self.port}, native={native}), "
-            f"'127.0.0.1', {self.port})"
+            "from infra.serve import serve_app; "
+            f"serve_app({self.target!r}, '127.0.0.1', {self.port}, native={native})"
         )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
