@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+
+import pytest
 
 from services.common.coalesce import Coalesced
 
@@ -37,13 +40,20 @@ class Counted:
         self.transport.close()
 
 
-async def pair() -> tuple[Counted, Recorder, asyncio.Transport]:
+@pytest.fixture
+async def wired() -> AsyncIterator[tuple[Coalesced, Counted, Recorder]]:
+    """A ``Coalesced`` on one end of a socket pair, what reaches the other end recorded."""
     loop = asyncio.get_running_loop()
     ours, theirs = socket.socketpair()
     writer, _ = await loop.create_connection(asyncio.Protocol, sock=ours)
     peer = Recorder()
     reader, _ = await loop.create_connection(lambda: peer, sock=theirs)
-    return Counted(writer), peer, reader
+    counted = Counted(writer)
+    try:
+        yield Coalesced(counted, loop), counted, peer
+    finally:
+        writer.close()
+        reader.close()
 
 
 async def settle(peer: Recorder, total: int) -> None:
@@ -53,9 +63,8 @@ async def settle(peer: Recorder, total: int) -> None:
         await asyncio.sleep(0.005)
 
 
-async def test_one_turns_writes_after_the_first_go_out_together_next_turn() -> None:
-    writer, peer, reader = await pair()
-    out = Coalesced(writer, asyncio.get_running_loop())
+async def test_one_turns_writes_after_the_first_go_out_together_next_turn(wired) -> None:
+    out, writer, peer = wired
     out.write(b"a")  # at once
     out.write(b"b")
     out.write(b"c")
@@ -66,28 +75,21 @@ async def test_one_turns_writes_after_the_first_go_out_together_next_turn() -> N
     assert writer.writes == [b"a", b"bc", b"d"]
     await settle(peer, 4)
     assert b"".join(peer.reads) == b"abcd"
-    writer.close()
-    reader.close()
 
 
-async def test_a_lone_write_is_not_held() -> None:
-    writer, peer, reader = await pair()
-    out = Coalesced(writer, asyncio.get_running_loop())
+async def test_a_lone_write_is_not_held(wired) -> None:
+    out, writer, peer = wired
     out.write(b"only")
     assert writer.writes == [b"only"]  # by the call itself
     await settle(peer, 4)
     assert writer.writes == [b"only"] and b"".join(peer.reads) == b"only"
-    writer.close()
-    reader.close()
 
 
-async def test_held_writes_are_dropped_once_the_connection_closes() -> None:
-    writer, peer, reader = await pair()
-    out = Coalesced(writer, asyncio.get_running_loop())
+async def test_held_writes_are_dropped_once_the_connection_closes(wired) -> None:
+    out, writer, peer = wired
     out.write(b"first")
     out.write(b"held")
     writer.close()
     await asyncio.sleep(0.05)  # the flush ran on a closing transport: nothing raised
     assert writer.writes == [b"first"]
     assert b"".join(peer.reads) == b"first"
-    reader.close()
