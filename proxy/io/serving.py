@@ -9,8 +9,9 @@ operator's (health, metrics, admin: ``OperatorRoute``), and it runs the lifespan
 It is served two ways: by ``proxy.io.native`` (HTTP/1.1 on the proxy's own event loop,
 as ``polar serve proxy`` runs it: no server threads between the socket and the app),
 and over ASGI (``__call__``: litestar's test client, any ASGI server). Their requests,
-``NativeRequest`` and ``AsgiRequest``, give the routes the same few operations: read the
-body under a limit, wait for a disconnect, stream, answer. What a route may rely on is typed once:
+``NativeRequest`` and ``AsgiRequest``, give the routes the same few operations: read
+the body under a limit, wait for a disconnect, stream, answer. What a route may rely
+on is typed once:
 ``RequestHead`` (path params, headers, query), all a route that reads no body uses, and
 ``CallRequest``, the head plus those operations; both request classes are both, and
 they are the only requests any route receives.

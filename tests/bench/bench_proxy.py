@@ -6,10 +6,11 @@ rLLM's model gateway (the token-capturing proxy of rLLM, issue 18).
                                       [--no-rllm] [--unique-prompts]
 
 An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py; vLLM-shaped on
-``/vllm/v1``) answers at once, so latency above the direct call is the proxy's own. Polar runs as ``polar serve
-proxy`` does (``proxy.io.native`` on uvloop when installed; ``--loops asyncio`` forces
-asyncio's loop; a ``--baseline`` checkout from before it under granian), with capture on: every call is committed to a real JetStream and its state written to a
-real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
+``/vllm/v1``) answers at once, so latency above the direct call is the proxy's own.
+Polar runs as ``polar serve proxy`` does (``proxy.io.native`` on uvloop when installed;
+``--loops asyncio`` forces asyncio's loop; a ``--baseline`` checkout from before it
+under granian), with capture on: every call is committed to a real JetStream and its
+state written to a real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
 same OpenAI requests through to the same engine. rLLM's gateway (its own venv too) takes
 them on ``/sessions/<id>/v1``, asks the engine's vLLM face for token ids and logprobs and
 stores each call's trace (ids, logprobs, messages) in SQLite, as it does by default; the
