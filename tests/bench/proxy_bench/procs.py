@@ -36,8 +36,26 @@ def _stat_fields(pid: int) -> list[str]:
 
 
 def cpu_seconds(pgid: int) -> float:
-    """User + system CPU of every live process in the group (all threads)."""
-    return cpu_split(pgid)[0]
+    """CPU seconds of every live process in the group (all threads, ended ones too), to
+    the nanosecond: each process's own CPU clock. /proc's utime and stime count in
+    10 ms ticks, about 3% of a proxy's cell, and every reading rounds."""
+    total = 0.0
+    for pid in group_pids(pgid):
+        try:
+            total += time.clock_gettime(_process_cpu_clock(pid))
+        except OSError:  # gone since listed, or a kernel without such clocks
+            try:
+                fields = _stat_fields(pid)
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+def _process_cpu_clock(pid: int) -> int:
+    """clock_getcpuclockid(pid) as Linux encodes it: all the process's threads
+    (CPUCLOCK_SCHED, 2, in the low bits; the pid complemented above them)."""
+    return (~pid << 3) | 2
 
 
 def cpu_split(pgid: int) -> tuple[float, float]:
