@@ -281,26 +281,35 @@ class DecodedStates:
         if fresh:  # what was read is what the attempt has now: kept as such
             stored = {item.partition(b":")[0] for item in raw}
             kept = {seq: hit for seq, hit in by_seq.items() if seq in stored}
-            self._keep(session_id, attempt, kept, fresh)
+            cost = sum(state_cache_cost(item) for item, _ in kept.values())
+            self._keep(session_id, attempt, kept, cost, fresh)
         return states
 
     def put(self, session_id: str, attempt: int, stored: bytes, state: TurnState) -> None:
         known = self.lru.get((session_id, attempt))
-        self._keep(session_id, attempt, dict(known.by_seq) if known else {}, [(stored, state)])
+        by_seq, cost = (dict(known.by_seq), known.cost) if known is not None else ({}, 0)
+        self._keep(session_id, attempt, by_seq, cost, [(stored, state)])
 
     def _keep(
         self,
         session_id: str,
         attempt: int,
         by_seq: dict[bytes, tuple[bytes, TurnState]],
+        cost: int,  # of what ``by_seq`` holds: kept up to date, not summed again
         new: list[tuple[bytes, TurnState]],
     ) -> None:
         for stored, state in new:
-            if state_cache_cost(stored) <= self.lru.budget // 8:  # one huge history: not kept
-                by_seq[stored.partition(b":")[0]] = (stored, state)
+            added = state_cache_cost(stored)
+            if added > self.lru.budget // 8:  # one huge history: not kept
+                continue
+            seq = stored.partition(b":")[0]
+            replaced = by_seq.get(seq)
+            if replaced is not None:
+                cost -= state_cache_cost(replaced[0])
+            by_seq[seq] = (stored, state)
+            cost += added
         while len(by_seq) > MAX_STATES:  # the oldest numbers go first
-            del by_seq[min(by_seq, key=int)]
-        cost = sum(state_cache_cost(stored) for stored, _ in by_seq.values())
+            cost -= state_cache_cost(by_seq.pop(min(by_seq, key=int))[0])
         self.lru.put((session_id, attempt), _Known(by_seq, cost))
 
     def __len__(self) -> int:

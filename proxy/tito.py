@@ -138,15 +138,27 @@ def best_continued(
     those as long). Tried longest first: in a conversation that only grows, the newest
     state is continued and the others are not looked at (each is a whole-history
     comparison: a session keeps up to ``MAX_STATES``)."""
-    for state in sorted(states, key=lambda s: (len(s.messages), s.seq), reverse=True):
+    # only a shorter history under the same tools can be continued: what a re-sent or
+    # unrelated request meets (no sort, no comparison) when a session holds many states
+    n = len(messages)
+    candidates = [s for s in states if len(s.messages) < n and s.tools_key == key]
+    if len(candidates) > 1:
+        candidates.sort(key=_longest_newest, reverse=True)
+    for state in candidates:
         if continues(messages, state, key):
             return state
     return None
 
 
+def _longest_newest(state: TurnState) -> tuple[int, int]:
+    return len(state.messages), state.seq
+
+
 def classify_break(messages: list[dict[str, Any]], key: str, states: list[TurnState]) -> str:
     """Why a request continues none of the session's states."""
-    last = max(states, key=lambda s: s.seq)
+    last = max(states, key=_seq)
+    if messages == last.messages:  # the same request again (one comparison in C)
+        return "history_truncated" if key == last.tools_key else "tools_changed"
     if system_text(messages) != last.system:
         return "system_prompt_changed"  # a sub-agent, or a side call with its own prompt
     if key != last.tools_key:
@@ -161,6 +173,10 @@ def classify_break(messages: list[dict[str, Any]], key: str, states: list[TurnSt
     if not same_message(messages[n], last.reply):
         return "assistant_turn_rewritten"
     return "history_rewritten"
+
+
+def _seq(state: TurnState) -> int:
+    return state.seq
 
 
 # -- building prompts -------------------------------------------------------------------

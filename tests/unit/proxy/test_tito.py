@@ -171,7 +171,9 @@ def test_breaks_are_classified(tok):
         classify_break(base[:1] + [{"role": "user", "content": "other"}], key, [st])
         == "new_conversation"
     )
-    assert classify_break(base, key, [st]) == "history_truncated"
+    assert classify_break(base, key, [st]) == "history_truncated"  # the same request again
+    assert classify_break(base, tools_key(None), [st]) == "tools_changed"  # ... other tools
+    assert classify_break(base[:1], key, [st]) == "history_truncated"  # a shorter one
     wrong = [
         *base,
         {"role": "assistant", "content": "not what you said"},
@@ -230,6 +232,10 @@ def test_the_longest_continued_state_is_found_whatever_the_order():
     assert best_continued(request, key, [wrong, short]) is short  # wrong: its turn 3 differs
     assert best_continued(sys_user + [call(7, "{}")], key, [short]) is None  # another answer
     assert best_continued(request, tools_key(None), [long_]) is None  # other tools
+    # a session full of states as long as the request (re-sent): none is continued
+    resent = [state(n, request, call(5, "{}"), [1], [2]) for n in range(8)]
+    assert best_continued(request, key, resent) is None
+    assert best_continued(request, key, [*resent, long_]) is long_
 
 
 def test_a_continued_state_supersedes_its_own_base_only():
@@ -310,3 +316,9 @@ def test_an_attempt_keeps_what_its_last_read_held_and_at_most_max_states():
     for seq in range(14, 30):
         cache.put("s", 0, _stored(seq), decode_states([_stored(seq)])[0])
     assert len(cache) == MAX_STATES
+    # a number taken again by another state replaces it; the cost kept stays the sum
+    cache.put("s", 0, _stored(29, "longer text"), decode_states([_stored(29, "longer text")])[0])
+    known = cache.lru.entries["s", 0]
+    assert len(known.by_seq) == MAX_STATES
+    assert known.cost == sum(state_cache_cost(item) for item, _ in known.by_seq.values())
+    assert cache.lru.used == known.cost
