@@ -1,40 +1,47 @@
-"""The proxy's Prometheus metrics (per protocol)."""
+"""The proxy's Prometheus metrics (per protocol).
+
+The per-call ones are tallies (``services.common.tally``): counted on the event loop
+without prometheus_client's lock, read by the registry when scraped."""
 
 from __future__ import annotations
 
 import time
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Gauge
 
-CALLS = Counter(
+from services.common.tally import CounterFamily, CounterTally, HistogramFamily
+
+CALLS = CounterFamily(
     "polar_proxy_calls_total", "Model calls by protocol and result", ["protocol", "result"]
 )
-LATENCY = Histogram(
+LATENCY = HistogramFamily(
     "polar_proxy_call_seconds",
     "Harness-visible call time (received -> captured)",
     ["protocol"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
-OVERHEAD = Histogram(
+OVERHEAD = HistogramFamily(
     "polar_proxy_overhead_seconds",
     "Call time not spent in the engine",
     ["protocol"],
     buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
 )
-TOKENS = Counter("polar_proxy_tokens_total", "Tokens by direction", ["protocol", "direction"])
-CAPTURE_FAILURES = Counter("polar_proxy_capture_failures_total", "Calls not captured", ["protocol"])
-STATE_WRITE_FAILURES = Counter(
+TOKENS = CounterFamily("polar_proxy_tokens_total", "Tokens by direction", ["protocol", "direction"])
+CAPTURE_FAILURES = CounterFamily(
+    "polar_proxy_capture_failures_total", "Calls not captured", ["protocol"]
+)
+STATE_WRITE_FAILURES = CounterFamily(
     "polar_proxy_state_write_failures_total",
     "Calls captured and answered whose TITO state Redis did not store (the next call "
     "re-renders its prompt instead of extending it)",
     ["protocol"],
 )
-DRIFT = Counter(
+DRIFT = CounterFamily(
     "polar_proxy_prompt_breaks_total",
     "Prompts that did not extend the previous call, by reason",
     ["protocol", "reason"],
 )
-SIDE_CALLS = Counter(
+SIDE_CALLS = CounterFamily(
     "polar_proxy_side_calls_total", "Calls outside the main loop", ["protocol", "kind"]
 )
 PAUSED = Gauge("polar_proxy_paused", "1 while paused for a weight update")
@@ -42,8 +49,7 @@ INFLIGHT = Gauge("polar_proxy_inflight_calls", "Model calls admitted and not yet
 
 
 class _PerProtocol:
-    """The labelled series a successful call touches, looked up once per protocol
-    (``labels()`` costs more than the increments themselves on the hot path)."""
+    """The labelled series a successful call touches, looked up once per protocol."""
 
     __slots__ = ("protocol", "ok", "latency", "overhead", "tokens_in", "tokens_out", "by_label")
 
@@ -54,9 +60,11 @@ class _PerProtocol:
         self.overhead = OVERHEAD.labels(protocol)
         self.tokens_in = TOKENS.labels(protocol, "in")
         self.tokens_out = TOKENS.labels(protocol, "out")
-        self.by_label: dict[tuple[Counter, str], Counter] = {}  # drift reasons, side calls
+        self.by_label: dict[
+            tuple[CounterFamily, str], CounterTally
+        ] = {}  # drift reasons, side calls
 
-    def counter(self, family: Counter, label: str) -> Counter:
+    def counter(self, family: CounterFamily, label: str) -> CounterTally:
         child = self.by_label.get((family, label))
         if child is None:  # a handful of reasons and kinds: a few entries per protocol
             child = self.by_label[family, label] = family.labels(self.protocol, label)

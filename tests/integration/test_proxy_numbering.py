@@ -155,7 +155,7 @@ async def test_a_state_redis_refuses_after_the_record_is_committed_still_answers
     engine.release("one", answer(1))
     await call(handler, resolver, s.token, "one")
     failures = metrics.STATE_WRITE_FAILURES.labels("openai_chat")
-    before = failures._value.get()
+    before = failures.value
     pending = asyncio.ensure_future(call(handler, resolver, s.token, "two"))
     await engine.started.get()
     await engine.started.get()
@@ -166,7 +166,7 @@ async def test_a_state_redis_refuses_after_the_record_is_committed_still_answers
     assert turn.text == "answer 2"  # captured, so answered
     recs = await captured(bus, s.session_id, expect=2)
     assert [r.seq for r in recs] == [0, 1]
-    assert failures._value.get() == before + 1
+    assert failures.value == before + 1
 
 
 async def test_when_capture_fails_the_state_is_taken_back_and_the_number_given_back(
