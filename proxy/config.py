@@ -46,8 +46,8 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     default_max_tokens: int = 1024
     max_body_bytes: int = 16 * 1024 * 1024
     keepalive_seconds: float = 10.0
-    # Poll instead of sleeping for up to this long while a Redis, JetStream or engine
-    # reply is due (proxy/io/spin.py); 0: off.
+    # Poll instead of sleeping for up to this long while a Redis or JetStream reply is
+    # due (never the engine's: proxy/io/spin.py); 0: off.
     busy_poll_microseconds: int = 250
     probe_backend: bool = True  # refuse to start when the engine cannot return token ids
     probe_timeout_seconds: float = 120.0  # the engine may still be starting

@@ -19,7 +19,6 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from proxy.io.spin import POLL
 from services.common.deadlines import Deadlines
 
 _MAX_HEAD = 64 * 1024
@@ -235,8 +234,9 @@ class Connection(asyncio.Protocol):
         self, request: bytes, parser: ResponseParser, timeout_s: float, deadlines: Deadlines
     ):
         self._parser = parser
+        # No busy-poll here (``proxy.io.spin``): an engine takes milliseconds at least to
+        # generate, so polling for its reply would only burn the budget on every call
         self._waiter = waiter = self.loop.create_future()
-        POLL.watch(waiter)
         deadlines.add(waiter, timeout_s, self._on_timeout)
         try:
             self.transport.write(request)

@@ -224,3 +224,15 @@ async def test_idle_connections_past_keepalive_are_not_reused():
         await asyncio.sleep(0.1)
         await worker.get_json("/x")
     assert server.connections == 2
+
+
+async def test_the_loop_sleeps_while_the_engine_generates(monkeypatch):
+    """No busy-poll while an engine request is out (``proxy.io.spin``): a generation
+    takes milliseconds at least, and polling through it would burn the budget every call."""
+    from proxy.io.spin import POLL
+
+    monkeypatch.setattr(POLL, "budget", 1.0)
+    async with serving(lambda n, h, b: (0.05, ok(b"{}"))) as (_server, worker):
+        ticks = POLL.ticks
+        assert await worker.post_json("/generate", {}) == {}
+    assert POLL.ticks == ticks and POLL.pending == 0
