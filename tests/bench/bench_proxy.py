@@ -21,7 +21,8 @@ load generator, NATS and Valkey share the other. Each cell (streaming or not, nu
 concurrent sessions) is measured in ``--rounds`` rounds that take every path in turn,
 so load from anything else on the machine falls on all of them alike.
 "req per CPU-s" is requests / CPU seconds the proxy's processes spent in its rounds (in
-brackets: counting NATS and Valkey too): requests per second per fully used core.
+brackets: counting NATS and Valkey too): requests per second per fully used core. CPU
+is read from each process's CPU clock, to the nanosecond (``procs.cpu_seconds``).
 Memory per session (proxies with sessions: Polar's and rLLM's): the proxy's RSS growth
 over ``--memory-sessions`` fresh sessions that each made two calls, divided by their number.
 By default every request carries the same body. ``--unique-prompts`` makes every
