@@ -20,18 +20,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from proxy.backends.base import Generation, TokenRequest
 from proxy.backends.wire import (
     bad_response,
     chat_body,
     content_logprobs,
     float_logprobs,
+    ids_of,
     int_ids,
     matched_stop,
     normalize_finish,
     parse_tool_calls,
     reasoning_text,
 )
+
+_TRIPLES = list[tuple[float, int, Any]]  # output_token_logprobs as SGLang sends it
 
 CHAT_FLAGS = {"return_prompt_token_ids": True, "return_token_ids": True, "return_meta_info": True}
 
@@ -73,6 +78,15 @@ def output_pairs(meta: dict[str, Any], worker: str = "") -> tuple[list[int], lis
     if entries is not None:
         if not isinstance(entries, list):
             raise bad_response("meta_info.output_token_logprobs is not a list", worker)
+        try:  # the usual shape, [logprob, token_id, text|null] each: checked in C
+            triples = msgspec.convert(entries, _TRIPLES)
+        except msgspec.ValidationError:
+            triples = None
+        if triples is not None:
+            if not triples:
+                return [], []
+            lps, ids, _ = zip(*triples, strict=True)
+            return list(ids), list(lps)
         ids, lps = [], []
         for entry in entries:
             if isinstance(entry, dict):  # {"logprob": .., "token_id": ..}
@@ -153,7 +167,7 @@ def parse_generate(
 def chat_prompt_ids(body: dict[str, Any], choice: dict[str, Any]) -> list[int] | None:
     for source in (choice, body, choice.get("meta_info") or {}):
         if source.get("prompt_token_ids") is not None:
-            return [int(t) for t in source["prompt_token_ids"]]
+            return ids_of(source["prompt_token_ids"])
     return None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.backends import sglang_wire, vllm_wire
+from proxy.backends import sglang_wire, vllm_wire, wire
 from proxy.backends.base import BackendError, ChatRequest, SamplingParams, TokenRequest
 from proxy.backends.control import agreed_version
 from proxy.backends.wire import normalize_finish, parse_tool_calls, token_id_from_text
@@ -21,6 +21,30 @@ def test_sglang_output_logprobs_in_all_three_shapes():
     for meta in (tuples, dicts, split):
         assert sglang_wire.output_pairs(meta) == ([11, 12], [-0.5, -0.25])
     assert sglang_wire.output_pairs({}) is None
+
+
+def test_token_lists_are_read_alike_on_the_fast_path_and_off_it():
+    """msgspec checks the usual lists in C; what it refuses goes through the loop that
+    was there before: a number sent as a string or a bool still reads as before, and a
+    broken entry is named as before."""
+    assert wire.int_ids([1, 2, 151645], "ids") == [1, 2, 151645]
+    assert wire.int_ids(["7", True, 3.0], "ids") == [7, 1, 3]  # the old loop's reading
+    assert wire.float_logprobs([0, -1, -0.5], "lps") == [0.0, -1.0, -0.5]
+    assert all(type(v) is float for v in wire.float_logprobs([0, -1], "lps"))
+    assert wire.float_logprobs(["-0.5"], "lps") == [-0.5]
+    with pytest.raises(BackendError, match="lps: logprob 2 is null"):
+        wire.float_logprobs([-0.1, -0.2, None], "lps")
+    with pytest.raises(ValueError):
+        wire.int_ids([1, "x"], "ids")
+    # each SGLang shape: the triples' fast path and the mixed shapes' loop agree
+    triples = [[-0.5, 11, None], [-0.25, 12, "x"], [0, 13, None]]
+    mixed = [*triples[:2], {"logprob": 0, "token_id": 13}]
+    fast = sglang_wire.output_pairs({"output_token_logprobs": triples})
+    assert fast == sglang_wire.output_pairs({"output_token_logprobs": mixed})
+    assert fast == ([11, 12, 13], [-0.5, -0.25, 0.0])
+    assert sglang_wire.output_pairs({"output_token_logprobs": []}) == ([], [])
+    chat = {"choices": [{"prompt_token_ids": ["5", 6], "meta_info": SPANNED, "message": {}}]}
+    assert sglang_wire.parse_chat(chat).prompt_ids == [5, 6]
 
 
 def test_sglang_null_output_logprob_is_refused():
