@@ -348,7 +348,8 @@ def build_record(
     ends with), when the answer was parsed."""
     previous = None
     if plan.base is not None:
-        previous = (plan.base.seq, plan.base.prompt_ids + plan.base.output_ids)
+        base_ids = plan.base_ids if plan.base_ids is not None else plan.base.sampled_ids()
+        previous = (plan.base.seq, base_ids)
     base_seq, base_len, tail = delta_encode(plan.prompt_ids, previous)
     return CompletionRecord(
         session_id=ctx.session_id,

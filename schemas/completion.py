@@ -134,6 +134,24 @@ def reconstruct_prompts(
     return full
 
 
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share. Compared by slices, in C: a prompt
+    that extends the previous call's 20k tokens is one comparison, a rewritten one a
+    block at a time (an id at a time in Python was ~1 ms per 20k)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    at = 0
+    while at + _PREFIX_BLOCK <= n and a[at : at + _PREFIX_BLOCK] == b[at : at + _PREFIX_BLOCK]:
+        at += _PREFIX_BLOCK
+    while a[at] == b[at]:  # a difference is within this block
+        at += 1
+    return at
+
+
+_PREFIX_BLOCK = 512
+
+
 def delta_encode(
     prompt: list[int], previous: tuple[int, list[int]] | None
 ) -> tuple[int | None, int, list[int]]:
@@ -145,10 +163,7 @@ def delta_encode(
     if previous is None:
         return None, 0, prompt
     seq, prev = previous
-    n = min(len(prev), len(prompt))
-    i = 0
-    while i < n and prev[i] == prompt[i]:
-        i += 1
+    i = common_prefix_length(prev, prompt)
     if i < 64:  # not worth a reference
         return None, 0, prompt
     return seq, i, prompt[i:]
