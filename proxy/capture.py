@@ -346,11 +346,14 @@ def build_record(
     (``tool_calls`` for a turn that calls tools, whoever parsed them), else the engine's;
     ``reply`` the assistant message it was answered with (what a trainer's conversation
     ends with), when the answer was parsed."""
-    previous = None
-    if plan.base is not None:
-        base_ids = plan.base_ids if plan.base_ids is not None else plan.base.sampled_ids()
-        previous = (plan.base.seq, base_ids)
-    base_seq, base_len, tail = delta_encode(plan.prompt_ids, previous)
+    if plan.base is None:
+        base_seq, base_len, tail = delta_encode(plan.prompt_ids, None)
+    elif plan.shared is not None:  # planning compared them already
+        base_seq, base_len, tail = delta_encode(plan.prompt_ids, (plan.base.seq, plan.shared))
+    else:
+        base_seq, base_len, tail = delta_encode(
+            plan.prompt_ids, (plan.base.seq, plan.base.sampled_ids())
+        )
     return CompletionRecord(
         session_id=ctx.session_id,
         seq=seq,

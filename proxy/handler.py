@@ -234,7 +234,7 @@ class CompletionHandler:
                 messages=request.state_messages(),
                 reply=message,
                 tools_key=request.key,
-                prompt=pack(plan.prompt_ids),
+                prompt=plan.packed_prompt(),
                 output=pack(gen.output_ids),
                 base=plan.base.seq if plan.base is not None else None,
             )

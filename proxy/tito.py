@@ -86,9 +86,14 @@ class PromptPlan:
     extends: bool | None  # None on a session's first call
     drift_reason: str | None
     images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit in it
-    # ``base.sampled_ids()`` where planning unpacked it already (its record needs it:
-    # a 20k-token prompt takes ~0.2 ms to unpack)
-    base_ids: list[int] | None = None
+    # What planning found out already, so the call's record and state do not again (a
+    # 20k-token prompt's ids take ~0.2 ms to unpack, ~0.08 ms to pack): how many leading
+    # ids the prompt shares with ``base.sampled_ids()``, and the prompt packed.
+    shared: int | None = None
+    packed: bytes | None = None
+
+    def packed_prompt(self) -> bytes:
+        return self.packed if self.packed is not None else pack(self.prompt_ids)
 
 
 # -- comparing messages ---------------------------------------------------------------
@@ -243,7 +248,9 @@ def plan_token_prompt(
         try:
             glue = tok.encode(_glue_text(tok, base, messages, tools, heads))
             base_ids = base.sampled_ids()
-            return PromptPlan(base_ids + glue, base, True, None, base_ids=base_ids)
+            packed = base.prompt + base.output + pack(glue)
+            ids = base_ids + glue
+            return PromptPlan(ids, base, True, None, shared=len(base_ids), packed=packed)
         except TemplateRenderError:  # the template re-renders earlier turns: whole, below
             pass
     prompt = rendered if rendered is not None else tok.render_ids(messages, tools)
@@ -268,11 +275,25 @@ def judge_chat_prompt(
     base = best_continued(messages, key, states)
     if base is None:
         return PromptPlan(prompt_ids, None, False, classify_break(messages, key, states))
-    prefix = base.sampled_ids()
-    if prompt_ids[: len(prefix)] == prefix and len(prompt_ids) > len(prefix):
-        return PromptPlan(prompt_ids, base, True, None, base_ids=prefix)
-    reason = rerender_reason(prompt_ids, messages, base, prefix)
-    return PromptPlan(prompt_ids, base, False, reason, base_ids=prefix)
+    # compared packed: the state's ids need no unpacking, and the new state keeps these
+    prefix, packed = base.prompt + base.output, _packed(prompt_ids)
+    n = len(prefix) // ID_BYTES
+    if len(prompt_ids) > n and (
+        packed.startswith(prefix) if packed is not None else prompt_ids[:n] == base.sampled_ids()
+    ):
+        return PromptPlan(prompt_ids, base, True, None, shared=n, packed=packed)
+    at = common_prefix_length(prompt_ids, base.sampled_ids())
+    reason = rerender_reason(prompt_ids, messages, base, at)
+    return PromptPlan(prompt_ids, base, False, reason, shared=at, packed=packed)
+
+
+def _packed(ids: list[int]) -> bytes | None:
+    """``pack(ids)``, or None for ids no vocabulary has (an engine's bug: compared as
+    lists, and the call fails where it did before, when its state is packed)."""
+    try:
+        return pack(ids)
+    except (OverflowError, TypeError):
+        return None
 
 
 def _raw_args(message: dict[str, Any]) -> list[str]:
@@ -283,11 +304,12 @@ def rerender_reason(
     prompt_ids: list[int],
     messages: list[dict[str, Any]],
     base: TurnState,
-    base_ids: list[int] | None = None,  # base.sampled_ids(), if at hand
+    at: int | None = None,  # how many leading ids they share, if known
 ) -> str:
     """Chat mode: why the engine's templating of a continued history is not the sampled
     prefix. The first differing token says where; the echoed answer says how."""
-    at = common_prefix_length(prompt_ids, base_ids or base.sampled_ids())
+    if at is None:
+        at = common_prefix_length(prompt_ids, base.sampled_ids())
     if at < len(base.prompt) // ID_BYTES:  # within the base's prompt
         return "history_rerendered"  # an earlier turn renders differently this time
     echoed, reply = messages[len(base.messages)], base.reply

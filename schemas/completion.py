@@ -153,9 +153,11 @@ _PREFIX_BLOCK = 512
 
 
 def delta_encode(
-    prompt: list[int], previous: tuple[int, list[int]] | None
+    prompt: list[int], previous: tuple[int, list[int] | int] | None
 ) -> tuple[int | None, int, list[int]]:
-    """(base_seq, base_len, tail) for ``prompt`` given the previous call's (seq, prompt+output).
+    """(base_seq, base_len, tail) for ``prompt`` given the previous call's (seq,
+    prompt+output), or (seq, how many leading ids ``prompt`` shares with it) when the
+    caller compared them already.
 
     Uses the longest common prefix, so a prompt that rewrites history still shares storage
     with what it kept.
@@ -163,7 +165,7 @@ def delta_encode(
     if previous is None:
         return None, 0, prompt
     seq, prev = previous
-    i = common_prefix_length(prev, prompt)
+    i = prev if isinstance(prev, int) else common_prefix_length(prev, prompt)
     if i < 64:  # not worth a reference
         return None, 0, prompt
     return seq, i, prompt[i:]

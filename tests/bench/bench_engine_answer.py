@@ -7,7 +7,7 @@ its logprob, and the proxy then: reads the answer (``orjson`` + ``parse_chat``: 
 checks that the prompt extends the call before (``judge_chat_prompt``: judge_ms),
 builds and encodes the record, whose prompt is stored as a reference to that call plus
 the new tail (``build_record`` + ``schemas.encode``: record_ms), and packs the new TITO
-state's ids (state_ms). Each tree (this one, and ``--baseline REF`` as a git worktree)
+state's ids (state_ms; since judging packs the prompt, only the output is left). Each tree (this one, and ``--baseline REF`` as a git worktree)
 runs in a process of its own, rounds alternated; medians.
 
     python tests/bench/bench_engine_answer.py [--baseline REF] [--prompt 2000 20000 60000]
@@ -45,6 +45,11 @@ def per_call(fn, budget=0.4):
     return (time.perf_counter() - start) / n * 1000
 
 
+def packed_prompt(plan):  # as the handler stores it (the plan's own, since judging packs it)
+    own = getattr(plan, "packed_prompt", None)
+    return own() if own is not None else pack(plan.prompt_ids)
+
+
 rng = random.Random(0)
 out = {}
 for n_prompt, n_output in json.loads(sys.argv[1]):
@@ -76,7 +81,7 @@ for n_prompt, n_output in json.loads(sys.argv[1]):
         "parse_ms": per_call(lambda: parse_chat(orjson.loads(body))),
         "judge_ms": per_call(lambda: judge_chat_prompt(gen.prompt_ids, request, None, [state])),
         "record_ms": per_call(lambda: encode(capture.build_record(ctx, 5, plan, gen))),
-        "state_ms": per_call(lambda: (pack(plan.prompt_ids), pack(gen.output_ids))),
+        "state_ms": per_call(lambda: (packed_prompt(plan), pack(gen.output_ids))),
     }
     cells["total_ms"] = sum(cells.values())
     out[f"{n_prompt}/{n_output}"] = cells

@@ -4,7 +4,15 @@ import msgspec
 import orjson
 import pytest
 
-from proxy.capture import DecodedStates, decode_states, state_cache_cost, superseded
+from proxy.backends.base import Generation
+from proxy.capture import (
+    CallContext,
+    DecodedStates,
+    build_record,
+    decode_states,
+    state_cache_cost,
+    superseded,
+)
 from proxy.tito import (
     MAX_STATES,
     TurnState,
@@ -16,6 +24,7 @@ from proxy.tito import (
     plan_token_prompt,
     tools_key,
 )
+from schemas import Protocol, UpstreamMode
 from services.common.tokenization import ChatTokenizer
 from tests.unit.engine.tiny import tiny_model_dir
 
@@ -152,6 +161,7 @@ def test_length_cut_turn_is_closed_by_glue(tok):
     nxt = [*messages, reply, {"role": "user", "content": "more"}]
     plan = plan_token_prompt(tok, nxt, None, [st])
     assert plan.extends
+    assert plan.shared == len(prompt) + len(cut) and plan.packed == pack(plan.prompt_ids)
     glue = plan.prompt_ids[len(prompt) + len(cut) :]
     assert tok.decode(glue, skip_special_tokens=False).startswith("<|im_end|>\n<|im_start|>user")
 
@@ -209,6 +219,44 @@ def test_chat_mode_drift_is_judged(tok):
     assert plan.extends is False and plan.drift_reason == "reasoning_dropped"
     exact = plan_token_prompt(tok, nxt, None, [st]).prompt_ids
     assert judge_chat_prompt(exact, nxt, None, [st]).extends is True
+
+
+def _record(plan, prompt):
+    ctx = CallContext(
+        session_id="s", attempt=0, protocol=Protocol.OPENAI_CHAT, mode=UpstreamMode.CHAT,
+        model="m", raw_request=b"{}", normalized=b"null", user_agent=None, side_call=None,
+        received=0.0,
+    )  # fmt: skip
+    gen = Generation(
+        prompt_ids=prompt, output_ids=[7], output_logprobs=[-0.1], finish_reason="stop"
+    )
+    return build_record(ctx, 9, plan, gen)
+
+
+def test_what_judging_learned_carries_to_the_record_and_the_state():
+    """The prompt packed once and the ids it shares with the call it continued, known
+    from the judging: the record and the state come out as if worked out afresh."""
+    messages = [{"role": "user", "content": "hi"}]
+    reply = {"role": "assistant", "content": "yo"}
+    before, out = list(range(100, 180)), [5, 6, 7]
+    st = state(3, messages, reply, before, out, tools=None)
+    nxt = [*messages, reply, {"role": "user", "content": "and?"}]
+    extended = before + out + [8, 9]
+    plan = judge_chat_prompt(extended, nxt, None, [st])
+    assert plan.extends and plan.shared == 83 and plan.packed == pack(extended)
+    record = _record(plan, extended)
+    assert (record.prompt_base_seq, record.prompt_base_len, record.prompt_ids) == (3, 83, [8, 9])
+    rewritten = before[:70] + [1, 2, 3] + out + [8]  # an earlier turn renders otherwise
+    plan = judge_chat_prompt(rewritten, nxt, None, [st])
+    assert plan.extends is False and plan.drift_reason == "history_rerendered"
+    assert plan.shared == 70 and plan.packed_prompt() == pack(rewritten)
+    record = _record(plan, rewritten)
+    assert (record.prompt_base_len, record.prompt_ids) == (70, rewritten[70:])
+    # ids no vocabulary has cannot be packed: compared as lists, judged all the same
+    odd = before + out + [-1]
+    plan = judge_chat_prompt(odd, nxt, None, [st])
+    assert plan.extends and plan.shared == 83 and plan.packed is None
+    assert _record(plan, odd).prompt_ids == [-1]
 
 
 def test_the_longest_continued_state_is_found_whatever_the_order():
