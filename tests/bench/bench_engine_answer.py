@@ -17,15 +17,12 @@ runs in a process of its own, rounds alternated; medians.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.trees import ROOT, baseline_tree, commit_of  # noqa: E402
+from tests.bench.trees import alternated  # noqa: E402
 
 WORKER = r"""
 import json, random, sys, time
@@ -91,19 +88,6 @@ print(json.dumps(out))
 COLUMNS = ("parse_ms", "judge_ms", "record_ms", "state_ms", "total_ms")
 
 
-def measure(tree: Path, cases: list[tuple[int, int]]) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER, json.dumps(cases)],
-        cwd=str(tree),
-        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{tree}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", metavar="REF")
@@ -112,24 +96,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     cases = [(n, args.output) for n in args.prompt]
-    with tempfile.TemporaryDirectory() as work:
-        trees = [("after", ROOT)]
-        ctx = baseline_tree(args.baseline, Path(work)) if args.baseline else None
-        if ctx is not None:
-            trees.insert(0, ("before", ctx.__enter__()))
-        try:
-            labels = [(label, commit_of(tree)) for label, tree in trees]
-            runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
-            for i in range(args.rounds):
-                for label, tree in trees[i % len(trees) :] + trees[: i % len(trees)]:
-                    runs[label].append(measure(tree, cases))
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+    labels, runs = alternated(WORKER, cases, args.rounds, args.baseline)
     for label, commit in labels:
         print(f"- {label}: {commit}")
     print(f"\nmedians of {args.rounds} rounds, ms per call\n")
-    cols = [(label, key) for key in COLUMNS for label, _ in trees]
+    cols = [(label, key) for key in COLUMNS for label, _ in labels]
     print("| prompt ids | output ids | " + " | ".join(f"{k} {lbl}" for lbl, k in cols) + " |")
     print("|---" * (2 + len(cols)) + "|")
     for n_prompt, n_output in cases:

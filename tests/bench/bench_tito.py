@@ -21,15 +21,12 @@ sees it, so no whole-list equality).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.trees import ROOT, baseline_tree, commit_of  # noqa: E402
+from tests.bench.trees import alternated  # noqa: E402
 
 WORKER = r"""
 import json, sys, time
@@ -104,19 +101,6 @@ print(json.dumps(out))
 """
 
 
-def measure(tree: Path, cases: list[tuple[int, int]]) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER, json.dumps(cases)],
-        cwd=str(tree),
-        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{tree}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", metavar="REF")
@@ -125,37 +109,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     cases = [(t, n) for t in args.turns for n in args.stored]
-    with tempfile.TemporaryDirectory() as work:
-        trees = [("after", ROOT)]
-        ctx = baseline_tree(args.baseline, Path(work)) if args.baseline else None
-        if ctx is not None:
-            trees.insert(0, ("before", ctx.__enter__()))
-        try:
-            labels = [(label, commit_of(tree)) for label, tree in trees]
-            runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
-            for i in range(args.rounds):
-                for label, tree in trees[i % len(trees) :] + trees[: i % len(trees)]:
-                    runs[label].append(measure(tree, cases))
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-        for label, commit in labels:
-            print(f"- {label}: {commit}")
-        print(f"\nmedians of {args.rounds} rounds, ms per call\n")
-        cols = [(label, key) for key in ("decode_ms", "read_ms", "continue_ms", "continue_rewritten_ms")
-                for label, _ in trees]  # fmt: skip
-        head = " | ".join(f"{k} {lbl}" for lbl, k in cols)
-        print(f"| turns | states | read kB | {head} |")
-        print("|---" * (3 + len(cols)) + "|")
-        for t, n in cases:
+    labels, runs = alternated(WORKER, cases, args.rounds, args.baseline)
+    for label, commit in labels:
+        print(f"- {label}: {commit}")
+    print(f"\nmedians of {args.rounds} rounds, ms per call\n")
+    cols = [(label, key) for key in ("decode_ms", "read_ms", "continue_ms", "continue_rewritten_ms")
+            for label, _ in labels]  # fmt: skip
+    head = " | ".join(f"{k} {lbl}" for lbl, k in cols)
+    print(f"| turns | states | read kB | {head} |")
+    print("|---" * (3 + len(cols)) + "|")
+    for t, n in cases:
 
-            def med(label, key, case=f"{t}/{n}"):
-                values = sorted(r[case][key] for r in runs[label])
-                return values[len(values) // 2]
+        def med(label, key, case=f"{t}/{n}"):
+            values = sorted(r[case][key] for r in runs[label])
+            return values[len(values) // 2]
 
-            kb = med(trees[-1][0], "stored_kb")
-            cells = " | ".join(f"{med(lbl, k):.3f}" for lbl, k in cols)
-            print(f"| {t} | {n} | {kb:.0f} | {cells} |")
+        kb = med(labels[-1][0], "stored_kb")
+        cells = " | ".join(f"{med(lbl, k):.3f}" for lbl, k in cols)
+        print(f"| {t} | {n} | {kb:.0f} | {cells} |")
 
 
 if __name__ == "__main__":
