@@ -9,7 +9,7 @@ import time
 
 from prometheus_client import Gauge
 
-from services.common.tally import CounterFamily, CounterTally, HistogramFamily
+from services.common.tally import CounterFamily, HistogramFamily
 
 CALLS = CounterFamily(
     "polar_proxy_calls_total", "Model calls by protocol and result", ["protocol", "result"]
@@ -49,26 +49,16 @@ INFLIGHT = Gauge("polar_proxy_inflight_calls", "Model calls admitted and not yet
 
 
 class _PerProtocol:
-    """The labelled series a successful call touches, looked up once per protocol."""
+    """The labelled series every successful call touches, looked up once per protocol."""
 
-    __slots__ = ("protocol", "ok", "latency", "overhead", "tokens_in", "tokens_out", "by_label")
+    __slots__ = ("ok", "latency", "overhead", "tokens_in", "tokens_out")
 
     def __init__(self, protocol: str) -> None:
-        self.protocol = protocol
         self.ok = CALLS.labels(protocol, "ok")
         self.latency = LATENCY.labels(protocol)
         self.overhead = OVERHEAD.labels(protocol)
         self.tokens_in = TOKENS.labels(protocol, "in")
         self.tokens_out = TOKENS.labels(protocol, "out")
-        self.by_label: dict[
-            tuple[CounterFamily, str], CounterTally
-        ] = {}  # drift reasons, side calls
-
-    def counter(self, family: CounterFamily, label: str) -> CounterTally:
-        child = self.by_label.get((family, label))
-        if child is None:  # a handful of reasons and kinds: a few entries per protocol
-            child = self.by_label[family, label] = family.labels(self.protocol, label)
-        return child
 
 
 _series: dict[str, _PerProtocol] = {}
@@ -86,6 +76,6 @@ def observe_call(protocol: str, ctx, gen, plan) -> None:
     m.tokens_in.inc(len(gen.prompt_ids))
     m.tokens_out.inc(len(gen.output_ids))
     if plan.extends is False:
-        m.counter(DRIFT, plan.drift_reason or "unknown").inc()
+        DRIFT.labels(protocol, plan.drift_reason or "unknown").inc()
     if ctx.side_call:
-        m.counter(SIDE_CALLS, ctx.side_call).inc()
+        SIDE_CALLS.labels(protocol, ctx.side_call).inc()

@@ -12,14 +12,19 @@ own metric of that kind would give.
 
 from __future__ import annotations
 
+import itertools
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Generic, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+C = TypeVar("C", "CounterTally", "HistogramTally")
 
 
 class CounterTally:
@@ -54,8 +59,41 @@ class HistogramTally:
         self.sum += value
 
 
-class _Family:
-    kind = ""
+class _Family(Generic[C]):
+    """The labelled children of one metric, each made by ``new_child`` when its label
+    values are first asked for; each kind's ``collect`` reads them for the registry."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry | None,
+        new_child: Callable[[], C],
+    ) -> None:
+        self.name, self.documentation = name, documentation
+        self.labelnames = tuple(labelnames)
+        self.children: dict[tuple[str, ...], C] = {}
+        self._new_child = new_child
+        if registry is not None:
+            registry.register(self)
+
+    def labels(self, *values: str) -> C:
+        child = self.children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+            child = self.children[values] = self._new_child()
+        return child
+
+    def describe(self) -> list[Metric]:  # what the registry checks names against
+        return list(self.collect())  # type: ignore[attr-defined]  # each kind's own
+
+
+class CounterFamily(_Family[CounterTally]):
+    """``Counter(name, documentation, labelnames)`` as prometheus_client has it, its
+    children ``CounterTally``. ``name`` may end in ``_total`` (the family's name is
+    without it, as prometheus_client does)."""
 
     def __init__(
         self,
@@ -64,55 +102,18 @@ class _Family:
         labelnames: Sequence[str],
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
-        self.name, self.documentation = name, documentation
-        self.labelnames = tuple(labelnames)
-        self.children: dict[tuple[str, ...], CounterTally | HistogramTally] = {}
-        if registry is not None:
-            registry.register(self)
-
-    def _child(self, values: tuple[str, ...]):
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-        child = self.children.get(values)
-        if child is None:
-            child = self.children[values] = self._new()
-        return child
-
-    def _new(self):
-        raise NotImplementedError
-
-    def describe(self) -> list[Metric]:  # what the registry checks names against
-        return [self._family()]
-
-    def _family(self) -> Metric:
-        raise NotImplementedError
-
-
-class CounterFamily(_Family):
-    """``Counter(name, documentation, labelnames)`` as prometheus_client has it, its
-    children ``CounterTally``. ``name`` may end in ``_total`` (the family's name is
-    without it, as prometheus_client does)."""
-
-    def __init__(self, name: str, *args, **kwargs) -> None:
-        super().__init__(name.removesuffix("_total"), *args, **kwargs)
-
-    def labels(self, *values: str) -> CounterTally:
-        return self._child(values)
-
-    def _new(self) -> CounterTally:
-        return CounterTally()
-
-    def _family(self) -> CounterMetricFamily:
-        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        super().__init__(
+            name.removesuffix("_total"), documentation, labelnames, registry, CounterTally
+        )
 
     def collect(self) -> Iterator[Metric]:
-        family = self._family()
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self.children.items()):
             family.add_metric(values, child.value, created=child.created)
         yield family
 
 
-class HistogramFamily(_Family):
+class HistogramFamily(_Family[HistogramTally]):
     """``Histogram(name, documentation, labelnames, buckets=...)`` as prometheus_client
     has it (+Inf added), its children ``HistogramTally``."""
 
@@ -127,28 +128,14 @@ class HistogramFamily(_Family):
         bounds = tuple(sorted(float(b) for b in buckets if b != float("inf")))
         if not bounds:
             raise ValueError("a histogram needs at least one finite bucket")
-        self.bounds = bounds
         self.le = [floatToGoString(b) for b in bounds] + ["+Inf"]
-        super().__init__(name, documentation, labelnames, registry)
-
-    def labels(self, *values: str) -> HistogramTally:
-        return self._child(values)
-
-    def _new(self) -> HistogramTally:
-        return HistogramTally(self.bounds)
-
-    def _family(self) -> HistogramMetricFamily:
-        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        super().__init__(name, documentation, labelnames, registry, partial(HistogramTally, bounds))
 
     def collect(self) -> Iterator[Metric]:
-        family = self._family()
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self.children.items()):
-            counts, total, cumulative = list(child.counts), child.sum, []
-            running = 0
-            for le, count in zip(self.le, counts, strict=True):
-                running += count
-                cumulative.append((le, running))
-            family.add_metric(values, cumulative, total)
+            cumulative = list(zip(self.le, itertools.accumulate(child.counts), strict=True))
+            family.add_metric(values, cumulative, child.sum)
             labels = dict(zip(self.labelnames, values, strict=True))
             family.samples.append(Sample(self.name + "_created", labels, child.created))
         yield family
