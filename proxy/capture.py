@@ -23,7 +23,7 @@ from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
 from schemas import subjects as S
-from schemas.completion import delta_encode
+from schemas.completion import common_prefix_length, delta_at
 from services.common.jspub import JetStreamPublisher
 from services.common.registry import SESSION_FOR_CALL
 from services.common.tokenization.lru import SizedLRU
@@ -347,13 +347,12 @@ def build_record(
     ``reply`` the assistant message it was answered with (what a trainer's conversation
     ends with), when the answer was parsed."""
     if plan.base is None:
-        base_seq, base_len, tail = delta_encode(plan.prompt_ids, None)
-    elif plan.shared is not None:  # planning compared them already
-        base_seq, base_len, tail = delta_encode(plan.prompt_ids, (plan.base.seq, plan.shared))
-    else:
-        base_seq, base_len, tail = delta_encode(
-            plan.prompt_ids, (plan.base.seq, plan.base.sampled_ids())
-        )
+        base_seq, base_len, tail = None, 0, plan.prompt_ids
+    else:  # planning compared the prompt with the base's ids already, or this does now
+        shared = plan.shared
+        if shared is None:
+            shared = common_prefix_length(plan.prompt_ids, plan.base.sampled_ids())
+        base_seq, base_len, tail = delta_at(plan.prompt_ids, plan.base.seq, shared)
     return CompletionRecord(
         session_id=ctx.session_id,
         seq=seq,

@@ -132,10 +132,10 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return _calls(a) == _calls(b) and image_urls([a]) == image_urls([b])
 
 
-def continues(messages: list[dict[str, Any]], state: TurnState, key: str) -> bool:
+def _continues(messages: list[dict[str, Any]], state: TurnState) -> bool:
+    """``messages`` are ``state``'s history, its answer, then more (``state`` has a
+    shorter history under the same tools: ``best_continued`` picks only those)."""
     n = len(state.messages)
-    if key != state.tools_key or len(messages) <= n:
-        return False
     if not same_message(messages[n], state.reply):
         return False
     # A harness echoes its history as it sent it, so the history is most often equal as
@@ -153,14 +153,14 @@ def best_continued(
     those as long). Tried longest first: in a conversation that only grows, the newest
     state is continued and the others are not looked at (each is a whole-history
     comparison: a session keeps up to ``MAX_STATES``)."""
-    # only a shorter history under the same tools can be continued: what a re-sent or
-    # unrelated request meets (no sort, no comparison) when a session holds many states
+    # only a shorter history under the same tools can be continued: a re-sent or
+    # unrelated request meets no sort and no comparison when a session holds many states
     n = len(messages)
     candidates = [s for s in states if len(s.messages) < n and s.tools_key == key]
     if len(candidates) > 1:
         candidates.sort(key=_longest_newest, reverse=True)
     for state in candidates:
-        if continues(messages, state, key):
+        if _continues(messages, state):
             return state
     return None
 
@@ -283,7 +283,7 @@ def judge_chat_prompt(
     ):
         return PromptPlan(prompt_ids, base, True, None, shared=n, packed=packed)
     at = common_prefix_length(prompt_ids, base.sampled_ids())
-    reason = rerender_reason(prompt_ids, messages, base, at)
+    reason = rerender_reason(messages, base, at)
     return PromptPlan(prompt_ids, base, False, reason, shared=at, packed=packed)
 
 
@@ -300,16 +300,10 @@ def _raw_args(message: dict[str, Any]) -> list[str]:
     return [str(c.get("function", c).get("arguments")) for c in message.get("tool_calls") or []]
 
 
-def rerender_reason(
-    prompt_ids: list[int],
-    messages: list[dict[str, Any]],
-    base: TurnState,
-    at: int | None = None,  # how many leading ids they share, if known
-) -> str:
+def rerender_reason(messages: list[dict[str, Any]], base: TurnState, at: int) -> str:
     """Chat mode: why the engine's templating of a continued history is not the sampled
-    prefix. The first differing token says where; the echoed answer says how."""
-    if at is None:
-        at = common_prefix_length(prompt_ids, base.sampled_ids())
+    prefix. The first differing token (``at``, how many leading ids the prompt shares
+    with ``base``'s) says where; the echoed answer says how."""
     if at < len(base.prompt) // ID_BYTES:  # within the base's prompt
         return "history_rerendered"  # an earlier turn renders differently this time
     echoed, reply = messages[len(base.messages)], base.reply

@@ -153,11 +153,9 @@ _PREFIX_BLOCK = 512
 
 
 def delta_encode(
-    prompt: list[int], previous: tuple[int, list[int] | int] | None
+    prompt: list[int], previous: tuple[int, list[int]] | None
 ) -> tuple[int | None, int, list[int]]:
-    """(base_seq, base_len, tail) for ``prompt`` given the previous call's (seq,
-    prompt+output), or (seq, how many leading ids ``prompt`` shares with it) when the
-    caller compared them already.
+    """(base_seq, base_len, tail) for ``prompt`` given the previous call's (seq, prompt+output).
 
     Uses the longest common prefix, so a prompt that rewrites history still shares storage
     with what it kept.
@@ -165,7 +163,12 @@ def delta_encode(
     if previous is None:
         return None, 0, prompt
     seq, prev = previous
-    i = prev if isinstance(prev, int) else common_prefix_length(prev, prompt)
-    if i < 64:  # not worth a reference
+    return delta_at(prompt, seq, common_prefix_length(prev, prompt))
+
+
+def delta_at(prompt: list[int], seq: int, shared: int) -> tuple[int | None, int, list[int]]:
+    """``delta_encode`` for a caller that knows how many leading ids ``prompt`` shares
+    with call ``seq``'s prompt+output."""
+    if shared < 64:  # not worth a reference
         return None, 0, prompt
-    return seq, i, prompt[i:]
+    return seq, shared, prompt[shared:]
