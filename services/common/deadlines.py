@@ -2,10 +2,10 @@
 
 The proxy's hot path armed a timer per request and cancelled it when the reply came
 first (``call_later``, ``cancel``): one for the engine's answer and one for JetStream's
-ack, on every call, each a uvloop handle and a libuv timer. Here a deadline is an entry in a queue kept in
-the order added; replies mostly come in that order, so the done ones leave from its head
-as new ones come, and the one timer is re-armed only when a deadline earlier than its
-own comes in (a shorter timeout), or when it fires.
+ack, on every call, each a uvloop handle and a libuv timer. Here a deadline is an entry
+in a queue kept in the order added; replies mostly come in that order, so the done ones
+leave from its head as new ones come, and the one timer is re-armed only when a
+deadline earlier than its own comes in (a shorter timeout), or when it fires.
 """
 
 from __future__ import annotations

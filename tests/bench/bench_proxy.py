@@ -10,8 +10,8 @@ An instant SGLang-shaped engine (tests/bench/proxy_bench/backend.py; vLLM-shaped
 Polar runs as ``polar serve proxy`` does (``proxy.io.native`` on uvloop when installed;
 ``--loops asyncio`` forces asyncio's loop; a ``--baseline`` checkout from before it
 under granian), with capture on: every call is committed to a real JetStream and its
-state written to a real Valkey before the reply. LiteLLM's proxy (its own venv, see stack.py) passes the
-same OpenAI requests through to the same engine. rLLM's gateway (its own venv too) takes
+state written to a real Valkey before the reply. LiteLLM's proxy (its own venv, see
+stack.py) passes the same OpenAI requests through to the same engine. rLLM's gateway (its own venv too) takes
 them on ``/sessions/<id>/v1``, asks the engine's vLLM face for token ids and logprobs and
 stores each call's trace (ids, logprobs, messages) in SQLite, as it does by default; the
 run checks afterwards that one session's traces hold the ids and logprobs the engine sent.

@@ -1,6 +1,7 @@
 """The processes under test, each pinned: NATS, Valkey, the instant backend, the Polar
-proxy (granian, one worker), LiteLLM's proxy and rLLM's model gateway (uvicorn, one
-worker each; each peer from a venv of its own, made on first use)."""
+proxy (its own HTTP server, ``proxy.io.native``; a checkout from before it under
+granian), LiteLLM's proxy and rLLM's model gateway (uvicorn, one worker each; each peer
+from a venv of its own, made on first use)."""
 
 from __future__ import annotations
 
