@@ -23,7 +23,7 @@ from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
 from schemas import subjects as S
-from schemas.completion import common_prefix_length, delta_at
+from schemas.completion import ToolParse, common_prefix_length, delta_at
 from services.common.jspub import JetStreamPublisher
 from services.common.registry import SESSION_FOR_CALL
 from services.common.tokenization.lru import SizedLRU
@@ -341,6 +341,7 @@ def build_record(
     queue_ms: float = 0.0,
     finish: str | None = None,
     reply: dict | None = None,
+    tool_parse: ToolParse | None = None,
 ) -> CompletionRecord:
     """The call's record; ``finish`` is the turn's reason as the harness was told it
     (``tool_calls`` for a turn that calls tools, whoever parsed them), else the engine's;
@@ -386,6 +387,7 @@ def build_record(
         side_call=ctx.side_call,
         extends_previous=plan.extends,
         drift_reason=plan.drift_reason,
+        tool_parse=tool_parse,
         aborted=aborted,
         error=error,
     )

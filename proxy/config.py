@@ -43,6 +43,14 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     backends: list[Backend] = []  # from topology.yaml; overrides `backend` when set
     mode: str = "token"  # token (TITO: proxy templates, sends ids) | chat (engine templates)
     model_dir: str | None = None  # tokenizer + chat template for token mode
+    # the model family (docs/models.md: qwen3, qwen3_5, llama3, gpt_oss, deepseek_v3,
+    # mistral, ...); None: detected from model_dir's config.json and chat template
+    model_family: str | None = None
+    # token mode, a template that renders earlier turns otherwise once more follows
+    # (reasoning dropped before the last user turn): keep_sampled continues the chain with
+    # the history as the model sampled it; rerender renders it as the template does, and
+    # the call starts a new chain named by the cause (proxy/tito.py)
+    history: str = "keep_sampled"
     default_max_tokens: int = 1024
     max_body_bytes: int = 16 * 1024 * 1024
     keepalive_seconds: float = 10.0

@@ -94,6 +94,9 @@ class Conversation(Struct, frozen=True, kw_only=True, omit_defaults=True):
     sampling: Sampling = Sampling()
     reasoning: Reasoning | None = None
     response_format: dict[str, Any] | None = None  # OpenAI chat shape (json_schema / json_object)
+    # chat-template variables the client named (vLLM's and SGLang's chat_template_kwargs,
+    # e.g. {"enable_thinking": false}); they win over what ``reasoning`` maps to
+    template_kwargs: dict[str, Any] = {}
     stream: bool = False
     metadata: dict[str, Any] = {}  # protocol extras a renderer or the capture may need
 

@@ -40,10 +40,11 @@ from proxy.images import (
 from proxy.io.resp import RedisReplyError, RedisUnavailable
 from proxy.io.serving import serving_loop
 from proxy.modes import MODES, rejected
-from proxy.tito import PromptPlan, TurnState, pack, tools_key
+from proxy.tito import KEEP_SAMPLED, PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
 from services.common.jspub import DuplicateMessage, JetStreamPublisher
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
+from services.common.tokenization.families import ModelFamily
 from services.common.tokenization.images import image_urls
 
 log = logging.getLogger("polar.proxy")
@@ -67,11 +68,13 @@ class CompletionHandler:
         tokenizer: ChatTokenizer | None,
         default_max_tokens: int,
         images: ImageStore | None = None,
+        history: str = KEEP_SAMPLED,
     ) -> None:
-        self.upstream = MODES[mode](backend, tokenizer, images)
+        self.upstream = MODES[mode](backend, tokenizer, images, history)
         self.publisher, self.store, self.gate = publisher, store, gate
         self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
         self.numbers = Numbering(store, publisher)
+        self.family = tokenizer.family if tokenizer is not None else None
 
     def prepare(
         self, conv: Conversation, protocol: str, raw: bytes, headers: Mapping[str, str]
@@ -82,7 +85,7 @@ class CompletionHandler:
         failure is raised when the call is made."""
         request = _Request(conv, protocol, raw, headers)
         try:
-            request.describe()
+            request.describe(self.family)
             request.side_call = sidecalls.classify(protocol, conv)
         except Exception as exc:  # a bug: the call fails once it is made (its number given back)
             request.broken = exc
@@ -137,7 +140,7 @@ class CompletionHandler:
         # counted as the answer goes out (the next turn of the event loop), before a
         # client that got the answer can ask /metrics
         loop.call_soon(metrics.observe_call, protocol, ctx, gen, plan)
-        self.upstream.answered(ctx, plan, state, request.tools)
+        self.upstream.answered(ctx, plan, state, request)
         return reply
 
     async def count(
@@ -153,9 +156,13 @@ class CompletionHandler:
         a trajectory lists every call the harness made."""
         request = _Request(conv, protocol, raw, headers)
         try:
-            request.describe()
+            request.describe(self.family)
             request.side_call = "count_tokens"
-            ids = self.tok.render_ids(request.messages, request.tools) if self.tok else []
+            ids = (
+                self.tok.render_ids(request.messages, request.tools, **request.template_kwargs)
+                if self.tok
+                else []
+            )
         except Exception as exc:  # the number its lookup took is given back either way
             await self.unused(session, protocol, _failure(exc))
             if isinstance(exc, TemplateRenderError):
@@ -214,16 +221,16 @@ class CompletionHandler:
         re-extends the old state). A state that could not be stored after a committed
         record only costs the next call its extension."""
         seq = await number
-        turn, failed, message = None, None, None
+        turn, failed, message, health = None, None, None, None
         try:  # first: the record carries the turn's finish reason (tool_calls in either
             # mode) and the answer itself (a trainer's conversation ends with it)
-            turn = self.upstream.turn(gen, request.tools)
+            turn, health = self.upstream.turn(gen, request.tools)
             message = _reply_message(turn)
         except Exception as exc:  # a bug: recorded all the same, then the harness's 500
             failed = exc
         finish = turn.finish_reason if turn is not None else None
         record = capture.build_record(
-            ctx, seq, plan, gen, queue_ms=queue_ms, finish=finish, reply=message
+            ctx, seq, plan, gen, queue_ms=queue_ms, finish=finish, reply=message, tool_parse=health
         )
         committing = number.start_commit(record)  # the longer wait: first
         try:
@@ -306,6 +313,7 @@ class _Request:
     __slots__ = (
         "conv", "protocol", "raw", "headers", "messages", "tools", "key", "normalized",
         "side_call", "prompt_ids", "rejected", "broken", "image_urls", "_images", "_by_digest",
+        "template_kwargs", "prompt_key",
     )  # fmt: skip
 
     def __init__(
@@ -316,6 +324,8 @@ class _Request:
         self.tools: list[dict] | None = None
         self.key = self.side_call = None
         self.normalized = b"null"
+        self.template_kwargs: dict = {}  # chat-template variables (enable_thinking, ...)
+        self.prompt_key = b""  # what decides a first call's prompt: messages, tools, variables
         self.prompt_ids: list[int] | None = None  # token mode: rendered in full ahead
         self.rejected: ProtocolError | None = None  # the chat template refused it
         self.broken: Exception | None = None  # converting it failed (a bug)
@@ -323,12 +333,22 @@ class _Request:
         self._images: list[PromptImage] | None = None
         self._by_digest: list[dict] | None = None
 
-    def describe(self) -> None:
-        """What the call's record and prompt are made from (raises on a converter bug)."""
-        self.messages = self.conv.to_openai_messages()
-        self.tools = self.conv.to_openai_tools() or None
-        self.key = tools_key(self.tools)
+    def describe(self, family: ModelFamily | None = None) -> None:
+        """What the call's record and prompt are made from (raises on a converter bug).
+        ``family``: the served model's, which says how the protocol's reasoning settings
+        reach its template (none known: only what the client named)."""
+        conv = self.conv
+        self.messages = conv.to_openai_messages()
+        self.tools = conv.to_openai_tools() or None
+        if family is not None:
+            self.template_kwargs = family.template_kwargs(conv.reasoning, conv.template_kwargs)
+        else:
+            self.template_kwargs = dict(conv.template_kwargs)
+        self.key = tools_key(self.tools, self.template_kwargs)
         self.normalized = capture.normalized_json(self.messages, self.tools)
+        self.prompt_key = (
+            self.normalized + self.key.encode() if self.template_kwargs else self.normalized
+        )
         self.image_urls = image_urls(self.messages)
 
     def read_images(self) -> list[PromptImage]:

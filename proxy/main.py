@@ -201,13 +201,13 @@ class LazyTokenizer:
     """The served model's tokenizer, loaded when first needed: an embedded engine writes
     its model dir as it starts, so it can be read once the engine answers the probe."""
 
-    def __init__(self, model_dir: str | None) -> None:
-        self.model_dir = model_dir
+    def __init__(self, model_dir: str | None, family: str | None = None) -> None:
+        self.model_dir, self.family = model_dir, family
         self._tok: ChatTokenizer | None = None
 
     def get(self) -> ChatTokenizer | None:
         if self._tok is None and self.model_dir:
-            self._tok = ChatTokenizer.load(self.model_dir)
+            self._tok = ChatTokenizer.load(self.model_dir, self.family)
         return self._tok
 
     def probe_ids(self) -> list[int]:
@@ -230,7 +230,7 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
         backend = make_pool(
             engine.kind, engine.urls, model=engine.model, modes=(mode,), settings=engine.settings
         )
-        tokenizer = LazyTokenizer(cfg.tokenizer_dir())
+        tokenizer = LazyTokenizer(cfg.tokenizer_dir(), cfg.model_family)
         if cfg.probe_backend:  # refuses an engine that cannot return token ids
             ids = (
                 tokenizer.probe_ids if mode == UpstreamMode.TOKEN and tokenizer.model_dir else None
@@ -258,6 +258,7 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
             tokenizer=late.tokenizer,
             default_max_tokens=cfg.default_max_tokens,
             images=ImageStore(host.bus.blobs),
+            history=cfg.history,
         )
         # What start-up made (modules, tokenizer, template) lives as long as the process:
         # out of the collector's sight, a full collection scans only what came later

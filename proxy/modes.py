@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+from functools import partial
 from typing import TYPE_CHECKING
 
 from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRequest
@@ -23,6 +24,8 @@ from proxy.errors import ProtocolError
 from proxy.images import ImageStore, place, place_sampled
 from proxy.io.serving import after_reply
 from proxy.tito import (
+    HISTORY_POLICIES,
+    KEEP_SAMPLED,
     PromptPlan,
     TurnState,
     head_text,
@@ -32,7 +35,8 @@ from proxy.tito import (
     unpack,
 )
 from schemas import UpstreamMode
-from services.common.tokenization import ChatTokenizer, TemplateRenderError
+from schemas.completion import ToolParse, ToolParseFailure
+from services.common.tokenization import ChatTokenizer, ParsedReply, TemplateRenderError
 from services.common.tokenization.lru import SizedLRU
 
 if TYPE_CHECKING:
@@ -64,11 +68,19 @@ class TokenMode:
     mode = UpstreamMode.TOKEN
 
     def __init__(
-        self, backend, tokenizer: ChatTokenizer | None, images: ImageStore | None = None
+        self,
+        backend,
+        tokenizer: ChatTokenizer | None,
+        images: ImageStore | None = None,
+        history: str = KEEP_SAMPLED,
     ) -> None:
         if tokenizer is None:
             raise ValueError("token mode needs the model's tokenizer (model_dir)")
-        self.backend, self.tok, self.images = backend, tokenizer, images
+        if history not in HISTORY_POLICIES:
+            raise ValueError(
+                f"history must be one of {', '.join(HISTORY_POLICIES)}, not {history!r}"
+            )
+        self.backend, self.tok, self.images, self.history = backend, tokenizer, images, history
         # the engine sees ids, so the template's end-of-turn ids stop it
         self.stop_ids = sorted(set(tokenizer.eos_token_ids))
         # each answered call's head text, rendered once the answer is out, so the call
@@ -100,13 +112,16 @@ class TokenMode:
     def first_prompt(self, request: _Request) -> list[int]:
         """``render_ids`` of the request's messages and tools, from the cache when an
         identical request (the same normalized JSON) was rendered before."""
+        render = partial(
+            self.tok.render_ids, request.messages, request.tools, **request.template_kwargs
+        )
         if not self._same_render or request.image_urls:  # images: the bytes are the key
-            return self.tok.render_ids(request.messages, request.tools)
-        packed = self.first_prompts.get(request.normalized)
+            return render()
+        packed = self.first_prompts.get(request.prompt_key)
         if packed is not None:
             return unpack(packed)
-        ids = self.tok.render_ids(request.messages, request.tools)
-        self.first_prompts.put(request.normalized, pack(ids))
+        ids = render()
+        self.first_prompts.put(request.prompt_key, pack(ids))
         return ids
 
     async def generate(
@@ -149,6 +164,8 @@ class TokenMode:
                 request.key,
                 heads,
                 rendered=request.prompt_ids,
+                kwargs=request.template_kwargs,
+                policy=self.history,
             )
         except TemplateRenderError as exc:
             raise rejected(exc) from exc
@@ -163,23 +180,28 @@ class TokenMode:
         """The prompt of a call the harness left before its answer."""
         return self.plan(request, states, sid, attempt)
 
-    def turn(self, gen: Generation, tools) -> AssistantTurn:
-        """The answer, parsed here from the sampled ids (tool calls get new ids)."""
-        parsed = self.tok.parse_reply(gen.output_ids, tools)
+    def turn(self, gen: Generation, tools) -> tuple[AssistantTurn, ToolParse | None]:
+        """The answer, parsed here from the sampled ids by the model family's parser (tool
+        calls get new ids), and its parse health."""
+        parsed = self.tok.parse_reply(gen.output_ids, tools, gen.prompt_ids)
         calls = [
             ToolCall(id=call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls
         ]
-        return assistant_turn(gen, parsed.content, parsed.reasoning or "", calls)
+        turn = assistant_turn(gen, parsed.content, parsed.reasoning or "", calls)
+        return turn, parse_health(self.tok, parsed, tools)
 
-    def answered(self, ctx: CallContext, plan: PromptPlan, state: TurnState, tools) -> None:
+    def answered(
+        self, ctx: CallContext, plan: PromptPlan, state: TurnState, request: _Request
+    ) -> None:
         """A long conversation's head is rendered once its answer is with the server."""
         if len(plan.prompt_ids) >= HEAD_AHEAD_MIN_TOKENS:
-            after_reply(self._prepare_head, (ctx.session_id, ctx.attempt, state.seq), state, tools)
+            key = (ctx.session_id, ctx.attempt, state.seq)
+            after_reply(self._prepare_head, key, state, request.tools, request.template_kwargs)
 
-    def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools) -> None:
+    def _prepare_head(self, key: tuple[str, int, int], state: TurnState, tools, kwargs) -> None:
         # a template that refuses it: the continuing call renders it and reports why
         with contextlib.suppress(TemplateRenderError):
-            self.heads.put(key, head_text(self.tok, state, tools))
+            self.heads.put(key, head_text(self.tok, state, tools, kwargs))
 
 
 class ChatMode:
@@ -189,7 +211,11 @@ class ChatMode:
     stop_ids: list[int] = []
 
     def __init__(
-        self, backend, tokenizer: ChatTokenizer | None, images: ImageStore | None = None
+        self,
+        backend,
+        tokenizer: ChatTokenizer | None,
+        images: ImageStore | None = None,
+        history: str = KEEP_SAMPLED,  # the engine renders the history as its template does
     ) -> None:
         # the tokenizer, when the proxy has one, only says where images sit in the prompt
         self.backend, self.tok, self.images = backend, tokenizer, images
@@ -211,6 +237,9 @@ class ChatMode:
                 tools=tools,
                 sampling=sampling,
                 model=ctx.model,
+                extra_body={"chat_template_kwargs": kwargs}
+                if (kwargs := request.template_kwargs)
+                else {},
             )
         )
         plan = judge_chat_prompt(
@@ -226,15 +255,22 @@ class ChatMode:
         """Nothing: the engine templates the prompt and only says what it was when done."""
         return PromptPlan([], None, None, None)
 
-    def turn(self, gen: Generation, tools) -> AssistantTurn:
-        """The answer as the engine parsed it (its tool call ids kept)."""
+    def turn(self, gen: Generation, tools) -> tuple[AssistantTurn, ToolParse | None]:
+        """The answer as the engine parsed it (its tool call ids kept); its parse health
+        read by the family's parser when the proxy has the model's tokenizer."""
         calls = [
             ToolCall(id=c.id or call_id(), name=c.name, arguments=c.arguments)
             for c in gen.tool_calls
         ]
-        return assistant_turn(gen, gen.text, gen.reasoning or "", calls)
+        turn = assistant_turn(gen, gen.text, gen.reasoning or "", calls)
+        if self.tok is None or not tools:
+            return turn, None
+        parsed = self.tok.parse_reply(gen.output_ids, tools, gen.prompt_ids)
+        return turn, parse_health(self.tok, parsed, tools)
 
-    def answered(self, ctx: CallContext, plan: PromptPlan, state: TurnState, tools) -> None:
+    def answered(
+        self, ctx: CallContext, plan: PromptPlan, state: TurnState, request: _Request
+    ) -> None:
         """Nothing to prepare for the next call."""
 
 
@@ -253,6 +289,19 @@ def assistant_turn(gen: Generation, text: str, reasoning: str, calls: list[ToolC
     usage = Usage(prompt_tokens=len(gen.prompt_ids), completion_tokens=len(gen.output_ids))
     return AssistantTurn(
         text=text, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage
+    )
+
+
+def parse_health(tok: ChatTokenizer, parsed: ParsedReply, tools) -> ToolParse | None:
+    """What the record says of the output's tool markup, on a call that offered tools."""
+    if not tools:
+        return None
+    failures = [
+        ToolParseFailure(kind=f.kind, detail=f.detail, start=f.start, end=f.end)
+        for f in parsed.failures
+    ]
+    return ToolParse(
+        ok=not failures, family=tok.family.name, calls=len(parsed.tool_calls), failures=failures
     )
 
 

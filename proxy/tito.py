@@ -23,7 +23,13 @@ from typing import Any
 import msgspec
 import orjson
 
-from schemas.completion import RESPONSE_RETOKENIZED, ImageSpan, common_prefix_length
+from schemas.completion import (
+    HISTORY_RERENDERED,
+    REASONING_DROPPED,
+    RESPONSE_RETOKENIZED,
+    ImageSpan,
+    common_prefix_length,
+)
 from services.common.tokenization import ChatTokenizer, TemplateRenderError
 from services.common.tokenization.images import image_urls
 
@@ -69,8 +75,18 @@ def unpack(data: bytes) -> list[int]:
     return a.tolist()
 
 
-def tools_key(tools: list[dict[str, Any]] | None) -> str:
-    return hashlib.sha1(orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS)).hexdigest()
+def tools_key(tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None = None) -> str:
+    """What a continued call must share with the call it continues besides its history:
+    the tools, and the chat-template variables (``<tools hash>:<variables hash>``)."""
+    key = hashlib.sha1(orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS)).hexdigest()
+    if not kwargs:
+        return key
+    variables = orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS, default=str)
+    return f"{key}:{hashlib.sha1(variables).hexdigest()}"
+
+
+def _tools_part(key: str) -> str:
+    return key.partition(":")[0]
 
 
 def system_text(messages: list[dict[str, Any]]) -> str:
@@ -172,12 +188,14 @@ def _longest_newest(state: TurnState) -> tuple[int, int]:
 def classify_break(messages: list[dict[str, Any]], key: str, states: list[TurnState]) -> str:
     """Why a request continues none of the session's states."""
     last = max(states, key=_seq)
-    if messages == last.messages:  # the same request again (one comparison in C)
-        return "history_truncated" if key == last.tools_key else "tools_changed"
+    if messages == last.messages and key == last.tools_key:  # the same request again
+        return "history_truncated"
     if system_text(messages) != last.system:
         return "system_prompt_changed"  # a sub-agent, or a side call with its own prompt
-    if key != last.tools_key:
+    if _tools_part(key) != _tools_part(last.tools_key):
         return "tools_changed"
+    if key != last.tools_key:
+        return "template_kwargs_changed"  # e.g. thinking turned off mid-conversation
     first_user = next((m for m in messages if m.get("role") == "user"), None)
     last_user = next((m for m in last.messages if m.get("role") == "user"), None)
     if first_user and last_user and not same_message(first_user, last_user):
@@ -195,17 +213,40 @@ def _seq(state: TurnState) -> int:
 
 
 # -- building prompts -------------------------------------------------------------------
-def head_text(tok: ChatTokenizer, state: TurnState, tools) -> str:
+KEEP_SAMPLED = "keep_sampled"  # the history as the model sampled it (the default)
+RERENDER = "rerender"  # the history as the template renders it: a new chain, its cause named
+HISTORY_POLICIES = (KEEP_SAMPLED, RERENDER)
+
+
+class HistoryRerendered(TemplateRenderError):
+    """The template renders the continued history otherwise (``cause``: a drift reason)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"the chat template re-renders earlier turns ({cause})")
+        self.cause = cause
+
+
+def head_text(tok: ChatTokenizer, state: TurnState, tools, kwargs: Kwargs = None) -> str:
     """The template's text of ``state``'s history and answer: what a call continuing it
-    starts with (``tools`` as in that call: continuing requires the same tools)."""
-    return tok.render(state.messages + [state.reply], tools, add_generation_prompt=False)
+    starts with (``tools`` and template ``kwargs`` as in that call: continuing requires
+    the same)."""
+    return tok.render(
+        state.messages + [state.reply], tools, add_generation_prompt=False, **(kwargs or {})
+    )
 
 
 HeadTexts = Callable[[TurnState], str | None]  # head_text rendered earlier, if at hand
+Kwargs = dict[str, Any] | None  # chat-template variables of a request (enable_thinking, ...)
 
 
 def _glue_text(
-    tok: ChatTokenizer, state: TurnState, messages, tools, heads: HeadTexts | None = None
+    tok: ChatTokenizer,
+    state: TurnState,
+    messages,
+    tools,
+    heads: HeadTexts | None = None,
+    kwargs: Kwargs = None,
+    policy: str = KEEP_SAMPLED,
 ) -> str:
     """Template text between the end of ``state``'s sampled output and the new prompt's end."""
     # Render the history as this proxy produced it (the harness's echo of it may differ
@@ -214,20 +255,78 @@ def _glue_text(
     tail = messages[len(head) :]
     before = heads(state) if heads is not None else None
     if before is None:
-        before = head_text(tok, state, tools)
-    full = tok.render(head + tail, tools, add_generation_prompt=True)
-    if not full.startswith(before):
-        raise TemplateRenderError("the chat template re-renders earlier turns")
-    eot = _eot_text(tok, before)
-    after_eot = before[before.rindex(eot) + len(eot) :]
+        before = head_text(tok, state, tools, kwargs)
+    full = tok.render(head + tail, tools, add_generation_prompt=True, **(kwargs or {}))
     closed = state.output and tok.is_end_of_turn(state.output_ids[-1])
-    return (after_eot if closed else eot + after_eot) + full[len(before) :]
+    if full.startswith(before):  # an append-only template: the new text is what follows
+        eot = _eot_text(tok, before)
+        after_eot = before[before.rindex(eot) + len(eot) :]
+        return (after_eot if closed else eot + after_eot) + full[len(before) :]
+    # The template renders earlier turns otherwise once more follows (Qwen3 drops the
+    # reasoning before the last user turn, gpt-oss an answer's analysis and its <|return|>).
+    if policy == RERENDER:
+        raise HistoryRerendered(rerender_cause(head, full))
+    end, after_end = _tail_after_turn(tok, head, tail, tools, full, kwargs)
+    return after_end if closed else end + after_end
+
+
+MARK = "\ue000polar-tail\ue001"  # private-use characters: no conversation holds them
+
+
+def _tail_after_turn(
+    tok: ChatTokenizer, head, tail, tools, full: str, kwargs: Kwargs
+) -> tuple[str, str]:
+    """(the turn end, the text after it) of ``head``'s last assistant turn in ``full``,
+    the template's rendering of ``head + tail``: the text the template gives the new
+    messages and the generation prompt, whatever it does to the history before them.
+
+    The new messages' first text is found by rendering them with a mark at its start;
+    the turn end just before the mark, and how many turn ends follow it, locate the same
+    place in ``full`` counted from its end (the mark may block a trim, so ``full`` itself
+    is what is returned). Raises TemplateRenderError when the two renders disagree."""
+    first = dict(tail[0])
+    content = first.get("content")
+    if isinstance(content, list):
+        first["content"] = [{"type": "text", "text": MARK}, *content]
+    else:
+        first["content"] = MARK + (content or "")
+    marked = tok.render(
+        head + [first, *tail[1:]], tools, add_generation_prompt=True, **(kwargs or {})
+    )
+    at = marked.find(MARK)
+    if at < 0 or marked.count(MARK) != 1:
+        raise TemplateRenderError("the chat template does not render the new messages' text")
+    ends = tok.turn_ends
+    pos, end = max((marked.rfind(e, 0, at), e) for e in ends)
+    if pos < 0:
+        raise TemplateRenderError("no end-of-turn text before the new messages")
+    lead = marked[pos + len(end) : at]  # the template's text before the first new content
+    later = sum(marked.count(e, at) for e in ends)  # turn ends the new messages bring
+    cut = len(full)
+    for _ in range(later + 1):
+        cut, found = max((full.rfind(e, 0, cut), e) for e in ends)
+        if cut < 0:
+            raise TemplateRenderError("the chat template re-renders earlier turns")
+    after = full[cut + len(found) :]
+    if found != end or not after.startswith(lead):
+        raise TemplateRenderError("the chat template re-renders earlier turns")
+    return end, after
+
+
+def rerender_cause(head: list[dict[str, Any]], full: str) -> str:
+    """Why the template's rendering of a continued history is not the sampled one: the
+    model's reasoning left out (Qwen3 before the last user turn, gpt-oss's analysis), or
+    some other change of an earlier turn."""
+    for message in head:
+        reasoning = message.get("reasoning_content") if message.get("role") == "assistant" else None
+        if reasoning and reasoning.strip() and reasoning.strip() not in full:
+            return REASONING_DROPPED
+    return HISTORY_RERENDERED
 
 
 def _eot_text(tok: ChatTokenizer, rendered: str) -> str:
     """The end-of-turn token text as the template writes it (the last one in ``rendered``)."""
-    texts = [tok.tokenizer.id_to_token(t) or "" for t in tok.eos_token_ids]
-    found = [(rendered.rindex(t), t) for t in texts if t and t in rendered]
+    found = [(rendered.rindex(t), t) for t in tok.turn_ends if t and t in rendered]
     if not found:
         raise TemplateRenderError("no end-of-turn token in the rendered assistant turn")
     return max(found)[1]
@@ -238,24 +337,31 @@ def plan_token_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     states: list[TurnState],
-    key: str | None = None,  # tools_key(tools), when the caller has it
+    key: str | None = None,  # tools_key(tools, kwargs), when the caller has it
     heads: HeadTexts | None = None,  # head texts rendered ahead of time (an exact cache)
     rendered: list[int] | None = None,  # tok.render_ids(messages, tools), if done ahead
+    kwargs: Kwargs = None,  # the request's chat-template variables
+    policy: str = KEEP_SAMPLED,  # what a template that re-renders the history gets
 ) -> PromptPlan:
-    key = key or tools_key(tools)
+    key = key or tools_key(tools, kwargs)
     base = best_continued(messages, key, states)
+    reason = RESPONSE_RETOKENIZED
     if base is not None:
         try:
-            glue = tok.encode(_glue_text(tok, base, messages, tools, heads))
+            glue = tok.encode(_glue_text(tok, base, messages, tools, heads, kwargs, policy))
             base_ids = base.sampled_ids()
             packed = base.prompt + base.output + pack(glue)
             ids = base_ids + glue
             return PromptPlan(ids, base, True, None, shared=len(base_ids), packed=packed)
-        except TemplateRenderError:  # the template re-renders earlier turns: whole, below
-            pass
-    prompt = rendered if rendered is not None else tok.render_ids(messages, tools)
+        except HistoryRerendered as exc:  # the policy: the template's rendering, below
+            reason = exc.cause
+        except TemplateRenderError:  # the new text could not be told apart: whole, below
+            reason = HISTORY_RERENDERED
+    if rendered is None:
+        rendered = tok.render_ids(messages, tools, **(kwargs or {}))
+    prompt = rendered
     if base is not None:
-        return PromptPlan(prompt, base, False, RESPONSE_RETOKENIZED)
+        return PromptPlan(prompt, base, False, reason)
     if not states:
         return PromptPlan(prompt, None, None, None)
     return PromptPlan(prompt, None, False, classify_break(messages, key, states))
@@ -305,10 +411,10 @@ def rerender_reason(messages: list[dict[str, Any]], base: TurnState, at: int) ->
     prefix. The first differing token (``at``, how many leading ids the prompt shares
     with ``base``'s) says where; the echoed answer says how."""
     if at < len(base.prompt) // ID_BYTES:  # within the base's prompt
-        return "history_rerendered"  # an earlier turn renders differently this time
+        return HISTORY_RERENDERED  # an earlier turn renders differently this time
     echoed, reply = messages[len(base.messages)], base.reply
     if reply.get("reasoning_content") and not echoed.get("reasoning_content"):
-        return "reasoning_dropped"  # the client did not send the model's thinking back
+        return REASONING_DROPPED  # the client did not send the model's thinking back
     if _raw_args(echoed) != _raw_args(reply):
         return "tool_arguments_reserialized"  # same JSON, other spacing or key order
     if _text(echoed.get("content")) != _text(reply.get("content")):

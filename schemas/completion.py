@@ -26,15 +26,32 @@ class Protocol(enum.StrEnum):
 
 
 # One vocabulary for prompts that do not extend the previous call, on the record
-# (``drift_reason``) and on the trace (``Trace.break_reason``, services/builder/strategies/
-# breaks.py). The sampled answer is not in the next prompt token for token:
+# (``drift_reason``), on the trace (``Trace.break_reason``, services/builder/strategies/
+# breaks.py) and on the dashboard. The sampled answer is not in the next prompt token for
+# token:
 RESPONSE_RETOKENIZED = "response_retokenized"  # the template renders the answer otherwise
-# ... and, where the proxy can tell, why (chat mode; the trace says RESPONSE_RETOKENIZED):
+REASONING_DROPPED = "reasoning_dropped"  # the model's reasoning left out of the history
+HISTORY_RERENDERED = "history_rerendered"  # an earlier turn renders otherwise this time
+# ... and, where the proxy can tell, why the answer itself changed (chat mode):
 RESPONSE_DRIFT_CAUSES = (
-    "reasoning_dropped",  # the client did not send the model's thinking back
+    REASONING_DROPPED,  # the client did not send the model's thinking back
     "tool_arguments_reserialized",  # same JSON arguments, other spacing or key order
     "assistant_text_changed",  # e.g. stripped whitespace
 )
+# The history the model saw was re-rendered: the record names the cause, and the trace
+# that starts there carries the same word (never a "compaction": nothing was shortened).
+RERENDER_REASONS = (RESPONSE_RETOKENIZED, HISTORY_RERENDERED, *RESPONSE_DRIFT_CAUSES)
+# Why a call continues none of its session's earlier calls (proxy/tito.classify_break).
+NEW_CONVERSATION_REASONS = (
+    "history_truncated",  # compaction, or a retry of an earlier turn
+    "system_prompt_changed",  # a sub-agent, or a side call with its own prompt
+    "tools_changed",
+    "template_kwargs_changed",  # e.g. thinking turned off mid-conversation
+    "new_conversation",
+    "assistant_turn_rewritten",
+    "history_rewritten",
+)
+DRIFT_REASONS = (*RERENDER_REASONS, *NEW_CONVERSATION_REASONS)
 
 
 class UpstreamMode(enum.StrEnum):
@@ -50,6 +67,26 @@ class ImageSpan(Struct, frozen=True, kw_only=True):
     start: int
     length: int
     media_type: str = ""  # as the harness declared it (image/png, ...)
+
+
+class ToolParseFailure(Struct, frozen=True, kw_only=True):
+    """Tool markup of the model's output that did not become a valid tool call."""
+
+    # malformed (JSON/XML that does not parse, an unterminated block) | unknown_tool (a
+    # name the request did not offer) | invalid_arguments (not the tool's JSON schema)
+    kind: str
+    detail: str
+    start: int = -1  # token offsets into output_ids; -1: the call as a whole
+    end: int = -1
+
+
+class ToolParse(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Parse health of a call that offered tools: did the model's tool markup parse?"""
+
+    ok: bool
+    family: str = ""  # the model family whose parser read it (docs/models.md)
+    calls: int = 0  # tool calls parsed
+    failures: list[ToolParseFailure] = []
 
 
 class Timings(Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -92,6 +129,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     side_call: str | None = None
     extends_previous: bool | None = None  # token mode: prompt == previous prompt + output + ...
     drift_reason: str | None = None  # why not, when it does not (DRIFT_REASONS)
+    tool_parse: ToolParse | None = None  # None: no tools offered, or no parser at hand
     aborted: bool = False
     error: str | None = None  # failed before sampling anything (see ``void``)
 

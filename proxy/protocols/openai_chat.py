@@ -85,6 +85,7 @@ def parse_request(
         sampling=parse_sampling(body),
         reasoning=Reasoning(effort=e) if (e := opt_str(body, "reasoning_effort")) else None,
         response_format=opt_dict(body, "response_format") or None,
+        template_kwargs=opt_dict(body, "chat_template_kwargs"),
         stream=bool(opt_bool(body, "stream")),
         metadata={"include_usage": True}
         if opt_bool(stream_options, "include_usage", "stream_options.")

@@ -250,7 +250,7 @@ def chat_choice(
 ) -> dict:
     tools = body.tools if body.tool_choice != "none" else None
     reply = (
-        tokenizer.parse_reply(result.output_ids, tools)
+        tokenizer.parse_reply(result.output_ids, tools, result.prompt_ids)
         if tools
         else _plain_reply(result, tokenizer)
     )

@@ -14,9 +14,12 @@ Reasons:
                         came from (that chain is never extended again)
   history_rewritten     same first message, earlier turns changed (not shorter)
   response_retokenized  the prompt extends the tip's prompt, but the tip's sampled output
-                        is not in it token for token (chat-mode re-templating drift; the
-                        record's drift_reason is the same word, or names the cause:
-                        schemas.completion.RESPONSE_DRIFT_CAUSES)
+                        is not in it token for token (chat-mode re-templating drift)
+  reasoning_dropped,    the proxy found the history re-rendered and named why
+  history_rerendered,   (schemas.completion.RERENDER_REASONS, the record's drift_reason):
+  tool_arguments_...    the model's reasoning left out, an earlier turn rendered
+                        otherwise, arguments re-serialized; never ``compaction``, which
+                        the shorter prompt of a dropped reasoning would otherwise suggest
   retry                 the same prompt as the tip's, sent again
   after_abort           continues a chain whose last turn was aborted or errored
 
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.completion import RESPONSE_RETOKENIZED
+from schemas.completion import RERENDER_REASONS, RESPONSE_RETOKENIZED
 from services.builder.strategies.base import Call, common_prefix, starts_with
 from services.builder.strategies.chains import Chain
 
@@ -71,6 +74,9 @@ def classify(call: Call, parent: Chain | None, last_main: Chain | None, eot: int
         return "after_abort"
     if call.prompt == tip.prompt:
         return "retry"
+    cause = call.rec.drift_reason
+    if cause in RERENDER_REASONS:
+        return cause  # the proxy found the call it continues, and why its history differs
     if len(call.prompt) > len(tip.prompt) and starts_with(call.prompt, tip.prompt):
         return RESPONSE_RETOKENIZED
     if not same_head(call.prompt, parent.first.prompt, eot):

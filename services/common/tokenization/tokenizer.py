@@ -14,8 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from tokenizers import Tokenizer
 
+from services.common.tokenization.families import ModelFamily, check_calls, family_for
 from services.common.tokenization.images import ImageTokens
 from services.common.tokenization.segments import SegmentEncoder, encode_plain
 from services.common.tokenization.template import (
@@ -23,7 +25,7 @@ from services.common.tokenization.template import (
     default_template,
     render_template,
 )
-from services.common.tokenization.toolcalls import ParsedReply, parse_reply
+from services.common.tokenization.toolcalls import ParsedReply, ToolCallFailure
 
 
 class TokenizerLoadError(ValueError):
@@ -73,6 +75,7 @@ class ChatTokenizer:
         special_tokens: dict[str, str | None],
         eos_token_ids: list[int],
         images: ImageTokens | None = None,
+        family: ModelFamily | None = None,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -80,10 +83,19 @@ class ChatTokenizer:
         self.eos_token_ids = eos_token_ids
         self.images = images  # None: a text-only model
         self.segments = SegmentEncoder.for_tokenizer(tokenizer)  # None: encode whole texts
+        # how the family's template wants messages, and how its output reads
+        self.family = family or family_for(
+            chat_template, polar_template=chat_template == default_template()
+        )
+        # texts that end an assistant turn in a rendered history (proxy.tito's glue)
+        self.turn_ends = self.family.turn_ends or tuple(
+            t for t in (tokenizer.id_to_token(i) for i in eos_token_ids) if t
+        )
 
     @classmethod
-    def load(cls, model_dir: str | Path) -> ChatTokenizer:
-        """Load from a Hugging Face model directory. Raises TokenizerLoadError."""
+    def load(cls, model_dir: str | Path, family: str | None = None) -> ChatTokenizer:
+        """Load from a Hugging Face model directory; ``family`` names the model family
+        (else it is detected from the directory). Raises TokenizerLoadError."""
         model_dir = Path(model_dir)
         tok_file = model_dir / "tokenizer.json"
         if not tok_file.exists():
@@ -99,11 +111,22 @@ class ChatTokenizer:
         }
         template = _chat_template_of(config, model_dir) or default_template()
         eos_ids = cls._eos_ids(tokenizer, special, model_dir)
+        model_config = _read_json(model_dir / "config.json")
         try:
-            images = ImageTokens.from_config(_read_json(model_dir / "config.json"))
+            images = ImageTokens.from_config(model_config)
         except (KeyError, TypeError, ValueError) as exc:
             raise TokenizerLoadError(f"{model_dir}/config.json: bad vision_config: {exc}") from exc
-        return cls(tokenizer, template, special, eos_ids, images)
+        try:
+            model_family = family_for(
+                template,
+                model_config,
+                override=family,
+                polar_template=template == default_template(),
+                where=str(model_dir),
+            )
+        except ValueError as exc:
+            raise TokenizerLoadError(str(exc)) from exc
+        return cls(tokenizer, template, special, eos_ids, images, model_family)
 
     @staticmethod
     def _eos_ids(
@@ -128,10 +151,11 @@ class ChatTokenizer:
         add_generation_prompt: bool = True,
         **template_kwargs: Any,
     ) -> str:
-        """The prompt text for an OpenAI-shaped conversation. Raises TemplateRenderError."""
+        """The prompt text for an OpenAI-shaped conversation (as the family's template reads
+        it: ``ModelFamily.prepare``). Raises TemplateRenderError."""
         return render_template(
             self.chat_template,
-            messages,
+            self.family.prepare(messages),
             tools,
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.special_tokens,
@@ -186,11 +210,49 @@ class ChatTokenizer:
         return token_id in self.eos_token_ids
 
     def parse_reply(
-        self, output_ids: list[int], tools: list[dict[str, Any]] | None = None
+        self,
+        output_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+        prompt_ids: list[int] | None = None,
     ) -> ParsedReply:
-        """Reasoning, content and tool calls of generated ids (the closing end-of-turn ids
-        ignored; any other special token the model wrote is text, as it sampled it)."""
+        """Reasoning, content and tool calls of generated ids, read by the family's parser
+        (the closing end-of-turn ids ignored; any other special token the model wrote is
+        text, as it sampled it). ``prompt_ids``: the prompt they continue, which may have
+        opened a reasoning block. Failures' ``start``/``end`` are token offsets into
+        ``output_ids`` (-1: a whole-call problem, e.g. an unknown tool)."""
         ids = list(output_ids)
         while ids and self.is_end_of_turn(ids[-1]):
             ids.pop()
-        return parse_reply(self.decode(ids, skip_special_tokens=False), tools)
+        text = self.decode(ids, skip_special_tokens=False)
+        reasoning_open = bool(prompt_ids) and self.family.reasoning_open(
+            self.decode(prompt_ids[-PROMPT_TAIL_IDS:], skip_special_tokens=False)
+        )
+        parsed = check_calls(self.family.parse(text, tools, reasoning_open=reasoning_open), tools)
+        if not parsed.failures:
+            return parsed
+        spans = [self._token_span(ids, f) for f in parsed.failures]
+        return msgspec.structs.replace(parsed, failures=spans)
+
+    def _token_span(self, ids: list[int], failure: ToolCallFailure) -> ToolCallFailure:
+        if failure.start < 0:
+            return failure
+        start = self._token_at(ids, failure.start)
+        end = max(start, self._token_at(ids, failure.end, after=True))
+        return msgspec.structs.replace(failure, start=start, end=end)
+
+    def _token_at(self, ids: list[int], offset: int, after: bool = False) -> int:
+        """The first token whose text reaches past ``offset`` characters of the decoded
+        ids (``after``: the first that ends at or past it, plus one). Binary search over
+        prefix decodes: a byte-level token may be part of a character."""
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.decode(ids[: mid + 1], skip_special_tokens=False)) > offset - after:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo + 1 if after else lo
+
+
+# a generation prompt's last few ids are enough to see whether it opened a reasoning block
+PROMPT_TAIL_IDS = 4

@@ -34,16 +34,34 @@ class ParsedToolCall(Struct, frozen=True):
     arguments: str  # a JSON object, serialized (OpenAI's function.arguments)
 
 
+class ToolCallFailure(Struct, frozen=True):
+    """A piece of the model's tool markup that did not become a tool call.
+
+    ``kind``: ``malformed`` (the markup does not parse: bad JSON or XML, unterminated),
+    ``unknown_tool`` (a name the request did not offer), ``invalid_arguments`` (arguments
+    that do not match the tool's JSON schema). ``start``/``end``: character offsets into
+    the text the parser read (the decoded output), turned into token offsets by the
+    caller that knows the ids (``ChatTokenizer.parse_reply``)."""
+
+    kind: str
+    detail: str
+    start: int
+    end: int
+
+
 class ParsedReply(Struct, frozen=True):
     content: str
     reasoning: str | None
     tool_calls: list[ParsedToolCall]
     errors: list[str]
+    failures: list[ToolCallFailure] = []
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
+def split_reasoning(text: str, reasoning_open: bool = False) -> tuple[str | None, str]:
     """(reasoning, rest). Reasoning is what precedes ``</think>`` (an opening tag optional);
-    an unclosed ``<think>`` at the start makes the whole remainder reasoning (truncated)."""
+    an unclosed ``<think>`` at the start makes the whole remainder reasoning (truncated),
+    and so does output without ``</think>`` when the prompt opened the block
+    (``reasoning_open``: Qwen3.5's generation prompt ends with ``<think>\n``)."""
     stripped = text.lstrip()
     if THINK_CLOSE in text:
         head, _, rest = text.partition(THINK_CLOSE)
@@ -53,7 +71,28 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
         return head.strip("\n"), rest.lstrip("\n")
     if stripped.startswith(THINK_OPEN):
         return stripped[len(THINK_OPEN) :].strip("\n"), ""
+    if reasoning_open:
+        return text.strip("\n"), ""
     return None, text
+
+
+def json_arguments_call(name: str, raw: str) -> ParsedToolCall:
+    """A call of ``name`` whose arguments are the JSON object text ``raw`` (empty: none).
+    Raises ValueError when it is not one."""
+    try:
+        args = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"tool call arguments are not valid JSON: {exc.msg} (character {exc.pos})"
+        ) from exc
+    return object_arguments_call(name, args)
+
+
+def object_arguments_call(name: str, args: Any) -> ParsedToolCall:
+    """A call of ``name`` with ``args`` already decoded. Raises ValueError unless an object."""
+    if not isinstance(args, dict):
+        raise ValueError("tool call arguments must be a JSON object")
+    return ParsedToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
 def parse_json_call(body: str) -> ParsedToolCall:
@@ -99,12 +138,17 @@ def parse_tool_call(body: str, tools: list[dict[str, Any]] | None = None) -> Par
     return parse_json_call(stripped)
 
 
-def parse_reply(text: str, tools: list[dict[str, Any]] | None = None) -> ParsedReply:
+def parse_reply(
+    text: str, tools: list[dict[str, Any]] | None = None, *, reasoning_open: bool = False
+) -> ParsedReply:
     """Split generated text (special tokens already removed) into reasoning, content and
-    tool calls. Unparseable ``<tool_call>`` blocks stay in content and are listed in errors."""
-    reasoning, rest = split_reasoning(text)
+    tool calls (``<tool_call>`` blocks, JSON or XML). Unparseable blocks stay in content
+    and are listed in errors and failures (with their place in ``text``)."""
+    reasoning, rest = split_reasoning(text, reasoning_open)
+    offset = len(text) - len(rest)  # where ``rest`` starts in ``text``
     calls: list[ParsedToolCall] = []
     errors: list[str] = []
+    failures: list[ToolCallFailure] = []
     kept: list[str] = []
     cursor = 0
     for match in _BLOCK.finditer(rest):
@@ -117,10 +161,15 @@ def parse_reply(text: str, tools: list[dict[str, Any]] | None = None) -> ParsedR
             calls.append(parse_tool_call(match.group(1), tools))
         except ValueError as exc:
             errors.append(str(exc))
+            failures.append(
+                ToolCallFailure("malformed", str(exc), offset + match.start(), offset + match.end())
+            )
             kept.append(match.group(0))
     kept.append(rest[cursor:])
     content = "".join(kept).strip() if calls else "".join(kept)
-    return ParsedReply(content=content, reasoning=reasoning, tool_calls=calls, errors=errors)
+    return ParsedReply(
+        content=content, reasoning=reasoning, tool_calls=calls, errors=errors, failures=failures
+    )
 
 
 def _trim_newline(value: str) -> str:

@@ -369,3 +369,28 @@ def test_bad_config_says_which_keys_are_accepted(bad):
 
     with pytest.raises(BuildError, match="accepted keys: eot_token_id"):
         merge([], **bad)
+
+
+@pytest.mark.parametrize("cause", ["reasoning_dropped", "history_rerendered"])
+def test_a_rerendered_history_is_named_by_its_cause_never_compaction(cause):
+    """Qwen3's template drops earlier reasoning once a new user turn follows: under the
+    proxy's ``rerender`` history policy the next prompt is shorter than the tip's, which
+    alone would read as a compaction; the record says why and the trace says the same."""
+    cap, rng = Capture(), random.Random(13)
+    p0 = opening(text(rng, 70), text(rng, 5))
+    thinking = text(rng, 30)  # the reasoning tokens of the first answer
+    o0 = [*thinking, *text(rng, 4), EOT]
+    cap.call(p0, o0)
+    p1 = p0 + o0 + glue_after(o0, text(rng, 5))
+    o1 = text(rng, 6) + [EOT]
+    cap.call(p1, o1, finish="stop")
+    # the history re-rendered without the reasoning, then a new user turn
+    rerendered = p0 + o0[len(thinking) :] + glue_after(o0, text(rng, 5))[:-3] + o1
+    p2 = [*rerendered, 3, *msg("user", text(rng, 3)), *GEN]
+    assert len(p2) < len(p1 + o1)
+    cap.call(p2, text(rng, 3) + [EOT], finish="stop", drift_reason=cause, extends_previous=False)
+    assert cap.records[-1].prompt_base_seq == 1  # the proxy compared it with the tip
+    traces, stats, _ = merge(cap.records)
+    assert [t.break_reason for t in traces] == ["first", cause]
+    assert traces[1].lineage_id == traces[0].trace_id
+    assert stats.breaks == {"first": 1, cause: 1}

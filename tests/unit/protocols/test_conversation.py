@@ -171,3 +171,36 @@ def test_error_classes_carry_kind_and_status() -> None:
     assert UpstreamError(500, "ctx", "context_length").kind is ErrorKind.CONTEXT_LENGTH
     with pytest.raises(ValueError):
         UpstreamError(500, "x", "no_such_kind")
+
+
+def test_openai_chat_template_kwargs_reach_the_conversation_and_a_bad_one_is_a_400() -> None:
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "reasoning_effort": "low",
+    }
+    conv = openai_chat.parse_request(body, {}, {})
+    assert conv.template_kwargs == {"enable_thinking": False}
+    assert conv.reasoning is not None and conv.reasoning.effort == "low"
+    with pytest.raises(ProtocolError) as err:
+        openai_chat.parse_request({**body, "chat_template_kwargs": "enable_thinking"}, {}, {})
+    assert err.value.status == 400 and "chat_template_kwargs must be an object" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("thinking", "enabled"),
+    [({"type": "disabled"}, False), ({"type": "enabled", "budget_tokens": 2048}, True)],
+)
+def test_anthropic_thinking_is_the_conversations_reasoning(thinking, enabled) -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    conv = anthropic_messages.parse_request({**body, "thinking": thinking}, {}, {})
+    assert conv.reasoning is not None and conv.reasoning.enabled is enabled
+
+
+def test_gemini_thinking_budget_zero_turns_reasoning_off() -> None:
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}},
+    }
+    conv = gemini.parse_request(body, {"model": "m:generateContent"}, {})
+    assert conv.reasoning is not None and conv.reasoning.enabled is False

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from proxy.conversation import Conversation, Message, TextPart, ToolSpec
+from proxy.conversation import Conversation, Message, Reasoning, TextPart, ToolSpec
 from proxy.gate import WeightGate
 from proxy.handler import CompletionHandler
 from proxy.modes import RENDER_AHEAD_MAX_BYTES
@@ -101,3 +101,53 @@ def test_a_template_that_writes_the_date_is_rendered_every_time(tok):
     first = conv(("user", "Say hello."))
     assert prepared_ids(h, first) == prepared_ids(h, first)
     assert renders == [1, 1]
+
+
+def qwen3_handler(tok: ChatTokenizer, renders: list) -> CompletionHandler:
+    """The tiny vocabulary under Qwen3's official template (the family: enable_thinking)."""
+    from importlib import resources
+
+    from services.common.tokenization.families import FAMILIES
+
+    template = resources.files("trl").joinpath("chat_templates/qwen3.jinja").read_text("utf-8")
+    qwen = ChatTokenizer(
+        tok.tokenizer, template, tok.special_tokens, tok.eos_token_ids, family=FAMILIES["qwen3"]
+    )
+    render_ids = qwen.render_ids
+    qwen.render_ids = lambda *a, **k: renders.append(k) or render_ids(*a, **k)
+    return CompletionHandler(
+        publisher=None, store=None, backend=None, gate=WeightGate(), mode=UpstreamMode.TOKEN,
+        tokenizer=qwen, default_max_tokens=16,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "explicit", "variables"),
+    [
+        (None, {}, {}),
+        (Reasoning(enabled=False), {}, {"enable_thinking": False}),  # Anthropic / Gemini off
+        (Reasoning(effort="none"), {}, {"enable_thinking": False}),  # OpenAI reasoning_effort
+        (None, {"enable_thinking": False}, {"enable_thinking": False}),  # chat_template_kwargs
+        (Reasoning(enabled=True), {"enable_thinking": False}, {"enable_thinking": False}),
+    ],
+)
+def test_a_requests_reasoning_settings_reach_the_render(tok, reasoning, explicit, variables):
+    renders: list = []
+    h = qwen3_handler(tok, renders)
+    c = msgspec.structs.replace(
+        conv(("user", "Say hello.")), reasoning=reasoning, template_kwargs=explicit
+    )
+    ids = prepared_ids(h, c)
+    assert renders == [variables]
+    text = h.tok.decode(ids, skip_special_tokens=False)
+    thinking_off = variables.get("enable_thinking") is False
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") == thinking_off
+
+
+def test_the_same_messages_under_other_variables_are_other_prompts(tok):
+    renders: list = []
+    h = qwen3_handler(tok, renders)
+    on, off = conv(("user", "Say hello.")), conv(("user", "Say hello."))
+    off = msgspec.structs.replace(off, template_kwargs={"enable_thinking": False})
+    assert prepared_ids(h, on) != prepared_ids(h, off)  # not one cache entry for both
+    assert prepared_ids(h, off) == prepared_ids(h, off) and len(renders) == 2

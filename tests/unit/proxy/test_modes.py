@@ -69,6 +69,7 @@ def test_chat_mode_keeps_the_engines_tool_call_ids_and_parses_nothing_itself():
         prompt_ids=[1], output_ids=[2], output_logprobs=[0.0], finish_reason="stop",
         text="hi", reasoning=None, tool_calls=[EngineToolCall(id="c1", name="f", arguments="{}")],
     )  # fmt: skip
-    turn = ChatMode(None, None).turn(gen, None)
+    turn, health = ChatMode(None, None).turn(gen, None)
+    assert health is None  # no tools offered, no tokenizer to read the output with
     assert (turn.text, turn.reasoning, turn.finish_reason) == ("hi", "", "tool_calls")
     assert [(c.id, c.name, c.arguments) for c in turn.tool_calls] == [("c1", "f", "{}")]

@@ -148,7 +148,7 @@ def test_head_texts_rendered_ahead_give_the_same_prompts(tok):
     states.append(state(11, list(messages), reply, plain.prompt_ids, sampled(tok, reply)))
     messages = [*messages, reply, {"role": "tool", "tool_call_id": "c12", "content": "ok"}]
     right = plan_token_prompt(tok, messages, TOOLS, states)
-    wrong = plan_token_prompt(tok, messages, TOOLS, states, heads=lambda st: heads[10] + "X")
+    wrong = plan_token_prompt(tok, messages, TOOLS, states, heads=lambda st: heads[10])
     assert wrong.prompt_ids != right.prompt_ids
 
 
