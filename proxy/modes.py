@@ -172,6 +172,12 @@ class TokenMode:
         images = request.read_images()
         if not images:
             return plan
+        if self.tok.images is None:  # its template may write a placeholder: never sent as is
+            raise ProtocolError(
+                400,
+                "token mode cannot give this model images: its image token count is not "
+                "fixed (or it has no vision tower); serve it in chat mode for images",
+            )
         return dataclasses.replace(plan, images=place(plan.prompt_ids, self.tok, images))
 
     def aborted_plan(
@@ -182,10 +188,11 @@ class TokenMode:
 
     def turn(self, gen: Generation, tools) -> tuple[AssistantTurn, ToolParse | None]:
         """The answer, parsed here from the sampled ids by the model family's parser (tool
-        calls get new ids), and its parse health."""
+        calls get new ids unless the model wrote them), and its parse health."""
         parsed = self.tok.parse_reply(gen.output_ids, tools, gen.prompt_ids)
-        calls = [
-            ToolCall(id=call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls
+        calls = [  # the id the model wrote, where its format has one (Mistral's)
+            ToolCall(id=c.id or call_id(), name=c.name, arguments=c.arguments)
+            for c in parsed.tool_calls
         ]
         turn = assistant_turn(gen, parsed.content, parsed.reasoning or "", calls)
         return turn, parse_health(self.tok, parsed, tools)
@@ -242,8 +249,9 @@ class ChatMode:
                 else {},
             )
         )
+        decode = self.tok.decode if self.tok is not None else None
         plan = judge_chat_prompt(
-            gen.prompt_ids, request.state_messages(), tools, states, request.key
+            gen.prompt_ids, request.state_messages(), tools, states, request.key, decode
         )
         if images:
             plan = dataclasses.replace(plan, images=place_sampled(gen.prompt_ids, self.tok, images))

@@ -373,6 +373,7 @@ def judge_chat_prompt(
     tools: list[dict[str, Any]] | None,
     states: list[TurnState],
     key: str | None = None,  # tools_key(tools), when the caller has it
+    decode: Callable[[list[int]], str] | None = None,  # the model's, to name a cause
 ) -> PromptPlan:
     """Chat mode: the engine templated the prompt; did it extend a previous call?"""
     if not states:
@@ -389,7 +390,7 @@ def judge_chat_prompt(
     ):
         return PromptPlan(prompt_ids, base, True, None, shared=n, packed=packed)
     at = common_prefix_length(prompt_ids, base.sampled_ids())
-    reason = rerender_reason(messages, base, at)
+    reason = rerender_reason(messages, base, at, prompt_ids, decode)
     return PromptPlan(prompt_ids, base, False, reason, shared=at, packed=packed)
 
 
@@ -406,15 +407,28 @@ def _raw_args(message: dict[str, Any]) -> list[str]:
     return [str(c.get("function", c).get("arguments")) for c in message.get("tool_calls") or []]
 
 
-def rerender_reason(messages: list[dict[str, Any]], base: TurnState, at: int) -> str:
+def rerender_reason(
+    messages: list[dict[str, Any]],
+    base: TurnState,
+    at: int,
+    prompt_ids: list[int] = (),
+    decode: Callable[[list[int]], str] | None = None,
+) -> str:
     """Chat mode: why the engine's templating of a continued history is not the sampled
     prefix. The first differing token (``at``, how many leading ids the prompt shares
     with ``base``'s) says where; the echoed answer says how."""
-    if at < len(base.prompt) // ID_BYTES:  # within the base's prompt
+    prompt_len = len(base.prompt) // ID_BYTES
+    if at < prompt_len:  # within the base's prompt
         return HISTORY_RERENDERED  # an earlier turn renders differently this time
     echoed, reply = messages[len(base.messages)], base.reply
-    if reply.get("reasoning_content") and not echoed.get("reasoning_content"):
-        return REASONING_DROPPED  # the client did not send the model's thinking back
+    reasoning = (reply.get("reasoning_content") or "").strip()
+    if reasoning and (
+        not echoed.get("reasoning_content")
+        or (decode is not None and reasoning not in decode(prompt_ids[prompt_len:]))
+    ):
+        # the client did not send the model's thinking back, or the template left it
+        # out (Qwen3 before the last user turn) and kept the answer after it
+        return REASONING_DROPPED
     if _raw_args(echoed) != _raw_args(reply):
         return "tool_arguments_reserialized"  # same JSON, other spacing or key order
     if _text(echoed.get("content")) != _text(reply.get("content")):

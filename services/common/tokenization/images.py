@@ -45,9 +45,12 @@ class ImageTokens:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ImageTokens | None:
-        """From a model's ``config.json`` mapping; None for a text-only model."""
+        """From a model's ``config.json`` mapping; None for a text-only model, and for a
+        vision model whose image token count depends on each image (Qwen-VL's dynamic
+        resolution: only its engine's processor can expand those, so only chat mode
+        serves its images)."""
         vision = config.get("vision_config")
-        if not vision:
+        if not vision or "tokens_per_image" not in vision:
             return None
         return cls(int(vision["image_token_id"]), int(vision["tokens_per_image"]))
 

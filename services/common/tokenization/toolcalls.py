@@ -32,6 +32,7 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<paramete
 class ParsedToolCall(Struct, frozen=True):
     name: str
     arguments: str  # a JSON object, serialized (OpenAI's function.arguments)
+    id: str = ""  # the call's id where the model wrote one (Mistral's); else the caller's
 
 
 class ToolCallFailure(Struct, frozen=True):

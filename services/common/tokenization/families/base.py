@@ -10,6 +10,7 @@ is pure: the proxy and the embedded engine call it through ``ChatTokenizer``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ class ModelFamily:
     efforts: tuple[str, ...] = ("low", "medium", "high")
     # a generation prompt ending in one of these leaves the model inside its reasoning
     reasoning_open_suffixes: tuple[str, ...] = ()
+    # ids of tool calls and results as the template requires them (Mistral: exactly 9
+    # letters or digits); None: as sent
+    tool_call_id_length: int | None = None
     known: bool = True  # False: a model no family matched (generic parsing, a warning)
     notes: str = ""  # one line for docs and the warning
     _extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -49,20 +53,29 @@ class ModelFamily:
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``messages`` (OpenAI chat dicts) as the family's template reads them. The input
         is not changed; messages that need nothing are passed through as they are."""
-        if not self.arguments_as_mapping and self.reasoning_key == "reasoning_content":
+        plain = self.reasoning_key == "reasoning_content" and self.tool_call_id_length is None
+        if not self.arguments_as_mapping and plain:
             return messages
         out = []
         for message in messages:
             if message.get("role") == "assistant":
                 message = self._assistant(message)
+            elif self.tool_call_id_length and message.get("role") == "tool":
+                message = self._tool_result(message)
             out.append(message)
         return out
+
+    def _tool_result(self, message: dict[str, Any]) -> dict[str, Any]:
+        call_id = message.get("tool_call_id")
+        fitted = fit_id(call_id, self.tool_call_id_length) if isinstance(call_id, str) else call_id
+        return message if fitted == call_id else {**message, "tool_call_id": fitted}
 
     def _assistant(self, message: dict[str, Any]) -> dict[str, Any]:
         calls = message.get("tool_calls")
         moved = self.reasoning_key != "reasoning_content" and "reasoning_content" in message
         mapped = self.arguments_as_mapping and calls and any(_is_text_args(c) for c in calls)
-        if not moved and not mapped:
+        refit = bool(calls) and self.tool_call_id_length is not None
+        if not moved and not mapped and not refit:
             return message
         message = dict(message)
         if moved:
@@ -71,6 +84,13 @@ class ModelFamily:
                 message[self.reasoning_key] = reasoning
         if mapped:
             message["tool_calls"] = [_with_mapping_args(c) for c in calls]
+        if refit:
+            message["tool_calls"] = [
+                {**c, "id": fit_id(c["id"], self.tool_call_id_length)}
+                if isinstance(c.get("id"), str)
+                else c
+                for c in message["tool_calls"]
+            ]
         return message
 
     def template_kwargs(
@@ -99,6 +119,18 @@ class ModelFamily:
     def reasoning_open(self, prompt_text_tail: str) -> bool:
         """Whether a prompt ending in ``prompt_text_tail`` leaves the model reasoning."""
         return any(prompt_text_tail.endswith(s) for s in self.reasoning_open_suffixes)
+
+
+def fit_id(call_id: str, length: int) -> str:
+    """``call_id`` as an id of exactly ``length`` letters or digits: itself if it is one,
+    else its last ``length`` characters if those are (as vLLM cuts ids for Mistral), else
+    a digest of it. The same id always maps the same way, so a call and its result agree."""
+    if len(call_id) == length and call_id.isascii() and call_id.isalnum():
+        return call_id
+    tail = call_id[-length:]
+    if len(tail) == length and tail.isascii() and tail.isalnum():
+        return tail
+    return hashlib.sha1(call_id.encode()).hexdigest()[:length]
 
 
 def _nearest_effort(effort: str, efforts: tuple[str, ...]) -> str:

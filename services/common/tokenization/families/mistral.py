@@ -22,6 +22,8 @@ import re
 from itertools import pairwise
 from typing import Any
 
+import msgspec
+
 from services.common.tokenization.families.base import ModelFamily
 from services.common.tokenization.toolcalls import (
     ParsedReply,
@@ -88,6 +90,14 @@ def _split_think(text: str, reasoning_open: bool) -> tuple[str | None, str, int]
     return text[start:closed], before, closed + len(THINK_END)
 
 
+def _listed_call(item: Any) -> ParsedToolCall:
+    """One ``{"name", "arguments", "id"}`` of the v2-v7 list; the id the model wrote is
+    kept: its tool result must carry it back (the template checks it)."""
+    call = parse_json_call(json.dumps(item))
+    sampled_id = item.get("id") if isinstance(item, dict) else None
+    return msgspec.structs.replace(call, id=sampled_id) if isinstance(sampled_id, str) else call
+
+
 def _calls_at(text: str, pos: int) -> tuple[list[ParsedToolCall], int]:
     """The call(s) after one ``[TOOL_CALLS]`` (``text`` ends where the next one starts),
     and where they end. Raises ValueError when they do not parse."""
@@ -96,7 +106,7 @@ def _calls_at(text: str, pos: int) -> tuple[list[ParsedToolCall], int]:
         items, stop = _json_at(text, pos)
         if not isinstance(items, list):
             raise ValueError("[TOOL_CALLS] must be followed by a JSON list of calls")
-        return [parse_json_call(json.dumps(item)) for item in items], stop
+        return [_listed_call(item) for item in items], stop
     args_mark = text.find(ARGS, pos)
     if args_mark >= 0:
         head, args_at = text[pos:args_mark], args_mark + len(ARGS)
@@ -122,6 +132,7 @@ def _json_at(text: str, pos: int) -> tuple[Any, int]:
 
 
 FAMILY = ModelFamily(
+    tool_call_id_length=9,  # the template refuses other ids (vLLM cuts them to 9 too)
     name="mistral",
     parse=parse_mistral,
     turn_ends=(EOS,),
