@@ -98,14 +98,19 @@ LONGEST_FIRST = (
     "tests/integration/test_vllm_real.py",
     "tests/integration/test_proxy_vllm.py",
     "tests/integration/test_harness_vllm.py",
+    "tests/integration/test_vllm_real_vocab.py",
+    "tests/integration/test_model_families.py",
     "tests/integration/test_trainer_adapters.py",
     "tests/integration/test_dashboard_browser.py",
+    "tests/unit/proxy/test_tito_families.py",
 )
 # Files that share one worker: they use the session's one vLLM (a start is ~1 minute).
 SHARED_WORKER = {
     "tests/integration/test_vllm_real.py": "vllm",
     "tests/integration/test_proxy_vllm.py": "vllm",
     "tests/integration/test_harness_vllm.py": "vllm",
+    # a vLLM of its own (a real vocabulary), started after the session's one has stopped
+    "tests/integration/test_vllm_real_vocab.py": "vllm",
 }
 
 
