@@ -15,6 +15,7 @@ Pure functions over a ``ChatTokenizer``; storage of states is the caller's busin
 from __future__ import annotations
 
 import hashlib
+import re
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -310,7 +311,14 @@ def _tail_after_turn(
     after = full[cut + len(found) :]
     if found != end or not after.startswith(lead):
         raise TemplateRenderError("the chat template re-renders earlier turns")
+    for message in tail:  # a template that moves new text up front (a late system
+        probe = _PLAIN_RUN.search(_text(message.get("content")))  # message) loses it here
+        if probe is not None and probe.group() not in after:
+            raise TemplateRenderError("the chat template moves new messages' text earlier")
     return end, after
+
+
+_PLAIN_RUN = re.compile(r"[A-Za-z0-9 ]{1,32}")  # text no template escapes (tojson, XML)
 
 
 def rerender_cause(head: list[dict[str, Any]], full: str) -> str:

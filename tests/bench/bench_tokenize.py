@@ -2,7 +2,11 @@
 cache (``services/common/tokenization/segments.py``), side by side in one run; then the recorded
 sessions replayed through ``plan_token_prompt`` as the proxy plans each call.
 
-    python tests/bench/bench_tokenize.py [--rounds 5]
+    python tests/bench/bench_tokenize.py [--rounds 5] [--families]
+
+``--families``: the same recorded sessions planned with each model family's real
+vocabulary and official template (``tests/helpers/model_families.py``) beside the tiny
+model's (Polar's ChatML template), as the proxy runs (caches warm, heads ahead).
 
 Prompts: every call in the recorded fixtures (Claude Code, Codex, opencode, Gemini CLI;
 12-22k tokens each), rendered with the tiny model's template. "first sight" is a
@@ -13,6 +17,7 @@ every later call with the same opening (every other session of the same CLI).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -23,7 +28,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from services.common.tokenization import ChatTokenizer  # noqa: E402
+from services.common.tokenization import ChatTokenizer, TemplateRenderError  # noqa: E402
 from services.common.tokenization.segments import SegmentEncoder  # noqa: E402
 from tests.unit.engine.tiny import tiny_model_dir  # noqa: E402
 
@@ -47,7 +52,9 @@ def timed(fn, text: str) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def replay(tok: ChatTokenizer, name: str, ahead: bool = False) -> list[tuple[str, float, bool]]:
+def replay(
+    tok: ChatTokenizer, name: str, ahead: bool = False, kinds: dict[str, int] | None = None
+) -> list[tuple[str, float, bool]]:
     """(kind, ms, exact) per call of a recorded session, planned as the proxy would: each
     call sees the turn states of the calls before it. ``ahead``: each answered call's
     head text is rendered after its answer (as the proxy does, off the next call's path)."""
@@ -65,8 +72,16 @@ def replay(tok: ChatTokenizer, name: str, ahead: bool = False) -> list[tuple[str
     for i, (rec, conv) in enumerate(zip(recs, convs, strict=True)):
         msgs, tools = conv["messages"], conv["tools"] or None
         start = time.perf_counter()
-        plan = plan_token_prompt(tok, msgs, tools, states, heads=lambda st: heads.get(st.seq))
+        try:
+            plan = plan_token_prompt(tok, msgs, tools, states, heads=lambda st: heads.get(st.seq))
+        except TemplateRenderError:  # e.g. Llama 3.1's one call a turn: the proxy's 400
+            if kinds is not None:
+                kinds["refused"] = kinds.get("refused", 0) + 1
+            continue
         ms = (time.perf_counter() - start) * 1000
+        if kinds is not None:
+            kind = "first" if not states else ("extends" if plan.extends else "breaks")
+            kinds[kind] = kinds.get(kind, 0) + 1
         out.append(
             (
                 "continuing" if plan.extends else "not continuing",
@@ -82,14 +97,57 @@ def replay(tok: ChatTokenizer, name: str, ahead: bool = False) -> list[tuple[str
                               prompt=pack(prompts[rec.seq]), output=pack(rec.output_ids))  # fmt: skip
             states = [state, *states][:MAX_STATES]
             if ahead:
-                heads[rec.seq] = head_text(tok, state, tools)
+                with contextlib.suppress(TemplateRenderError):  # as the proxy does
+                    heads[rec.seq] = head_text(tok, state, tools)
     return out
+
+
+SESSIONS = ("sub_agent", "compaction", "side_calls", "side_calls_router")
+FAMILIES = ("qwen3", "qwen3_5", "llama3_1", "gpt_oss", "deepseek_v3", "mistral")
+
+
+def families(rounds: int) -> None:
+    """Per family: the recorded sessions planned as the proxy plans them (caches warm
+    after the first round, heads rendered ahead), beside the tiny model's template."""
+    from tests.helpers.model_families import family_model_dir
+
+    models = {"polar ChatML (tiny)": tiny_model_dir()}
+    models.update({name: family_model_dir(name) for name in FAMILIES})
+    rows = []
+    for label, model_dir in models.items():
+        tok = ChatTokenizer.load(model_dir)
+        first, later, tokens, kinds = [], [], [], {}
+        for i in range(rounds):
+            for name in SESSIONS:
+                for kind, ms, _ in replay(tok, name, ahead=True, kinds=kinds if i == 0 else None):
+                    if i:  # the first round warms the caches, as a proxy's first session
+                        (later if kind == "continuing" else first).append(ms)
+        for name in SESSIONS:
+            line = (FIXTURES / f"{name}.jsonl").read_bytes().splitlines()[0]
+            norm = orjson.loads(line)["normalized"]
+            tokens.append(len(tok.render_ids(norm["messages"], norm["tools"] or None)))
+        rows.append((label, tok.family.name, tokens, first, later, kinds))
+    print(f"plan_token_prompt per family, {rounds} rounds (the first warms the caches):")
+    print("| model | family | first prompts (tokens) | continuing p50 ms | max ms "
+          "| not continuing p50 ms | max ms | calls: extend / break / refused |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for label, fam, tokens, first, later, kinds in rows:
+        cells = [
+            f"{statistics.median(x):.2f} | {max(x):.2f}" if x else "- | -" for x in (later, first)
+        ]
+        print(f"| {label} | {fam} | {min(tokens)}-{max(tokens)} | {cells[0]} | {cells[1]} "
+              f"| {kinds.get('extends', 0)} / {kinds.get('breaks', 0)} / "
+              f"{kinds.get('refused', 0)} |")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--families", action="store_true", help="each model family's template")
     args = ap.parse_args()
+    if args.families:
+        families(args.rounds)
+        return
     tok = ChatTokenizer.load(tiny_model_dir())
     by_cli = prompts(tok)
 

@@ -11,7 +11,7 @@ Why it is exact: a ``tokenizers`` Tokenizer first splits the text at its added t
 and runs normalizer, pre-tokenizer and model on each piece in between on its own, so
 ``encode(a + special + b) == encode(a) + [special] + encode(b)``. That holds when every
 added token matches the raw text and touches no neighbouring characters (not
-normalized, no lstrip/rstrip/single_word); ``SegmentEncoder.for_tokenizer`` returns
+normalized, unless the normalizer changes nothing; no lstrip/rstrip/single_word); ``SegmentEncoder.for_tokenizer`` returns
 None for a tokenizer where it might not, and plain encoding is used. Pieces not cached
 are tokenized in their place in the text (a span cut at special tokens, itself exact),
 and the result is checked against the split; on any mismatch the whole text is encoded
@@ -20,6 +20,7 @@ plainly and nothing is cached.
 
 from __future__ import annotations
 
+import json
 import re
 from array import array
 from itertools import chain
@@ -50,8 +51,16 @@ class SegmentEncoder:
         added = tokenizer.get_added_tokens_decoder()
         if not added:
             return None
+        # a "normalized" token is matched in normalized text: the raw text's own match
+        # when the normalizer changes nothing (DeepSeek's chat tokens, an empty Sequence)
+        plain = _identity_normalizer(tokenizer)
         for token in added.values():
-            if token.normalized or token.lstrip or token.rstrip or token.single_word:
+            if (
+                (token.normalized and not plain)
+                or token.lstrip
+                or token.rstrip
+                or token.single_word
+            ):
                 return None
         return cls(tokenizer, {t.content: i for i, t in added.items()})
 
@@ -131,6 +140,13 @@ def encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
     if len(text) < RELEASE_GIL_CHARS:
         return tokenizer.encode(text, add_special_tokens=False).ids
     return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+
+
+def _identity_normalizer(tokenizer: Tokenizer) -> bool:
+    normalizer = tokenizer.normalizer
+    if normalizer is None:
+        return True
+    return json.loads(normalizer.__getstate__()) in ({"type": "Sequence", "normalizers": []},)
 
 
 def _cached_bytes(piece: str, ids: array) -> int:

@@ -156,7 +156,7 @@ class ChatTokenizer:
         return render_template(
             self.chat_template,
             self.family.prepare(messages),
-            tools,
+            self.family.prepare_tools(tools),
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.special_tokens,
             **template_kwargs,

@@ -43,9 +43,16 @@ class ModelFamily:
     efforts: tuple[str, ...] = ("low", "medium", "high")
     # a generation prompt ending in one of these leaves the model inside its reasoning
     reasoning_open_suffixes: tuple[str, ...] = ()
+    # a system message after the conversation started, which the template refuses
+    # (Qwen3.5), drops (gpt-oss) or moves to the front (DeepSeek, Mistral), is rendered
+    # as a user turn in its place: Claude Code sends one with its first call
+    late_system_as_user: bool = False
     # ids of tool calls and results as the template requires them (Mistral: exactly 9
     # letters or digits); None: as sent
     tool_call_id_length: int | None = None
+    # every tool has a description (gpt-oss's template writes "// " + tool.description;
+    # the proxy leaves an empty one out)
+    tool_description_required: bool = False
     known: bool = True  # False: a model no family matched (generic parsing, a warning)
     notes: str = ""  # one line for docs and the warning
     _extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -54,16 +61,27 @@ class ModelFamily:
         """``messages`` (OpenAI chat dicts) as the family's template reads them. The input
         is not changed; messages that need nothing are passed through as they are."""
         plain = self.reasoning_key == "reasoning_content" and self.tool_call_id_length is None
-        if not self.arguments_as_mapping and plain:
+        if not self.arguments_as_mapping and plain and not self.late_system_as_user:
             return messages
-        out = []
+        out: list[dict[str, Any]] = []
         for message in messages:
-            if message.get("role") == "assistant":
+            role = message.get("role")
+            if role == "assistant":
                 message = self._assistant(message)
-            elif self.tool_call_id_length and message.get("role") == "tool":
+            elif self.tool_call_id_length and role == "tool":
                 message = self._tool_result(message)
+            elif self.late_system_as_user and role in SYSTEM_ROLES and _started(out):
+                message = {**message, "role": "user"}
             out.append(message)
         return out
+
+    def prepare_tools(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """``tools`` as the family's template reads them (unchanged unless it must be)."""
+        if not tools or not self.tool_description_required:
+            return tools
+        if all("description" in t.get("function", t) for t in tools):
+            return tools
+        return [_described(t) for t in tools]
 
     def _tool_result(self, message: dict[str, Any]) -> dict[str, Any]:
         call_id = message.get("tool_call_id")
@@ -119,6 +137,21 @@ class ModelFamily:
     def reasoning_open(self, prompt_text_tail: str) -> bool:
         """Whether a prompt ending in ``prompt_text_tail`` leaves the model reasoning."""
         return any(prompt_text_tail.endswith(s) for s in self.reasoning_open_suffixes)
+
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+def _described(tool: dict[str, Any]) -> dict[str, Any]:
+    if "function" in tool:
+        fn = tool["function"]
+        return tool if "description" in fn else {**tool, "function": {**fn, "description": ""}}
+    return tool if "description" in tool else {**tool, "description": ""}
+
+
+def _started(before: list[dict[str, Any]]) -> bool:
+    """A message other than system ones came before: the conversation has started."""
+    return any(m.get("role") not in SYSTEM_ROLES for m in before)
 
 
 def fit_id(call_id: str, length: int) -> str:

@@ -104,6 +104,7 @@ def _call(body: str) -> ParsedToolCall:
 
 
 FAMILY = ModelFamily(
+    late_system_as_user=True,
     name="deepseek_v3",
     parse=parse_deepseek,
     # the official templates join the arguments text into the prompt as it is

@@ -136,6 +136,8 @@ def _call(recipient: str, body: str | None) -> ParsedToolCall:
 
 
 FAMILY = ModelFamily(
+    tool_description_required=True,
+    late_system_as_user=True,
     name="gpt_oss",
     parse=parse_harmony,
     reasoning_key="thinking",  # the template reads message.thinking

@@ -132,6 +132,7 @@ def _json_at(text: str, pos: int) -> tuple[Any, int]:
 
 
 FAMILY = ModelFamily(
+    late_system_as_user=True,
     tool_call_id_length=9,  # the template refuses other ids (vLLM cuts them to 9 too)
     name="mistral",
     parse=parse_mistral,

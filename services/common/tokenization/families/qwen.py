@@ -23,6 +23,7 @@ QWEN3 = ModelFamily(
 )
 
 QWEN3_5 = ModelFamily(
+    late_system_as_user=True,
     name="qwen3_5",
     parse=parse_reply,
     turn_ends=(IM_END,),

@@ -40,7 +40,7 @@ def test_v2_to_v7_json_list():
         content="",
         reasoning=None,
         tool_calls=[
-            ParsedToolCall("get_weather", '{"city": "Paris"}'),
+            ParsedToolCall("get_weather", '{"city": "Paris"}', id="a1B2c3D4e"),  # the model's id
             ParsedToolCall("get_time", "{}"),
         ],
         errors=[],
