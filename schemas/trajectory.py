@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from schemas.completion import ImageSpan
+from schemas.completion import ImageSpan, ToolParse
 from schemas.session import Outcome
 
 
@@ -15,6 +15,44 @@ class VersionSpan(Struct, frozen=True, kw_only=True):
     version: str
     start: int
     end: int
+
+
+class ToolFailure(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A tool call of a trace's turns that did not become a valid call: its record's
+    ``ToolParseFailure``, placed in the trace."""
+
+    seq: int  # the CompletionRecord whose output holds it
+    kind: str  # malformed | unknown_tool | invalid_arguments
+    detail: str = ""
+    start: int = -1  # response_ids indices [start, end); -1: the call as a whole
+    end: int = -1
+
+
+class TraceToolParse(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Tool-call parse health of a trace's turns (their records' ``tool_parse``)."""
+
+    family: str = ""  # the model family whose parser read them
+    turns: int = 0  # model calls that offered tools: their output's tool markup was read
+    checked: int = 0  # tool calls those outputs wrote, parsed or not
+    failures: list[ToolFailure] = []  # the ones that did not parse or check, in order
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def parsed(self) -> int:
+        return max(self.checked - self.failed, 0)
+
+
+MALFORMED = "malformed"  # the one failure kind whose call is not among the parsed ``calls``
+
+
+def checked_calls(parse: ToolParse) -> int:
+    """Tool calls an output wrote, parsed or not: each parsed call (a call of a tool not
+    offered, or with arguments against its schema, parses, then fails the check and stays
+    in ``calls``) and each piece of markup that did not parse (``malformed``)."""
+    return parse.calls + sum(1 for f in parse.failures if f.kind == MALFORMED)
 
 
 class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -28,7 +66,8 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     assistant turn included, and ``tools`` the tool specs it was sampled with. ``images``
     are the images the model read, each by digest at its token span in ``prompt_ids +
     response_ids`` (their bytes: ``subjects.image_object(digest)``): what a multimodal
-    trainer rebuilds its inputs from.
+    trainer rebuilds its inputs from. ``tool_parse`` says whether the tool calls of its
+    turns parsed, each failure at its span of ``response_ids`` (docs/training.md).
     """
 
     trace_id: str
@@ -48,6 +87,7 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     images: list[ImageSpan] = []
     side_call: str | None = None
     trainable: bool = True
+    tool_parse: TraceToolParse | None = None  # None: none of its calls offered tools
 
     def token_versions(self) -> list[str | None]:
         """The weight version of each response token; None where no version sampled it
@@ -70,6 +110,11 @@ class BuildStats(Struct, frozen=True, kw_only=True, omit_defaults=True):
     sampled_tokens: int = 0
     merge_ratio: float = 1.0  # per_request tokens / built tokens
     breaks: dict[str, int] = {}  # break reason -> count
+    # tool-call parse health of the calls built (their records' ``tool_parse``): model
+    # calls that offered tools, the tool calls they wrote, those that failed by kind
+    tool_turns: int = 0
+    tool_calls_checked: int = 0
+    tool_calls_failed: dict[str, int] = {}
 
 
 class Trajectory(Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -20,6 +20,7 @@ from proxy.callcount import numbered_calls
 from schemas import (
     TERMINAL_STATES,
     BuilderSpec,
+    CompletionRecord,
     ContractError,
     SessionFinished,
     SessionState,
@@ -91,12 +92,14 @@ class Builder:
 
     async def build(self, event: SessionFinished) -> Trajectory:
         start = time.perf_counter()
-        trajectory = await self.make(event)
+        trajectory, records = await self.make_from(event)
         await self.store(trajectory)
         await self.announce(trajectory, event)
         await self.advance(event)
         seconds = time.perf_counter() - start
         metrics.observe(trajectory, seconds)
+        mine, _ = logic.split_attempt(logic.first_of_each_seq(records), event.attempt)
+        metrics.observe_tool_parse(trajectory.harness, mine)
         st = trajectory.stats
         log.info(
             "%s: built (%s) chains=%d tokens=%d merge_ratio=%.2f breaks=%s intact=%s in %.3fs",
@@ -112,14 +115,19 @@ class Builder:
         return trajectory
 
     async def make(self, event: SessionFinished) -> Trajectory:
+        return (await self.make_from(event))[0]
+
+    async def make_from(self, event: SessionFinished) -> tuple[Trajectory, list[CompletionRecord]]:
+        """The trajectory, and the records it was made from."""
         spec = await self.builder_spec(event.task_id)
         records, problems = await self.settled_records(event.session_id, event.seq_floor)
         if len(records) <= INLINE_BUILD_RECORDS:
-            return logic.build_trajectory(event, spec, records, self.builders, problems)
+            return logic.build_trajectory(event, spec, records, self.builders, problems), records
         # CPU-bound: off the event loop, so in-progress acks keep flowing meanwhile.
-        return await asyncio.to_thread(
+        built = await asyncio.to_thread(
             logic.build_trajectory, event, spec, records, self.builders, problems
         )
+        return built, records
 
     async def settled_records(self, session_id: str, floor: int = 0) -> tuple[list, list[str]]:
         """The session's records once every call the proxy numbered has one (committed,

@@ -23,7 +23,7 @@ from schemas import (
 )
 from services.builder.integrity import assess
 from services.builder.strategies import BuilderRegistry, BuildError
-from services.builder.strategies.base import full_calls
+from services.builder.strategies.base import full_calls, tool_counts
 from services.builder.strategies.per_request import PerRequest
 
 S = SessionState
@@ -173,7 +173,8 @@ def build_trajectory(
         traces=traces,
         reward=0.0 if event.outcome != Outcome.COMPLETED else None,
         intact=intact,
-        stats=built.stats,
+        # the parse counts are the records', whatever the builder (a plugin) said
+        stats=msgspec.structs.replace(built.stats, **tool_counts(first_of_each_seq(records))),
         harness=art.harness,
         harness_version=art.harness_version,
         protocol=art.protocol or _protocol_of(records),
@@ -187,6 +188,14 @@ def split_attempt(
     """(the attempt's records, every other attempt's)."""
     mine = [r for r in records if r.attempt == attempt]
     return mine, [r for r in records if r.attempt != attempt]
+
+
+def first_of_each_seq(records: list[CompletionRecord]) -> list[CompletionRecord]:
+    """One record per call number, the first (a redelivered record is a copy)."""
+    by_seq: dict[int, CompletionRecord] = {}
+    for rec in records:
+        by_seq.setdefault(rec.seq, rec)
+    return list(by_seq.values())
 
 
 def _protocol_of(records: list[CompletionRecord]) -> str | None:

@@ -1,8 +1,21 @@
-"""The builder's Prometheus metrics (on top of the shared consumer metrics)."""
+"""The builder's Prometheus metrics (on top of the shared consumer metrics).
+
+Tool-call parse health is counted here, the one service that sees every record, with
+the session's harness and the model family that parsed each call. Not by task: task ids
+are unbounded (a trainer makes one per prompt per step) and no metric of the stack is
+labelled by one; a task's counts are on its trajectories (``BuildStats``) and on the
+dashboard's task page.
+"""
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Histogram
+
+from schemas import CompletionRecord
+from schemas.trajectory import checked_calls
 
 BUILDS = Counter(
     "polar_builder_builds_total",
@@ -27,6 +40,26 @@ BUILD_SECONDS = Histogram(
 )
 
 
+TOOL_CALLS_CHECKED = Counter(
+    "polar_builder_tool_calls_checked_total",
+    "Tool calls the model wrote on calls that offered tools, parsed or not",
+    ["harness", "family"],
+)
+TOOL_CALLS_FAILED = Counter(
+    "polar_builder_tool_calls_failed_total",
+    "Tool calls that did not parse or check, by kind (malformed | unknown_tool | "
+    "invalid_arguments)",
+    ["harness", "family", "kind"],
+)
+TOOL_PARSE_SESSIONS = Counter(
+    "polar_builder_tool_parse_sessions_total",
+    "Sessions built with calls that offered tools, by whether any tool call failed "
+    "(result: clean | failed)",
+    ["harness", "family", "result"],
+)
+UNKNOWN = "-"
+
+
 def observe(trajectory, seconds: float) -> None:
     stats = trajectory.stats
     result = "fallback" if "build_error" in trajectory.metadata else "built"
@@ -39,3 +72,20 @@ def observe(trajectory, seconds: float) -> None:
     for reason, n in stats.breaks.items():
         BREAKS.labels(reason).inc(n)
     BUILD_SECONDS.observe(seconds)
+
+
+def observe_tool_parse(harness: str | None, records: Iterable[CompletionRecord]) -> None:
+    """Count one built session's tool-call parse health (its attempt's records)."""
+    harness = harness or UNKNOWN
+    failed_sessions: dict[str, bool] = {}
+    for rec in records:
+        parse = rec.tool_parse
+        if parse is None:
+            continue
+        family = parse.family or UNKNOWN
+        TOOL_CALLS_CHECKED.labels(harness, family).inc(checked_calls(parse))
+        for kind, n in Tally(f.kind for f in parse.failures).items():
+            TOOL_CALLS_FAILED.labels(harness, family, kind).inc(n)
+        failed_sessions[family] = failed_sessions.get(family, False) or bool(parse.failures)
+    for family, failed in failed_sessions.items():
+        TOOL_PARSE_SESSIONS.labels(harness, family, "failed" if failed else "clean").inc()

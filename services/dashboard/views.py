@@ -20,6 +20,7 @@ from schemas.completion import reconstruct_prompts
 from services.builder.logic import run_builder
 from services.builder.strategies import default_registry
 from services.common.redact import REDACTED, Scrubber
+from services.dashboard import toolparse
 from services.dashboard.index import STATES, SessionIndex, SessionRow
 
 Decode = Callable[[int], str]  # one token id -> its text
@@ -169,6 +170,7 @@ def group_member(row: SessionRow, traj: Trajectory | None) -> dict[str, Any]:
         "turns": traj.stats.completions if traj else None,
         "chains": len(main) if traj else None,
         "reason": row.eval_reason or row.reason,
+        "tool_parse": toolparse.of_built(traj),
     }
 
 
@@ -195,6 +197,7 @@ def task_view(
             {"session_id": r.session_id, "state": r.state, "spans": timeline(r, now)} for r in rows
         ],
         "group": members,
+        "tool_parse": toolparse.of_task(members),
         # a group whose rewards are all equal has no advantage to learn from
         "no_variance": len(rewards) > 1 and max(rewards) == min(rewards),
     }
@@ -264,6 +267,7 @@ def model_call(rec: CompletionRecord, prompt_len: int | None) -> dict[str, Any]:
         "reply": clip(pretty(rec.reply)),
         "tool_calls": tool_calls_of(rec),
         "tool_results": tool_results_of(rec),
+        "tool_parse": toolparse.of_call(rec.tool_parse),
     }
 
 
@@ -300,6 +304,7 @@ def session_view(
         "session": msgspec.to_builtins(row),
         "spans": timeline(row, now),
         "calls": calls,
+        "tool_parse": toolparse.of_session(calls),
         "problems": problems,
         "artifacts": art,
         # nothing more will change: ended, its final record read, its artifacts here
@@ -384,6 +389,7 @@ def trace_view(
         "tokens": tokens,  # [text, mask, logprob, version, id]
         "tokens_cut": n - shown,
         "version_spans": [msgspec.to_builtins(s) for s in trace.version_spans],
+        "tool_parse": toolparse.of_trace(trace.tool_parse),
     }
 
 

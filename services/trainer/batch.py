@@ -21,6 +21,10 @@ normalization and contributes no loss; a group missing members (handed out parti
 comparable members gets advantage 0 (``degenerate``). Trainable traces are those the
 builder marked ``trainable`` with at least one loss token; side calls (titles, probes)
 are not trained on.
+
+Tool calls that did not parse are handled by ``tool_parse`` (``toolparse.apply_rule``)
+once the grouping is decided, so a reward it zeroes never changes the grouping; the
+members with such calls are counted (``tool_parse_failed``) whatever the rule.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from schemas import ImageSpan, Trajectory
 from schemas.trajectory import Trace
 from services.trainer.objective import advantages
+from services.trainer.toolparse import apply_rule, tool_failures
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class GroupCounts:
     degenerate: int = 0  # advantage groups with < 2 comparable members
     zero_variance: int = 0  # advantage groups whose rewards were all equal
     per_trace_groups: int = 0  # tasks grouped by trace index
+    tool_parse_failed: int = 0  # members with a tool call that did not parse
     rewards: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, int]:
@@ -120,11 +126,16 @@ def group_samples(
     objective: str,
     grouping: str,
     counts: GroupCounts,
+    tool_parse: str = "keep",
 ) -> list[Sample]:
-    """One task's delivered members -> its samples with advantages; ``counts`` updated."""
+    """One task's delivered members -> its samples with advantages; ``counts`` updated.
+    ``tool_parse``: the rule for members whose tool calls did not parse."""
     counts.groups += 1
     counts.members += len(members)
     counts.missing += max(0, (expected or len(members)) - len(members))
+    by_trace = per_trace(members, grouping)  # decided on the rewards as evaluated
+    counts.tool_parse_failed += sum(1 for t in members if tool_failures(t))
+    members = [apply_rule(t, tool_parse, per_trace=by_trace) for t in members]
     comparable = []
     for t in members:
         if not usable(t):
@@ -134,7 +145,7 @@ def group_samples(
         else:
             comparable.append(t)
     counts.rewards.extend(float(t.reward) for t in comparable)
-    if not per_trace(members, grouping):
+    if not by_trace:
         advs = _scored([float(t.reward) for t in comparable], objective, counts)
         return [
             _sample(t, i, tr, float(t.reward), a)

@@ -14,6 +14,7 @@ import yaml
 from msgspec import Meta, Struct
 
 from services.common.settings import ServiceSettings
+from services.trainer.toolparse import DEFAULT_RULE, ToolParseRule
 
 Objective = Literal["grpo", "rloo", "dr_grpo"]
 Grouping = Literal["auto", "session", "trace", "prompt"]
@@ -106,6 +107,9 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     # their ratio against the captured logprobs applied and clipped; the mismatch check
     # runs on the first, before the weights move
     updates_per_batch: Annotated[int, Meta(ge=1)] = 1
+    # a session whose tool calls did not parse: zero_reward (its reward 0) | mask (loss
+    # mask 0 on the failed calls) | keep (services/trainer/toolparse.py)
+    tool_parse_failures: ToolParseRule = DEFAULT_RULE
     eval: EvalConfig = EvalConfig()
 
     @property

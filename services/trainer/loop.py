@@ -253,7 +253,12 @@ class Trainer:
         for g in groups:
             expected = g.trajectories[0].metadata.get("num_samples") if g.items else None
             samples += group_samples(
-                g.trajectories, expected, self.cfg.objective, self.cfg.grouping, counts
+                g.trajectories,
+                expected,
+                self.cfg.objective,
+                self.cfg.grouping,
+                counts,
+                self.cfg.tool_parse_failures,
             )
         return samples, counts
 

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
 from nats.js.errors import NotFoundError
+from prometheus_client import REGISTRY
 
 from schemas import (
     AgentSpec,
@@ -26,6 +27,7 @@ from schemas import (
     encode,
 )
 from schemas import subjects as S
+from schemas.completion import ToolParse, ToolParseFailure
 from services.builder import logic
 from services.builder.config import BuilderConfig
 from services.builder.handlers import Builder
@@ -430,3 +432,39 @@ async def test_a_retried_attempt_is_not_blamed_for_a_number_its_predecessor_neve
     finally:
         await registry.close()
         await bus.close()
+
+
+async def test_tool_parse_health_reaches_the_trajectory_and_the_metrics(bus, registry, builder):
+    (sid,) = await new_task(registry, "bld-tools")
+    cap = Capture(sid)
+    agent_loop(cap, random.Random(5), 3)
+    bad = ToolParseFailure(kind="malformed", detail="unterminated", start=1, end=3)
+    parses = [
+        ToolParse(ok=True, family="qwen3", calls=1),
+        ToolParse(ok=False, family="qwen3", failures=[bad]),
+        None,  # no tools offered
+    ]
+    records = [
+        msgspec.structs.replace(r, tool_parse=p) for r, p in zip(cap.records, parses, strict=True)
+    ]
+    await publish_records(bus, records, sid)
+
+    def value(name: str, **labels: str) -> float:
+        return (
+            REGISTRY.get_sample_value(name, {"harness": "codex", "family": "qwen3", **labels}) or 0
+        )
+
+    failed_before = value("polar_builder_tool_calls_failed_total", kind="malformed")
+    sessions_before = value("polar_builder_tool_parse_sessions_total", result="failed")
+    checked_before = value("polar_builder_tool_calls_checked_total")
+    art = Artifacts(harness="codex")
+    await bus.publish(S.SESSIONS_FINISHED, finished(sid, "bld-tools", artifacts=art))
+    await drain(builder)
+    traj = await stored(bus, sid)
+    (trace,) = traj.traces
+    (f,) = trace.tool_parse.failures
+    assert f.seq == 1 and trace.response_ids[f.start : f.end] == records[1].output_ids[1:3]
+    assert traj.stats.tool_calls_failed == {"malformed": 1} and traj.stats.tool_turns == 2
+    assert value("polar_builder_tool_calls_failed_total", kind="malformed") == failed_before + 1
+    assert value("polar_builder_tool_parse_sessions_total", result="failed") == sessions_before + 1
+    assert value("polar_builder_tool_calls_checked_total") == checked_before + 2

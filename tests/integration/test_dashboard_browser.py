@@ -24,7 +24,10 @@ import pytest
 
 from infra import credentials, devstack, localservers
 from infra.topology import parse_topology
+from schemas import BuilderSpec, Outcome, SessionFinished, encode
 from schemas import subjects as S
+from services.builder.logic import build_trajectory
+from services.builder.strategies import default_registry
 from services.cli.demo import demo_task, demo_topology
 from services.common.bus import Bus
 from services.common.registry import Registry
@@ -35,7 +38,8 @@ from tests.helpers.browser import (
     new_browser,
     printed_sign_in_url,
 )
-from tests.helpers.stack import lone_dashboard
+from tests.helpers.stack import lone_dashboard, running_session
+from tests.unit.dashboard.test_views import records_with_tool_failures
 
 pytestmark = [pytest.mark.timeout(420)]
 
@@ -439,5 +443,72 @@ def test_nats_or_redis_down_is_a_banner_not_a_crash(tmp_path):
             assert httpx.get(dash.url + "/healthz").status_code == 503
             assert httpx.get(dash.url + "/metrics").status_code == 200  # served while degraded
             assert dash.proc.poll() is None
+        finally:
+            driver.quit()
+
+
+async def seed_tool_session(cfg: dict, task_id: str) -> str:
+    """A RUNNING session whose calls' tool markup partly failed to parse (its records on
+    the completions stream, its prefix-merged trajectory in the object store), as the
+    proxy and the builder leave them; its events reach the dashboard."""
+    bus = await Bus.open(cfg["nats_url"], "dash-tools-seed")
+    reg = Registry.from_url(cfg["redis_url"], publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
+    try:
+        (session,) = await running_session(reg, task_id)
+        sid = session.session_id
+        records = records_with_tool_failures(sid)
+        for rec in records:
+            await bus.js.publish(S.completions(sid), encode(rec))
+        done = SessionFinished(session_id=sid, task_id=task_id, outcome=Outcome.COMPLETED)
+        spec = BuilderSpec(name="prefix_merging")
+        traj = build_trajectory(done, spec, records, default_registry())
+        await (await bus.blobs()).put(S.trajectory_object(sid, 0), encode(traj))
+        return sid
+    finally:
+        await reg.close()
+        await bus.close()
+
+
+def test_tool_call_parse_health_on_the_session_trajectory_and_task_pages(tmp_path):
+    with lone_dashboard(tmp_path, "pr_tools-test", streams=True) as lone:
+        sid = asyncio.run(seed_tool_session(lone.config, "dash-tools"))
+        driver = new_browser()
+        try:
+            d = driver
+            goto(d, minted_sign_in_url(lone.dash.url, lone.config["read_token"]))
+            wait(d, lambda d: d.find_elements(By.ID, "n-sessions"))
+            goto(d, f"{lone.dash.url}/sessions/{sid}")
+            wait(d, lambda d: d.find_elements(By.ID, "tool-parse"), 30)
+            line = d.find_element(By.ID, "tool-parse").text
+            assert line == (
+                "tool calls: 1 parsed, 2 failed (malformed ×1, unknown_tool ×1)"
+                " · failed in calls 1, 2"
+            )
+            badges = texts(d, "#calls-table tr.call .tool-failed")
+            assert badges == ["1 tool call failed", "1 tool call failed"]
+            d.find_element(By.CSS_SELECTOR, '#calls-table tr.call[data-seq="1"]').click()
+            detail = d.find_element(By.CSS_SELECTOR, "tr.call-detail:not([hidden])")
+            assert "tool calls: 0 parsed, 1 failed (malformed ×1)" in detail.text
+            assert "malformed — Expecting value · output tokens [2, 5)" in detail.text
+            shot(d, "session-tool-parse")
+
+            goto(d, f"{lone.dash.url}/sessions/{sid}/trajectory")
+            wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, ".trace .tool-parse"), 30)
+            meta = d.find_element(By.CSS_SELECTOR, ".trace .tool-parse").text
+            assert meta == "tool calls: 1 parsed, 2 failed (malformed ×1, unknown_tool ×1)"
+            failures = texts(d, ".trace .tool-failure")
+            assert failures[0].startswith("call 1: malformed — Expecting value · response tokens [")
+            assert failures[1] == "call 2: unknown_tool — no tool named 'rm' · the whole call"
+            marked = d.find_elements(By.CSS_SELECTOR, ".trace .tok.tf")
+            assert len(marked) == 3  # the broken call's three tokens, outlined
+            assert "tool call failed: malformed" in marked[0].get_attribute("title")
+            shot(d, "trajectory-tool-parse")
+
+            goto(d, f"{lone.dash.url}/tasks/dash-tools")
+            wait(d, lambda d: d.find_elements(By.ID, "tool-parse"), 30)
+            assert d.find_element(By.ID, "tool-parse").text.endswith(
+                "· 1 of 1 sessions with a failed tool call"
+            )
+            assert texts(d, "#group-table td.tool-failed") == ["2/3"]
         finally:
             driver.quit()

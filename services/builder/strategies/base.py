@@ -16,7 +16,8 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from schemas import BuildStats, CompletionRecord, Outcome, Trace, VersionSpan
-from schemas.completion import reconstruct_prompts
+from schemas.completion import ToolParseFailure, reconstruct_prompts
+from schemas.trajectory import ToolFailure, TraceToolParse, checked_calls
 
 T = TypeVar("T")
 CUT_FINISH_REASONS = frozenset({"abort", "error"})
@@ -164,7 +165,55 @@ def stats_of(calls: Sequence[Call], traces: Sequence[Trace], breaks: dict[str, i
         sampled_tokens=sum(len(c.output) for c in calls),
         merge_ratio=round(per_request / built, 4) if built else 1.0,
         breaks=breaks,
+        **tool_counts(c.rec for c in calls),
     )
+
+
+def tool_counts(records: Iterable[CompletionRecord]) -> dict[str, Any]:
+    """``BuildStats``' tool-call parse counts of these records."""
+    turns = checked = 0
+    failed: Counter[str] = Counter()
+    for rec in records:
+        if rec.tool_parse is not None:
+            turns += 1
+            checked += checked_calls(rec.tool_parse)
+            failed.update(f.kind for f in rec.tool_parse.failures)
+    return {"tool_turns": turns, "tool_calls_checked": checked, "tool_calls_failed": dict(failed)}
+
+
+MAX_FAILURE_DETAIL = 200  # characters of a failure's detail a trace keeps (the record: all)
+
+
+def tool_parse_of(placed: Iterable[tuple[CompletionRecord, int]]) -> TraceToolParse | None:
+    """The tool-call parse health of a trace's calls, given each with the index of
+    ``response_ids`` its output starts at; None when none of them offered tools."""
+    turns = checked = 0
+    family = ""
+    failures: list[ToolFailure] = []
+    for rec, offset in placed:
+        parse = rec.tool_parse
+        if parse is None:
+            continue
+        turns += 1
+        checked += checked_calls(parse)
+        family = family or parse.family
+        failures += [placed_failure(f, rec, offset) for f in parse.failures]
+    if not turns:
+        return None
+    return TraceToolParse(family=family, turns=turns, checked=checked, failures=failures)
+
+
+def placed_failure(f: ToolParseFailure, rec: CompletionRecord, offset: int) -> ToolFailure:
+    """``f`` (token offsets into ``rec``'s output) at its span of a trace whose response
+    holds that output from ``offset`` on; a span that is not a piece of the output (-1, or
+    out of range) stays whole-call."""
+    start, end = -1, -1
+    if 0 <= f.start < f.end <= len(rec.output_ids):
+        start, end = offset + f.start, offset + f.end
+    detail = (
+        f.detail if len(f.detail) <= MAX_FAILURE_DETAIL else f.detail[:MAX_FAILURE_DETAIL] + "…"
+    )
+    return ToolFailure(seq=rec.seq, kind=f.kind, detail=detail, start=start, end=end)
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:

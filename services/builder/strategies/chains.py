@@ -15,6 +15,7 @@ from services.builder.strategies.base import (
     conversation_of,
     output_logprobs,
     starts_with,
+    tool_parse_of,
     trace_id,
     version_spans,
     weight_versions,
@@ -124,4 +125,6 @@ class Chain:
             images=list(self.tip.rec.images),  # the latest prompt holds every earlier one
             side_call=self.side_call,
             trainable=any(self.mask),
+            # a call's output sits right after its prompt, which holds the chain so far
+            tool_parse=tool_parse_of((c.rec, len(c.prompt) - n) for c in self.calls),
         )

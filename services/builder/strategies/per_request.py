@@ -14,6 +14,7 @@ from services.builder.strategies.base import (
     output_logprobs,
     parse_config,
     stats_of,
+    tool_parse_of,
     trace_id,
     version_spans,
     weight_versions,
@@ -43,6 +44,7 @@ def trace_of(call: Call, chain_id: int) -> Trace:
         images=list(rec.images),
         side_call=rec.side_call,
         trainable=bool(rec.output_ids),
+        tool_parse=tool_parse_of([(rec, 0)]),
     )
 
 

@@ -71,6 +71,18 @@ function section(title, ...children) {
   return el("section", {}, el("h2", {}, title), ...children);
 }
 
+// tool-call parse health (services/dashboard/toolparse.py): "N parsed, M failed (kinds)"
+function toolLine(tp) {
+  const kinds = Object.entries(tp.kinds).map(([k, n]) => `${k} ×${n}`).join(", ");
+  return `tool calls: ${tp.parsed} parsed, ${tp.failed} failed${kinds ? ` (${kinds})` : ""}`;
+}
+
+function toolFailures(failures, where) {
+  return el("ul", { class: "tool-failures" }, failures.map((f) => el("li", { class: "tool-failure", "data-kind": f.kind },
+    f.seq === undefined ? "" : `call ${f.seq}: `, el("b", {}, f.kind), ` — ${f.detail} · `,
+    el("span", { class: "span" }, f.start < 0 ? "the whole call" : `${where} tokens [${f.start}, ${f.end})`))));
+}
+
 function stateBar(counts, total) {
   const bar = el("div", { class: "statebar", title: STATE_ORDER.filter((s) => counts[s]).map((s) => `${s}: ${counts[s]}`).join(", ") });
   for (const s of STATE_ORDER) {
@@ -198,11 +210,13 @@ pages.task = async function () {
         title: `${s.state}: ${secs(s.seconds)}`,
       }))))));
   const legend = el("div", { class: "legend" }, ["queued", "init", "ready", "running", "postrun", "building", "evaluating"].map((p) => el("span", {}, el("span", { class: `swatch ph-${p}` }), ` ${p} `)));
-  const group = table(["#", "session", "state", "outcome", "reward", "length", "sampled", "turns", "chains", "reason"],
+  const group = table(["#", "session", "state", "outcome", "reward", "length", "sampled", "turns", "chains", "tool calls failed", "reason"],
     d.group.map((m) => el("tr", {}, el("td", {}, m.index), el("td", {}, link(`/sessions/${enc(m.session_id)}`, m.session_id)),
       el("td", {}, stateTag(m.state)), el("td", {}, m.outcome || "–"), el("td", { class: "num reward" }, fmt(m.reward)),
       el("td", { class: "num" }, fmt(m.length)), el("td", { class: "num" }, fmt(m.sampled_tokens)), el("td", { class: "num" }, fmt(m.turns)),
-      el("td", { class: "num" }, fmt(m.chains)), el("td", { class: "reason" }, m.reason || ""))), { id: "group-table" });
+      el("td", { class: "num" }, fmt(m.chains)),
+      el("td", { class: m.tool_parse && m.tool_parse.failed ? "num tool-failed" : "num" }, m.tool_parse ? `${m.tool_parse.failed}/${m.tool_parse.parsed + m.tool_parse.failed}` : "–"),
+      el("td", { class: "reason" }, m.reason || ""))), { id: "group-table" });
   const cancel = el("button", { id: "cancel", class: "danger", disabled: !d.live, onclick: async () => {
     // a cancel changes what runs: it takes the stack's admin token, asked once per tab
     const token = sessionStorage.getItem(TOKEN_KEY)
@@ -224,6 +238,7 @@ pages.task = async function () {
   main.replaceChildren(
     el("h1", {}, "Task ", el("code", { id: "task-id" }, id), " ", d.live ? el("span", { class: "badge" }, "live") : ""),
     el("p", {}, `${d.done}/${d.sessions} done · builder ${d.builder || "–"} · evaluator ${d.evaluator || "–"} · mean reward ${fmt(d.reward_mean)} `, cancel, " ", el("span", { id: "cancel-result" }, cancelMessage)),
+    d.tool_parse ? el("p", { id: "tool-parse", class: d.tool_parse.failed ? "warn" : "" }, `${toolLine(d.tool_parse)} · ${d.tool_parse.sessions_failed} of ${d.tool_parse.sessions} sessions with a failed tool call`) : "",
     d.instruction ? el("pre", { class: "instruction" }, d.instruction.text) : "",
     stateBar(d.counts, d.sessions),
     section("Timeline", legend, timeline),
@@ -249,12 +264,15 @@ pages.session = async function () {
         el("td", { class: "num" }, fmt(c.tokens_in)), el("td", { class: "num" }, c.tokens_out),
         el("td", { class: "num" }, fmt(c.engine_ms, 1)), el("td", { class: "num" }, fmt(c.proxy_ms, 1)),
         el("td", {}, c.weight_version || "–"), el("td", {}, c.extends_previous === null ? "–" : c.extends_previous ? "yes" : "no"),
-        el("td", { class: "reason" }, c.drift_reason || ""), el("td", {}, c.error ? `error: ${c.error}` : c.finish_reason));
+        el("td", { class: "reason" }, c.drift_reason || ""), el("td", {}, c.error ? `error: ${c.error}` : c.finish_reason,
+          c.tool_parse && c.tool_parse.failed ? el("span", { class: "badge warn tool-failed" }, ` ${c.tool_parse.failed} tool call${c.tool_parse.failed > 1 ? "s" : ""} failed`) : ""));
       const detail = el("tr", { class: "call-detail", hidden: true }, el("td", { colspan: 11 },
         el("div", { class: "sidebyside" }, textBlock("harness's request", c.request), textBlock("what the engine received (normalized)", c.engine_request)),
         textBlock("reply", c.reply),
         c.tool_calls.length ? el("div", {}, el("h3", {}, "tool calls"), c.tool_calls.map((t) => el("pre", {}, `${t.name}(${t.arguments})`))) : "",
-        c.tool_results.length ? el("div", {}, el("h3", {}, "tool results in this request"), c.tool_results.map((t) => el("pre", {}, t.content.text))) : ""));
+        c.tool_results.length ? el("div", {}, el("h3", {}, "tool results in this request"), c.tool_results.map((t) => el("pre", {}, t.content.text))) : "",
+        c.tool_parse ? el("div", { class: "call-tool-parse" }, el("h3", {}, `tool-call parse (${c.tool_parse.family || "?"} parser)`), el("p", {}, toolLine(c.tool_parse)),
+          c.tool_parse.failures.length ? toolFailures(c.tool_parse.failures, "output") : "") : ""));
       row.addEventListener("click", () => { detail.hidden = !detail.hidden; });
       return [row, detail];
     }), { id: "calls-table" });
@@ -273,7 +291,10 @@ pages.session = async function () {
     section("Verdict", el("p", { id: "verdict" }, `reward ${fmt(v.reward)} · ${v.eval_status || "not evaluated"} · `, el("span", { class: "reason" }, v.eval_reason || ""),
       v.reason ? el("span", {}, ` · run: ${v.reason}`) : "")),
     section("Phases", el("p", {}, d.spans.map((p) => el("span", { class: `chip ph-${p.phase}` }, `${p.state} ${secs(p.seconds)}`)))),
-    section(`Model calls (${d.calls.length}) — click a row for the request, reply and tools`, d.problems.length ? el("p", { class: "warn" }, d.problems.join("; ")) : "", calls),
+    section(`Model calls (${d.calls.length}) — click a row for the request, reply and tools`, d.problems.length ? el("p", { class: "warn" }, d.problems.join("; ")) : "",
+      d.tool_parse ? el("p", { id: "tool-parse", class: d.tool_parse.failed ? "warn" : "" }, toolLine(d.tool_parse),
+        d.tool_parse.failed_calls.length ? ` · failed in call${d.tool_parse.failed_calls.length > 1 ? "s" : ""} ${d.tool_parse.failed_calls.join(", ")}` : "") : "",
+      calls),
     section("Artifacts", artifacts),
     d.trajectory ? section("Build", el("pre", {}, JSON.stringify({ builder: d.trajectory.builder, intact: d.trajectory.intact, stats: d.trajectory.stats, metadata: d.trajectory.metadata }, null, 2))) : "");
 };
@@ -293,13 +314,17 @@ pages.trajectory = async function () {
     el("a", { href: `?view=${v}`, class: v === d.view ? "on" : "", "data-view": v }, v)));
   const legend = el("p", { class: "legend" }, el("span", { class: "tok m1" }, "sampled (loss)"), " ", el("span", { class: "tok m0" }, "masked (no loss)"),
     " logprob: ", el("span", { class: "tok m1", style: heat(Math.log(0.05)) }, "p=0.05"), el("span", { class: "tok m1", style: heat(Math.log(0.5)) }, "p=0.5"),
-    el("span", { class: "tok m1", style: heat(0) }, "p=1"), " ", el("span", { class: "vmark" }, "v"), " weight version starts");
+    el("span", { class: "tok m1", style: heat(0) }, "p=1"), " ", el("span", { class: "vmark" }, "v"), " weight version starts ",
+    el("span", { class: "tok m1 tf" }, "tool call that did not parse"));
   const traces = d.traces.map((t) => {
     let version = null;
-    const toks = el("div", { class: "tokens" }, t.tokens.map(([text, mask, lp, ver, tid]) => {
+    const tp = t.tool_parse;
+    const failedAt = (i) => (tp ? tp.failures.find((f) => f.start <= i && i < f.end) : undefined);
+    const toks = el("div", { class: "tokens" }, t.tokens.map(([text, mask, lp, ver, tid], i) => {
       const out = [];
       if (ver !== null && ver !== version) { out.push(el("span", { class: "vmark", title: `weights ${ver}` }, `v${ver}`)); version = ver; }
-      out.push(el("span", { class: `tok m${mask}`, style: mask ? heat(lp) : "", title: `id ${tid} · ${mask ? "sampled" : "masked"} · logprob ${lp === null ? "–" : lp.toFixed(4)} · weights ${ver ?? "–"}` }, text));
+      const f = failedAt(i);
+      out.push(el("span", { class: `tok m${mask}${f ? " tf" : ""}`, style: mask ? heat(lp) : "", title: `id ${tid} · ${mask ? "sampled" : "masked"} · logprob ${lp === null ? "–" : lp.toFixed(4)} · weights ${ver ?? "–"}${f ? ` · tool call failed: ${f.kind}` : ""}` }, text));
       return out;
     }));
     return el("article", { class: "trace", "data-trace": t.trace_id, "data-chain": t.chain_id },
@@ -309,6 +334,8 @@ pages.trajectory = async function () {
         "break reason: ", el("b", { class: "break-reason" }, t.break_reason || "–"),
         " · lineage: ", el("span", { class: "lineage" }, t.lineage_id || "–"),
         ` · reward ${fmt(t.reward)} · prompt ${t.prompt_tokens} tokens · response ${t.response_tokens} (${t.sampled_tokens} sampled) · calls ${t.completion_seqs.join(", ")}`),
+      tp ? el("p", { class: tp.failed ? "tool-parse warn" : "tool-parse" }, toolLine(tp)) : "",
+      tp && tp.failures.length ? toolFailures(tp.failures, "response") : "",
       el("details", {}, el("summary", {}, "prompt"), el("pre", {}, t.prompt.text)),
       toks, t.tokens_cut ? el("p", { class: "muted" }, `… ${t.tokens_cut} more tokens not shown`) : "");
   });

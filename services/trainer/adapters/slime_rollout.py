@@ -22,10 +22,15 @@ glue), ``rollout_log_probs`` (the engine's; 0.0 on masked tokens), ``reward``,
 failed before its first model call) is a one-token, fully masked Sample with status
 ``failed`` and reward 0, which still counts in its group's baseline.
 
+A session whose tool calls did not parse is handled by the rule Polar's trainer uses
+(``services/trainer/toolparse.py``: ``zero_reward`` by default, or ``mask``, ``keep``);
+``metadata`` says how many failed (``polar_tool_parse_failures``).
+
 Config, read from slime's ``args`` (add them with slime's custom-argument hook) or the
 environment: ``polar_nats_url`` / ``POLAR_NATS_URL``, ``polar_task_template`` /
 ``POLAR_TASK_TEMPLATE`` (a TaskRequest JSON or YAML file without ``instruction``),
-``polar_prefetch`` / ``POLAR_PREFETCH`` (default: ``rollout_batch_size``).
+``polar_prefetch`` / ``POLAR_PREFETCH`` (default: ``rollout_batch_size``),
+``polar_tool_parse_failures`` / ``POLAR_TOOL_PARSE_FAILURES`` (default ``zero_reward``).
 
 slime is not installable here: the Sample fields above are slime's documented ones
 (``slime/utils/types.py``, ``slime/rollout/base_types.py``) and the tests check this
@@ -46,6 +51,7 @@ from schemas import Outcome, Trajectory
 from services.client import Group
 from services.trainer.adapters.rollouts import PolarRollouts, RolloutError
 from services.trainer.adapters.trl_grpo import main_trace
+from services.trainer.toolparse import DEFAULT_RULE, apply_rule, check_rule, tool_failures
 
 SLIME_STATUS = {  # Polar outcome -> slime Sample.Status value
     Outcome.COMPLETED: "completed",
@@ -55,9 +61,16 @@ SLIME_STATUS = {  # Polar outcome -> slime Sample.Status value
 }
 
 
-def sample_fields(t: Trajectory, group_index: int, index: int, pad_id: int = 0) -> dict:
+def sample_fields(
+    t: Trajectory,
+    group_index: int,
+    index: int,
+    pad_id: int = 0,
+    tool_parse_failures: str = DEFAULT_RULE,
+) -> dict:
     """The slime Sample fields of one session (keyword arguments of ``Sample``; ``status``
-    as its value: ``Sample.Status(fields["status"])``)."""
+    as its value: ``Sample.Status(fields["status"])``), ``tool_parse_failures`` applied."""
+    t = apply_rule(t, tool_parse_failures)
     trace = main_trace(t)
     meta = {
         "polar_session_id": t.session_id,
@@ -65,6 +78,7 @@ def sample_fields(t: Trajectory, group_index: int, index: int, pad_id: int = 0) 
         "polar_attempt": t.attempt,
         "polar_outcome": str(t.outcome),
         "polar_eval_status": t.eval_status,
+        "polar_tool_parse_failures": tool_failures(t),
     }
     reward = t.reward if t.reward is not None else 0.0
     if trace is None:
@@ -98,7 +112,9 @@ def sample_fields(t: Trajectory, group_index: int, index: int, pad_id: int = 0) 
     }
 
 
-def group_samples(group: Group, slime_group: list, sample_cls: Any) -> list:
+def group_samples(
+    group: Group, slime_group: list, sample_cls: Any, tool_parse_failures: str = DEFAULT_RULE
+) -> list:
     """slime's group (its prompt's Samples) filled from Polar's: one Sample per session, in
     sample order, keeping the prompt, label and metadata slime gave. A short group keeps
     only the sessions that came back."""
@@ -106,7 +122,8 @@ def group_samples(group: Group, slime_group: list, sample_cls: Any) -> list:
     out = []
     for i, t in enumerate(members):
         template = slime_group[i] if i < len(slime_group) else slime_group[0]
-        fields = sample_fields(t, template.group_index, _index(template, i))
+        index = _index(template, i)
+        fields = sample_fields(t, template.group_index, index, 0, tool_parse_failures)
         fields["status"] = sample_cls.Status(fields["status"])
         fields["metadata"] = {**(template.metadata or {}), **fields["metadata"]}
         out.append(sample_cls(prompt=template.prompt, label=template.label, **fields))
@@ -140,8 +157,15 @@ class InFlight:
 class SlimeRollout:
     """The prefetch window: groups submitted ahead, handed to slime in submission order."""
 
-    def __init__(self, rollouts: PolarRollouts, prefetch: int, sample_cls: Any) -> None:
+    def __init__(
+        self,
+        rollouts: PolarRollouts,
+        prefetch: int,
+        sample_cls: Any,
+        tool_parse_failures: str = DEFAULT_RULE,
+    ) -> None:
         self.rollouts, self.prefetch, self.sample_cls = rollouts, prefetch, sample_cls
+        self.tool_parse_failures = check_rule(tool_parse_failures)
         self.in_flight: deque[InFlight] = deque()
 
     def top_up(self, data_source: Any, want: int) -> None:
@@ -165,7 +189,7 @@ class SlimeRollout:
         self.rollouts.commit_pending()  # slime owns them now (its own buffer)
         self.top_up(data_source, 0)  # refill the window while slime trains
         return [
-            group_samples(g, f.slime_group, self.sample_cls)
+            group_samples(g, f.slime_group, self.sample_cls, self.tool_parse_failures)
             for g, f in zip(groups, taken, strict=True)
         ]
 
@@ -191,8 +215,9 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         template_path = _setting(args, "polar_task_template")
         if not template_path:
             raise RolloutError("set polar_task_template (or $POLAR_TASK_TEMPLATE): a task file")
+        rule = check_rule(str(_setting(args, "polar_tool_parse_failures", DEFAULT_RULE)))
         rollouts = PolarRollouts(nats_url, load_template(template_path)).start()
         prefetch = int(_setting(args, "polar_prefetch", args.rollout_batch_size))
-        _rollout = SlimeRollout(rollouts, prefetch, sample_cls)
+        _rollout = SlimeRollout(rollouts, prefetch, sample_cls, rule)
     samples = _rollout.rollout(data_source, args.rollout_batch_size)
     return output_cls(samples=samples, metrics={"polar/in_flight": len(_rollout.in_flight)})

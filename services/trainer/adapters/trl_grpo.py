@@ -10,7 +10,10 @@ and ``env_mask`` (the trace's loss mask: 1 on sampled tokens). Extra fields go t
 reward functions: ``polar_reward`` (the evaluator's reward; None for a session with
 nothing to train on or a member missing from a short group: TRL leaves those out of the
 baseline and gives them advantage 0, as ``services/trainer/batch.py`` does), ``polar_session``,
-``polar_outcome``, ``polar_traces`` and ``polar_weight_versions``.
+``polar_outcome``, ``polar_traces``, ``polar_weight_versions`` and
+``polar_tool_parse_failures`` (the session's tool calls that did not parse). A session
+with such calls is handled by ``tool_parse_failures`` first, as Polar's trainer does
+(``services/trainer/toolparse.py``: ``zero_reward`` by default).
 
 A session is one TRL sample: its main trace (the trainable, non-side-call trace with the
 most sampled tokens). Sessions with several main traces (sub-agents, compaction) give
@@ -33,6 +36,7 @@ import httpx
 from schemas import Trace, Trajectory
 from services.client import Group
 from services.trainer.adapters.rollouts import PolarRollouts, RolloutError
+from services.trainer.toolparse import DEFAULT_RULE, apply_rule, check_rule, tool_failures
 
 Batch = dict[str, list[Any]]
 
@@ -63,19 +67,26 @@ def _row(t: Trajectory | None, pad_id: int) -> dict[str, Any]:
     }
 
 
-def trl_batch(groups: list[Group], num_generations: int, pad_id: int) -> Batch:
+def trl_batch(
+    groups: list[Group],
+    num_generations: int,
+    pad_id: int,
+    tool_parse_failures: str = DEFAULT_RULE,
+) -> Batch:
     """``rollout_func``'s answer for these groups (one per distinct prompt, in order):
     ``num_generations`` rows each, members in sample order; a session with no trainable
     trace, and each member missing from a short group, is a masked row whose
-    ``polar_reward`` is None."""
+    ``polar_reward`` is None. ``tool_parse_failures``: the rule for sessions whose tool
+    calls did not parse (``keep`` | ``zero_reward`` | ``mask``)."""
     out: Batch = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
     extra: Batch = {
         k: []
         for k in ("polar_reward", "polar_session", "polar_outcome", "polar_traces")
-        + ("polar_weight_versions",)
+        + ("polar_weight_versions", "polar_tool_parse_failures")
     }
     for group in groups:
         members = sorted(group.trajectories, key=_sample_index)[:num_generations]
+        members = [apply_rule(t, tool_parse_failures) for t in members]
         members += [None] * (num_generations - len(members))
         for t in members:
             row = _row(t, pad_id)
@@ -87,6 +98,7 @@ def trl_batch(groups: list[Group], num_generations: int, pad_id: int) -> Batch:
             extra["polar_outcome"].append(str(t.outcome) if t is not None else "missing")
             extra["polar_traces"].append(len(t.traces) if t is not None else 0)
             extra["polar_weight_versions"].append(list(trace.weight_versions) if trace else [])
+            extra["polar_tool_parse_failures"].append(tool_failures(t) if t is not None else 0)
     return {**out, **extra}
 
 
@@ -109,15 +121,19 @@ def distinct_prompts(prompts: list[Any], num_generations: int) -> list[Any]:
     return distinct
 
 
-def rollout_func(rollouts: PolarRollouts) -> Callable[[list[Any], Any], Batch]:
-    """A ``GRPOTrainer`` ``rollout_func`` backed by ``rollouts``."""
+def rollout_func(
+    rollouts: PolarRollouts, *, tool_parse_failures: str = DEFAULT_RULE
+) -> Callable[[list[Any], Any], Batch]:
+    """A ``GRPOTrainer`` ``rollout_func`` backed by ``rollouts``; ``tool_parse_failures``:
+    the rule for sessions whose tool calls did not parse."""
+    check_rule(tool_parse_failures)
 
     def polar_rollout(prompts: list[Any], trainer: Any) -> Batch:
         training = trainer.model.training
         g = trainer.num_generations if training else trainer.num_generations_eval
         groups = rollouts.run(distinct_prompts(prompts, g), g)
         pad = trainer.processing_class.pad_token_id
-        return trl_batch(groups, g, 0 if pad is None else pad)
+        return trl_batch(groups, g, 0 if pad is None else pad, tool_parse_failures)
 
     return polar_rollout
 

@@ -6,10 +6,11 @@ import msgspec
 import orjson
 
 from evaluators.rubric import JudgeReply, judge_record
-from schemas import Artifacts, Outcome, Timings, Trace, Trajectory, VersionSpan
+from schemas import Artifacts, BuildStats, Outcome, Timings, Trace, Trajectory, VersionSpan
+from schemas.completion import ToolParse, ToolParseFailure
 from services.dashboard import views
 from services.dashboard.index import SessionIndex, SessionRow
-from tests.unit.builder.synth import Capture, agent_loop, opening, text
+from tests.unit.builder.synth import Capture, agent_loop, glue_after, opening, text
 
 
 def records_with_a_break():
@@ -233,3 +234,98 @@ def test_a_session_page_settles_once_ended_read_and_its_artifacts_are_here():
     assert views.session_view(row, [], [], art, None, now=1.0)["settled"] is True
     row.state = "RUNNING"
     assert views.session_view(row, [], [], art, None, now=1.0)["settled"] is False
+
+
+def records_with_tool_failures(session_id: str = "t-0001"):
+    """One conversation of three tool-offering calls: the first parses, the second's
+    JSON is broken at output tokens [2, 5), the third calls a tool that was not offered."""
+    rng = random.Random(11)
+    cap = Capture(session_id)
+    bad = ToolParseFailure(kind="malformed", detail="Expecting value", start=2, end=5)
+    unknown = ToolParseFailure(kind="unknown_tool", detail="no tool named 'rm'")
+    parses = [
+        ToolParse(ok=True, family="qwen3", calls=1),
+        ToolParse(ok=False, family="qwen3", failures=[bad]),
+        ToolParse(ok=False, family="qwen3", calls=1, failures=[unknown]),
+    ]
+    prompt = opening(text(rng, 30), text(rng, 20))
+    for parse in parses:
+        output = text(rng, 10) + [2]
+        cap.call(prompt, output, tool_parse=parse)
+        prompt = prompt + output + glue_after(output, text(rng, 8))
+    return cap.records
+
+
+def test_tool_call_parse_health_on_the_session_trajectory_and_task_pages():
+    records = records_with_tool_failures()
+    row = SessionRow(session_id="t-0001", task_id="t", state="COMPLETED")
+    v = views.session_view(row, records, [], None, None, now=1.0)
+    assert v["tool_parse"] == {
+        "parsed": 1,
+        "failed": 2,
+        "kinds": {"malformed": 1, "unknown_tool": 1},
+        "turns": 3,
+        "failed_calls": [1, 2],
+    }
+    call = v["calls"][1]["tool_parse"]  # the span is in the call's output tokens
+    assert call["family"] == "qwen3" and (call["parsed"], call["failed"]) == (0, 1)
+    assert call["failures"] == [
+        {"kind": "malformed", "detail": "Expecting value", "start": 2, "end": 5}
+    ]
+    assert v["calls"][0]["tool_parse"]["failures"] == []
+    # the trajectory viewer: the same failure at its span of the merged trace's response
+    (trace,) = views.rebuild(records, "prefix_merging", Outcome.COMPLETED)
+    tv = views.trajectory_view("t-0001", "prefix_merging", [trace], None, None)["traces"][0]
+    tp = tv["tool_parse"]
+    assert (tp["parsed"], tp["failed"], tp["turns"], tp["family"]) == (1, 2, 3, "qwen3")
+    first, second = tp["failures"]
+    offset = len(views.reconstruct_prompts(records)[1]) - tv["prompt_tokens"]
+    assert (first["seq"], first["start"], first["end"]) == (1, offset + 2, offset + 5)
+    shown = [tok[4] for tok in tv["tokens"][first["start"] : first["end"]]]
+    assert shown == records[1].output_ids[2:5]
+    assert (second["seq"], second["kind"], second["start"]) == (2, "unknown_tool", -1)
+    # the task page: counts per session from the build's stats, and how many failed
+    stats = BuildStats(tool_turns=3, tool_calls_checked=3, tool_calls_failed={"malformed": 2})
+    clean = BuildStats(tool_turns=2, tool_calls_checked=4)
+    rows = [SessionRow(session_id=f"t-000{i}", task_id="t", index=i) for i in range(3)]
+    trajs = {
+        "t-0000": Trajectory(
+            session_id="t-0000",
+            task_id="t",
+            outcome=Outcome.COMPLETED,
+            builder="x",
+            traces=[],
+            stats=stats,
+        ),
+        "t-0001": Trajectory(
+            session_id="t-0001",
+            task_id="t",
+            outcome=Outcome.COMPLETED,
+            builder="x",
+            traces=[],
+            stats=clean,
+        ),
+    }
+    task = views.task_view("t", None, rows, trajs, 0.0, now=1.0)
+    assert [m["tool_parse"] for m in task["group"]] == [
+        {"parsed": 1, "failed": 2, "kinds": {"malformed": 2}},
+        {"parsed": 4, "failed": 0, "kinds": {}},
+        None,  # not built yet
+    ]
+    assert task["tool_parse"] == {
+        "parsed": 5,
+        "failed": 2,
+        "kinds": {"malformed": 2},
+        "sessions": 2,
+        "sessions_failed": 1,
+    }
+
+
+def test_pages_of_sessions_without_tools_show_no_tool_line():
+    records = records_with_a_break()
+    row = SessionRow(session_id="t-0000", task_id="t", state="COMPLETED")
+    v = views.session_view(row, records, [], None, None, now=1.0)
+    assert v["tool_parse"] is None and all(c["tool_parse"] is None for c in v["calls"])
+    traces = views.rebuild(records, "per_request", Outcome.COMPLETED)
+    view = views.trajectory_view("t-0000", "per_request", traces, None, None)
+    assert all(t["tool_parse"] is None for t in view["traces"])
