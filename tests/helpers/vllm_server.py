@@ -33,11 +33,12 @@ LOGPROB_TOLERANCE = 1e-3
 
 
 def hf_model(model_dir: Path):
-    """(torch, the model in float32) for a teacher-forced recomputation."""
+    """(torch, the model in float32) for a teacher-forced recomputation; the class its
+    ``config.json`` names (the tiny model's Qwen2, a family fixture's Qwen3)."""
     import torch
     import transformers
 
-    model = transformers.Qwen2ForCausalLM.from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, attn_implementation="sdpa"
     )
     return torch, model.eval()
@@ -117,10 +118,18 @@ def running_vllm() -> SimpleNamespace | None:
     return SimpleNamespace(url=url, model_dir=model_dir, max_model_len=served["max_model_len"])
 
 
-def start_vllm(root: Path, *, scale_out: bool = True, max_model_len: int = CONTEXT) -> VLLMServer:
+def start_vllm(
+    root: Path,
+    *,
+    scale_out: bool = True,
+    max_model_len: int = CONTEXT,
+    model_dir: Path | None = None,
+) -> VLLMServer:
+    """A started vLLM serving ``model_dir`` as it is (a test that only reads it), else a
+    private copy of the tiny model (tests reload and rewrite its weights)."""
     # eager: torch.compile's warm-up is most of a start on a loaded machine
     srv = VLLMServer(
-        model_copy(root / "model"),
+        model_dir or model_copy(root / "model"),
         scale_out=scale_out,
         log_dir=root / "logs",
         eager=True,
