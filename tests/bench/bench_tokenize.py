@@ -122,20 +122,26 @@ def families(rounds: int) -> None:
                 for kind, ms, _ in replay(tok, name, ahead=True, kinds=kinds if i == 0 else None):
                     if i:  # the first round warms the caches, as a proxy's first session
                         (later if kind == "continuing" else first).append(ms)
+        cold = []  # a CLI's first prompt, rendered and tokenized by a fresh proxy
         for name in SESSIONS:
             line = (FIXTURES / f"{name}.jsonl").read_bytes().splitlines()[0]
             norm = orjson.loads(line)["normalized"]
-            tokens.append(len(tok.render_ids(norm["messages"], norm["tools"] or None)))
-        rows.append((label, tok.family.name, tokens, first, later, kinds))
+            tok.segments = SegmentEncoder.for_tokenizer(tok.tokenizer)
+            start = time.perf_counter()
+            ids = tok.render_ids(norm["messages"], norm["tools"] or None)
+            cold.append((time.perf_counter() - start) * 1000)
+            tokens.append(len(ids))
+        rows.append((label, tok.family.name, tokens, cold, first, later, kinds))
     print(f"plan_token_prompt per family, {rounds} rounds (the first warms the caches):")
-    print("| model | family | first prompts (tokens) | continuing p50 ms | max ms "
-          "| not continuing p50 ms | max ms | calls: extend / break / refused |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for label, fam, tokens, first, later, kinds in rows:
+    print("| model | family | first prompts (tokens) | first sight ms | continuing p50 ms "
+          "| max ms | not continuing p50 ms | max ms | calls: extend / break / refused |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, fam, tokens, cold, first, later, kinds in rows:
         cells = [
             f"{statistics.median(x):.2f} | {max(x):.2f}" if x else "- | -" for x in (later, first)
         ]
-        print(f"| {label} | {fam} | {min(tokens)}-{max(tokens)} | {cells[0]} | {cells[1]} "
+        sight = f"{min(cold):.1f}-{max(cold):.1f}"
+        print(f"| {label} | {fam} | {min(tokens)}-{max(tokens)} | {sight} | {cells[0]} | {cells[1]} "
               f"| {kinds.get('extends', 0)} / {kinds.get('breaks', 0)} / "
               f"{kinds.get('refused', 0)} |")  # fmt: skip
 
