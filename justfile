@@ -49,25 +49,26 @@ down *ARGS:
 setup *STEPS:
     {{py}} -m infra.setup {{STEPS}}
 
-# Ends by listing every skipped test with its reason (what is missing, how to get it).
+# Ends by listing every failed test (a FAILED line each) and every skipped one with its
+# reason (what is missing, how to get it).
 # `just setup`, then unit + integration tests against real NATS JetStream and Valkey,
 # whole files spread over POLAR_TEST_WORKERS processes (3; 0 runs them in this one).
 test *ARGS: setup
-    {{py}} -m pytest -q -rs -n "${POLAR_TEST_WORKERS:-3}" {{ARGS}}
+    {{py}} -m pytest -q -rfEs -n "${POLAR_TEST_WORKERS:-3}" {{ARGS}}
 
 # The multi-host chaos test at its full size (tests/cluster: hosts as network namespaces,
 # faults mid-run; root). `just test` runs its CI size (100 sessions, ~2 min).
 test-cluster *ARGS:
-    POLAR_CLUSTER_SIZE=full {{py}} -m pytest -q -s -rs tests/cluster {{ARGS}}
+    POLAR_CLUSTER_SIZE=full {{py}} -m pytest -q -s -rfEs tests/cluster {{ARGS}}
 
 # The kill -9 chaos test alone, longer: every fault 5 times (`just test` runs it with each
 # fault 3 times); POLAR_CHAOS_ROUNDS=N to choose, CHAOS_FAULTS=proxy,valkey for a subset.
 test-chaos *ARGS: setup
-    POLAR_CHAOS_ROUNDS=${POLAR_CHAOS_ROUNDS:-5} {{py}} -m pytest -q -s -rs tests/chaos {{ARGS}}
+    POLAR_CHAOS_ROUNDS=${POLAR_CHAOS_ROUNDS:-5} {{py}} -m pytest -q -s -rfEs tests/chaos {{ARGS}}
 
 # The real CLIs over every protocol each supports (`just test` runs every CLI and protocol once).
 test-harness *ARGS: setup
-    POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rs tests/integration/test_harness_presets.py {{ARGS}}
+    POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rfEs tests/integration/test_harness_presets.py {{ARGS}}
 
 # Built offline: an mmdebstrap base + a wheelhouse of this checkout (infra/deploy/README.md).
 # Polar's container image localhost/polar:latest; prints build times and sizes.
@@ -88,7 +89,7 @@ compose-down:
 # each skips saying what is missing). Not in `just test`.
 # The deployments run for real with a model-calling task each.
 test-deploy *ARGS:
-    {{py}} -m pytest -q -s -rs tests/deploy {{ARGS}}
+    {{py}} -m pytest -q -s -rfEs tests/deploy {{ARGS}}
 
 # Fast tests only (no servers).
 unit:
