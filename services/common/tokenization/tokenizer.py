@@ -224,8 +224,12 @@ class ChatTokenizer:
         while ids and self.is_end_of_turn(ids[-1]):
             ids.pop()
         text = self.decode(ids, skip_special_tokens=False)
-        reasoning_open = bool(prompt_ids) and self.family.reasoning_open(
-            self.decode(prompt_ids[-PROMPT_TAIL_IDS:], skip_special_tokens=False)
+        reasoning_open = (
+            bool(prompt_ids)
+            and bool(self.family.reasoning_open_suffixes)  # no decode for a family without
+            and self.family.reasoning_open(
+                self.decode(prompt_ids[-PROMPT_TAIL_IDS:], skip_special_tokens=False)
+            )
         )
         parsed = check_calls(self.family.parse(text, tools, reasoning_open=reasoning_open), tools)
         if not parsed.failures:

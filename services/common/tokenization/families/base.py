@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from services.common.tokenization.lru import SizedLRU
 from services.common.tokenization.toolcalls import ParsedReply, ToolCallFailure
 
@@ -262,13 +264,21 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+def _kinds(wanted: Any) -> tuple[type, ...]:
+    names = wanted if isinstance(wanted, list) else []
+    return tuple(t for n in names if isinstance(n, str) for t in _JSON_TYPES.get(n, ()))
+
+
+_KINDS = {name: kinds for name, kinds in _JSON_TYPES.items()}  # one type name: no tuple built
+
+
 def schema_problem(arguments: str, schema: dict[str, Any]) -> str | None:
     """What is wrong with ``arguments`` (JSON text) for ``schema``: not an object, a
     required property missing, a property of the wrong JSON type; None when it fits. The
     top level only: what every engine's parser and harness checks before running a tool."""
     try:
-        args = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
+        args = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
         return "arguments are not JSON"
     if not isinstance(args, dict):
         return "arguments are not a JSON object"
@@ -285,11 +295,11 @@ def schema_problem(arguments: str, schema: dict[str, Any]) -> str | None:
                 return f"unexpected property {key!r}"
             continue
         wanted = spec.get("type")
-        names = wanted if isinstance(wanted, list) else [wanted] if wanted else []
-        kinds = tuple(t for n in names for t in _JSON_TYPES.get(n, ()))
+        kinds = _KINDS.get(wanted) if isinstance(wanted, str) else _kinds(wanted)
         if not kinds:
             continue
         bad_bool = isinstance(value, bool) and bool not in kinds  # True is an int in Python
         if bad_bool or not isinstance(value, kinds):
-            return f"{key!r} is not of type {'/'.join(names)}"
+            names = wanted if isinstance(wanted, list) else [wanted]
+            return f"{key!r} is not of type {'/'.join(map(str, names))}"
     return None
