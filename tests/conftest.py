@@ -93,6 +93,7 @@ def pytest_configure(config):
 # workers (pytest-xdist), and one started last would leave the other worker idle at the end.
 LONGEST_FIRST = (
     "tests/integration/test_harness_presets.py",
+    "tests/integration/test_harness_families.py",
     "tests/chaos/test_kill9.py",
     "tests/cluster/test_multihost.py",
     "tests/integration/test_vllm_real.py",

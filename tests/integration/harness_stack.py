@@ -37,6 +37,22 @@ MODEL = "polar-tiny"
 SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator", "dashboard")
 
 
+# task id -> (preset, agent overrides, Polar protocol). The core set runs every CLI and
+# every protocol (and the Claude fallback, the Gemini router) in `just test`; the full
+# matrix (`just test-harness`: every protocol of each multi-protocol CLI) adds five more
+# sessions, about two minutes on two cores, over CI's time budget.
+CORE = {
+    "codex": ("codex", {}, "openai_responses"),
+    "claude-stream": ("claude_code", {}, "anthropic_messages"),
+    "claude-fallback": ("claude_code", {}, "anthropic_messages"),
+    "gemini": ("gemini_cli", {}, "gemini"),
+    "gemini-router": ("gemini_cli", {"model": "auto"}, "gemini"),  # Gemini CLI routes first
+    "qwen-openai": ("qwen_code", {"protocol": "openai"}, "openai_chat"),
+    "opencode": ("opencode", {}, "openai_chat"),
+    "pi-completions": ("pi", {"protocol": "openai-completions"}, "openai_chat"),
+}
+
+
 def cache_dir() -> Path:
     default = REPO / ".state" / "harness-cache"
     return Path(os.environ.get("POLAR_TEST_HARNESS_CACHE", default)).absolute()
@@ -276,6 +292,47 @@ class Stack:
             records,
             self.entered.get(sid, {}),
         )
+
+
+def assert_one_exact_chain(run: TaskRun, harness: str, protocol: str) -> None:
+    """What every scripted CLI session must leave: completed with reward 1 (the CLI ran
+    the scripted command and printed the scripted answer), from the node's cache, every
+    call in ``protocol``, the main calls one chain whose loss-masked tokens are exactly
+    the sampled ones, side calls tagged in traces of their own."""
+    stderr = run.finished and run.finished.artifacts.stderr_tail[-1500:]
+    why = f"{run.task_id}: {run.session.reason} | {stderr}"
+    assert run.session.state == "COMPLETED", why
+    assert run.session.reward == 1.0, why
+
+    # the CLI ran the scripted command and printed the scripted final answer
+    assert "POLAR-FINAL: proof.txt written by" in run.finished.artifacts.stdout_tail, why
+
+    # every trajectory records harness, CLI version and protocol
+    t = run.trajectory
+    assert (t["harness"], t["protocol"]) == (harness, protocol)
+    assert t["harness_version"] == CLI_PRESETS[harness].default_version
+    install = json.loads(run.finished.artifacts.logs["logs/harness.json"])
+    assert install["cached"] is True and install["source"] == "node_cache", install
+
+    # every model call spoke the variant's protocol; main calls are one exact chain
+    assert {str(r.protocol) for r in run.records} == {protocol}
+    main = [r for r in run.records if r.side_call is None]
+    assert len(main) >= 2, [r.seq for r in run.records]  # the tool call, then the answer
+    assert len(run.main_traces) == 1, [tr.get("break_reason") for tr in run.main_traces]
+    trace = run.main_traces[0]
+    assert trace["completion_seqs"] == [r.seq for r in main]
+    follows = [r for r in main[1:] if _follows_main(r, run.records)]
+    assert all(r.extends_previous for r in follows), [(r.seq, r.drift_reason) for r in follows]
+    sampled = [tok for r in main for tok in r.output_ids]
+    kept = [tok for tok, m in zip(trace["response_ids"], trace["loss_mask"], strict=True) if m]
+    assert kept == sampled  # the trainer gets exactly the sampled tokens, mask 1 on them
+    for side in run.side_traces:  # side calls stay out of the main chain, tagged
+        assert side["break_reason"] == f"side_call:{side['side_call']}"
+
+
+def _follows_main(rec: CompletionRecord, records: list[CompletionRecord]) -> bool:
+    before = [r for r in records if r.seq < rec.seq]
+    return bool(before) and before[-1].side_call is None
 
 
 def _ignore(*_: object) -> None:

@@ -25,10 +25,12 @@ import pytest
 from schemas import Outcome
 from tests.helpers.requires import requires_npm
 from tests.integration.harness_stack import (
+    CORE,
     LEGACY_PI,
     BlackHole,
     Gateway,
     Stack,
+    assert_one_exact_chain,
     cache_dir,
     closed_port_url,
     harness_task,
@@ -41,20 +43,6 @@ pytestmark = [
     requires_npm,  # the CLIs install with npm
 ]
 
-# task id -> (preset, agent overrides, Polar protocol). The core set runs every CLI and
-# every protocol (and the Claude fallback, the Gemini router) in `just test`; the full
-# matrix (`just test-harness`: every protocol of each multi-protocol CLI) adds five more
-# sessions, about two minutes on two cores, over CI's time budget.
-CORE = {
-    "codex": ("codex", {}, "openai_responses"),
-    "claude-stream": ("claude_code", {}, "anthropic_messages"),
-    "claude-fallback": ("claude_code", {}, "anthropic_messages"),
-    "gemini": ("gemini_cli", {}, "gemini"),
-    "gemini-router": ("gemini_cli", {"model": "auto"}, "gemini"),  # Gemini CLI routes first
-    "qwen-openai": ("qwen_code", {"protocol": "openai"}, "openai_chat"),
-    "opencode": ("opencode", {}, "openai_chat"),
-    "pi-completions": ("pi", {"protocol": "openai-completions"}, "openai_chat"),
-}
 MATRIX = {
     "qwen-anthropic": ("qwen_code", {"protocol": "anthropic"}, "anthropic_messages"),
     "qwen-responses": ("qwen_code", {"protocol": "openai-responses"}, "openai_responses"),
@@ -107,33 +95,7 @@ async def batch(tmp_path_factory):
 async def test_variant_writes_the_file_and_builds_one_exact_chain(batch, task_id):
     run = batch["runs"][task_id]
     harness, _, protocol = VARIANTS[task_id]
-    why = f"{task_id}: {run.session.reason} | {run.finished and run.finished.artifacts.stderr_tail[-1500:]}"
-    assert run.session.state == "COMPLETED", why
-    assert run.session.reward == 1.0, why
-
-    # the CLI ran the scripted command and printed the scripted final answer
-    assert "POLAR-FINAL: proof.txt written by" in run.finished.artifacts.stdout_tail, why
-
-    # every trajectory records harness, CLI version and protocol
-    t = run.trajectory
-    assert (t["harness"], t["protocol"]) == (harness, protocol)
-    assert t["harness_version"] == _pinned(harness)
-    install = json.loads(run.finished.artifacts.logs["logs/harness.json"])
-    assert install["cached"] is True and install["source"] == "node_cache", install
-
-    # every model call spoke the variant's protocol; main calls are one exact chain
-    assert {str(r.protocol) for r in run.records} == {protocol}
-    main = [r for r in run.records if r.side_call is None]
-    assert len(main) >= 2, [r.seq for r in run.records]  # the tool call, then the answer
-    assert len(run.main_traces) == 1, [tr.get("break_reason") for tr in run.main_traces]
-    trace = run.main_traces[0]
-    assert trace["completion_seqs"] == [r.seq for r in main]
-    assert all(r.extends_previous for r in main[1:] if _follows_main(r, run.records))
-    sampled = [tok for r in main for tok in r.output_ids]
-    kept = [tok for tok, m in zip(trace["response_ids"], trace["loss_mask"], strict=True) if m]
-    assert kept == sampled  # the trainer gets exactly the sampled tokens, mask 1 on them
-    for side in run.side_traces:  # side calls stay out of the main chain, tagged
-        assert side["break_reason"] == f"side_call:{side['side_call']}"
+    assert_one_exact_chain(run, harness, protocol)
 
 
 async def test_opencode_title_call_is_tagged_and_kept_apart(batch):
@@ -235,16 +197,5 @@ def test_report(batch):
     assert all(run.stage_seconds("RUNNING", "POSTRUN") for run in batch["runs"].values())
 
 
-def _pinned(harness: str) -> str:
-    from services.node.harnesses import CLI_PRESETS
-
-    return CLI_PRESETS[harness].default_version
-
-
 def _json(raw) -> dict:
     return orjson.loads(bytes(raw))
-
-
-def _follows_main(rec, records) -> bool:
-    before = [r for r in records if r.seq < rec.seq]
-    return bool(before) and before[-1].side_call is None
