@@ -99,7 +99,7 @@ class Builder:
         seconds = time.perf_counter() - start
         metrics.observe(trajectory, seconds)
         mine, _ = logic.split_attempt(logic.first_of_each_seq(records), event.attempt)
-        metrics.observe_tool_parse(trajectory.harness, mine)
+        metrics.observe_tool_parse(trajectory.harness, mine, trajectory.task_id)
         st = trajectory.stats
         log.info(
             "%s: built (%s) chains=%d tokens=%d merge_ratio=%.2f breaks=%s intact=%s in %.3fs",

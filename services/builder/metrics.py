@@ -1,15 +1,17 @@
 """The builder's Prometheus metrics (on top of the shared consumer metrics).
 
 Tool-call parse health is counted here, the one service that sees every record, with
-the session's harness and the model family that parsed each call. Not by task: task ids
-are unbounded (a trainer makes one per prompt per step) and no metric of the stack is
-labelled by one; a task's counts are on its trajectories (``BuildStats``) and on the
-dashboard's task page.
+the session's harness and the model family that parsed each call, and by task for the
+``RECENT_TASKS`` tasks built most recently only: task ids are unbounded (a trainer makes
+one per prompt per step), so an older task's series is dropped from ``/metrics`` (its
+counts stay on its trajectories' ``BuildStats`` and on the dashboard's task page).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as Tally
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from prometheus_client import Counter, Histogram
@@ -57,6 +59,14 @@ TOOL_PARSE_SESSIONS = Counter(
     "(result: clean | failed)",
     ["harness", "family", "result"],
 )
+TASK_TOOL_CALLS = Counter(
+    "polar_builder_task_tool_calls_total",
+    "Tool calls on the most recently built tasks (result: checked | failed); a task's "
+    "series is dropped when RECENT_TASKS newer tasks were built after it",
+    ["task", "result"],
+)
+RECENT_TASKS = 100
+_recent_tasks: OrderedDict[str, None] = OrderedDict()
 UNKNOWN = "-"
 
 
@@ -74,18 +84,40 @@ def observe(trajectory, seconds: float) -> None:
     BUILD_SECONDS.observe(seconds)
 
 
-def observe_tool_parse(harness: str | None, records: Iterable[CompletionRecord]) -> None:
+def observe_tool_parse(
+    harness: str | None, records: Iterable[CompletionRecord], task_id: str | None = None
+) -> None:
     """Count one built session's tool-call parse health (its attempt's records)."""
     harness = harness or UNKNOWN
     failed_sessions: dict[str, bool] = {}
+    checked = failed = 0
     for rec in records:
         parse = rec.tool_parse
         if parse is None:
             continue
         family = parse.family or UNKNOWN
-        TOOL_CALLS_CHECKED.labels(harness, family).inc(checked_calls(parse))
+        n_checked = checked_calls(parse)
+        TOOL_CALLS_CHECKED.labels(harness, family).inc(n_checked)
         for kind, n in Tally(f.kind for f in parse.failures).items():
             TOOL_CALLS_FAILED.labels(harness, family, kind).inc(n)
         failed_sessions[family] = failed_sessions.get(family, False) or bool(parse.failures)
+        checked, failed = checked + n_checked, failed + len(parse.failures)
+    if task_id and failed_sessions:
+        _recent_task(task_id)
+        TASK_TOOL_CALLS.labels(task_id, "checked").inc(checked)
+        TASK_TOOL_CALLS.labels(task_id, "failed").inc(failed)
     for family, failed in failed_sessions.items():
         TOOL_PARSE_SESSIONS.labels(harness, family, "failed" if failed else "clean").inc()
+
+
+def _recent_task(task_id: str) -> None:
+    """``task_id`` is the newest task; the one that falls out of the window is dropped."""
+    if task_id in _recent_tasks:
+        _recent_tasks.move_to_end(task_id)
+        return
+    _recent_tasks[task_id] = None
+    while len(_recent_tasks) > RECENT_TASKS:
+        old, _ = _recent_tasks.popitem(last=False)
+        for result in ("checked", "failed"):
+            with contextlib.suppress(KeyError):  # a series never counted
+                TASK_TOOL_CALLS.remove(old, result)

@@ -164,3 +164,30 @@ def test_metrics_count_checked_and_failed_calls_by_harness_family_and_kind():
             (*fam, ("harness", "-"), ("result", "clean")),
         ): 1.0,
     }
+
+
+def task_samples() -> dict[tuple[str, str], float]:
+    text_ = generate_latest(REGISTRY).decode()
+    return {
+        (s.labels["task"], s.labels["result"]): s.value
+        for fam in text_string_to_metric_families(text_)
+        if fam.name == "polar_builder_task_tool_calls"
+        for s in fam.samples
+        if s.name.endswith("_total")
+    }
+
+
+def test_per_task_counts_for_the_most_recent_tasks_only(monkeypatch):
+    monkeypatch.setattr(metrics, "RECENT_TASKS", 2)
+    monkeypatch.setattr(metrics, "_recent_tasks", type(metrics._recent_tasks)())
+    records = tool_loop(Capture(), [parse(bad_json(0, 1), calls=2), parse()])
+    metrics.observe_tool_parse("h", records, "pt-task-a")
+    metrics.observe_tool_parse("h", records, "pt-task-a")  # a second session of the task
+    assert task_samples()[("pt-task-a", "checked")] == 8.0
+    assert task_samples()[("pt-task-a", "failed")] == 2.0
+    metrics.observe_tool_parse("h", records, "pt-task-b")
+    metrics.observe_tool_parse("h", tool_loop(Capture(), [None]), "pt-task-c")  # no tools
+    assert ("pt-task-a", "checked") in task_samples()  # a session without tools: no task
+    metrics.observe_tool_parse("h", records, "pt-task-d")
+    seen = {task for task, _ in task_samples() if task.startswith("pt-task-")}
+    assert seen == {"pt-task-b", "pt-task-d"}  # a, the oldest of three, dropped
