@@ -93,7 +93,6 @@ def pytest_configure(config):
 # workers (pytest-xdist), and one started last would leave the other worker idle at the end.
 LONGEST_FIRST = (
     "tests/integration/test_harness_presets.py",
-    "tests/integration/test_harness_families.py",
     "tests/chaos/test_kill9.py",
     "tests/cluster/test_multihost.py",
     "tests/integration/test_vllm_real.py",
@@ -112,6 +111,10 @@ SHARED_WORKER = {
     "tests/integration/test_harness_vllm.py": "vllm",
     # a vLLM of its own (a real vocabulary), started after the session's one has stopped
     "tests/integration/test_vllm_real_vocab.py": "vllm",
+    # the real CLIs' stacks, one after the other: two at once overload two cores and the
+    # CLIs time out
+    "tests/integration/test_harness_presets.py": "harness",
+    "tests/integration/test_harness_families.py": "harness",
 }
 
 
