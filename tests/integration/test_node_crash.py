@@ -279,7 +279,10 @@ async def test_leases_lapsed_while_the_registry_was_down_are_not_reaped(tmp_path
     url = f"redis://127.0.0.1:{port}/0"
     bus = await Bus.open(nats_url, "test-lease-outage")
     reg = Registry.from_url(url)
-    lease = 2.0  # over a second: the server's uptime is in whole seconds
+    # Over a second (the server's uptime is in whole seconds), and long enough that a
+    # loaded machine's stall between Valkey's restart and the unaware reaper's look at its
+    # uptime stays under it (2 s failed so under CI's load: that reaper reaped both)
+    lease = 8.0
     try:
         _, sessions = await reg.create_task(task("outage", 2))
         live, dead = (s.session_id for s in sessions)
