@@ -34,7 +34,7 @@ from tests.helpers.family_engine import (
     plan_directive,
     reply_directive,
 )
-from tests.helpers.model_families import family_model_dir
+from tests.helpers.model_families import FAMILY_FIXTURES, family_model_dir
 
 TOOLS = [
     {
@@ -55,16 +55,7 @@ TOOLS = [
     }
 ]
 SYSTEM = "You are a coding agent in /repo."
-FAMILIES = (
-    "qwen3",
-    "qwen3_5",
-    "qwen3_6",
-    "llama3_1",
-    "llama3_2",
-    "gpt_oss",
-    "deepseek_v3",
-    "mistral",
-)
+FAMILIES = FAMILY_FIXTURES
 # one call per turn in these families' templates (Llama 3.1 refuses two; gpt-oss ends a
 # turn at its first call)
 ONE_CALL_A_TURN = ("llama3_1", "llama3_2", "gpt_oss")
