@@ -318,7 +318,8 @@ def _tail_after_turn(
     return end, after
 
 
-_PLAIN_RUN = re.compile(r"[A-Za-z0-9 ]{1,32}")  # text no template escapes (tojson, XML)
+# text no template escapes (tojson, XML), long enough to mean something
+_PLAIN_RUN = re.compile(r"[A-Za-z0-9 ]{3,32}")
 
 
 def rerender_cause(head: list[dict[str, Any]], full: str) -> str:

@@ -450,3 +450,12 @@ def closed_port_url() -> str:
 
 def since(t0: float) -> float:
     return round(time.monotonic() - t0, 1)
+
+
+def harness_marks():
+    """The marks of a test module that runs the real CLIs through a whole stack."""
+    import pytest
+
+    from tests.helpers.requires import requires_npm
+
+    return [pytest.mark.harness, pytest.mark.timeout(1500), requires_npm]  # npm installs the CLIs

@@ -27,22 +27,18 @@ import pytest
 from services.engine.policy import load_policy
 from tests.helpers.family_engine import POLICY_REASONING, FamilyEngine, PolicyScript
 from tests.helpers.model_families import family_model_dir
-from tests.helpers.requires import requires_npm
 from tests.integration.harness_stack import (
     CORE,
     Stack,
     assert_one_exact_chain,
     cache_dir,
     combined_policy,
+    harness_marks,
     harness_task,
     preinstall,
 )
 
-pytestmark = [
-    pytest.mark.harness,
-    pytest.mark.timeout(1500),
-    requires_npm,  # the CLIs install with npm
-]
+pytestmark = harness_marks()
 
 FAMILIES = ("qwen3_5", "gpt_oss")
 # every CLI and protocol of the core set; the Claude fallback is about a gateway, not a model

@@ -23,7 +23,6 @@ import orjson
 import pytest
 
 from schemas import Outcome
-from tests.helpers.requires import requires_npm
 from tests.integration.harness_stack import (
     CORE,
     LEGACY_PI,
@@ -33,15 +32,12 @@ from tests.integration.harness_stack import (
     assert_one_exact_chain,
     cache_dir,
     closed_port_url,
+    harness_marks,
     harness_task,
     preinstall,
 )
 
-pytestmark = [
-    pytest.mark.harness,
-    pytest.mark.timeout(1500),
-    requires_npm,  # the CLIs install with npm
-]
+pytestmark = harness_marks()
 
 MATRIX = {
     "qwen-anthropic": ("qwen_code", {"protocol": "anthropic"}, "anthropic_messages"),

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from schemas import Outcome, Trace, Trajectory
+from schemas import Trace, Trajectory
 from schemas.trajectory import ToolFailure, TraceToolParse
 from services.client import Group
 from services.trainer.adapters.collate import collate
@@ -14,6 +14,7 @@ from services.trainer.adapters.trl_grpo import trl_batch
 from services.trainer.batch import GroupCounts, group_samples
 from services.trainer.config import ConfigError, parse_config
 from services.trainer.toolparse import apply_rule, tool_failures
+from tests.unit.trainer.test_batch import traj as batch_traj
 
 SPAN = ToolFailure(seq=1, kind="malformed", detail="bad JSON", start=2, end=4)
 WHOLE = ToolFailure(seq=0, kind="unknown_tool", detail="no tool named 'rm'")
@@ -35,16 +36,8 @@ def trace(i: int, reward=None, *failures: ToolFailure) -> Trace:
 
 
 def traj(sid: str, reward, traces, *, eval_status="ok") -> Trajectory:
-    return Trajectory(
-        session_id=sid,
-        task_id="task",
-        outcome=Outcome.COMPLETED,
-        builder="prefix_merging",
-        traces=traces,
-        reward=reward,
-        eval_status=eval_status,
-        metadata={"num_samples": 3, "sample_index": int(sid[-1])},
-    )
+    meta = {"num_samples": 3, "sample_index": int(sid[-1])}
+    return batch_traj(sid, reward, traces, eval_status=eval_status, **meta)
 
 
 def batch_of(rule: str, counts: GroupCounts | None = None):

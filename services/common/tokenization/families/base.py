@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -57,7 +57,6 @@ class ModelFamily:
     tool_description_required: bool = False
     known: bool = True  # False: a model no family matched (generic parsing, a warning)
     notes: str = ""  # one line for docs and the warning
-    _extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``messages`` (OpenAI chat dicts) as the family's template reads them. The input
