@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from proxy.backends.base import (
     TokenRequest,
 )
 from proxy.backends.probe import ProbeIds
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -212,8 +212,6 @@ class BackendPool:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         await asyncio.gather(*(w.backend.aclose() for w in self.workers.values()))

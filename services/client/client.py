@@ -39,6 +39,7 @@ from schemas import ContractError, Trajectory, decode
 from schemas import subjects as S
 from services.client.groups import GroupBuffer, Key, expected_size
 from services.common.bus import Bus
+from services.common.tasks import cancel_and_wait
 
 COMMITTED_MEMORY = 100_000  # keys remembered after commit, to drop late duplicates
 DEFAULT_GROUP_TIMEOUT = 900.0  # seconds without a new member before a group is settled
@@ -156,9 +157,7 @@ class TrajectoryClient:
         """Disconnect. ``release``: nak what is held but not committed, so it is redelivered
         at once (otherwise after ``ack_wait``)."""
         if self._keepalive:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
+            await cancel_and_wait([self._keepalive])
         if release:
             for item in list(self._held.values()):
                 with contextlib.suppress(Exception):

@@ -9,7 +9,6 @@ the app's event loop and stops it all in reverse.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from services.common.logs import service_logging
 from services.common.metrics import SERVICE_UP
 from services.common.registry import Registry
 from services.common.settings import ServiceSettings
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +166,7 @@ class ServiceHost:
     async def stop_tasks(self) -> None:
         for c in self._consumers:
             c.stop()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(BaseException):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         SERVICE_UP.labels(self.name).set(0)
 

@@ -43,6 +43,7 @@ from services.cli.status import node_rows, stream_rows
 from services.common.bus import Bus
 from services.common.redact import Scrubber, known_secrets, redact
 from services.common.registry import Registry, TaskRecord
+from services.common.tasks import cancel_and_wait
 from services.common.tokenization.lru import SizedLRU
 from services.dashboard.config import DashboardConfig
 from services.dashboard.index import SessionIndex
@@ -91,11 +92,7 @@ class StackReader:
         self._spawn(self._loop(self.cfg.stack_poll_seconds, self.poll_stack), "poll-stack")
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(BaseException):
-                await t
+        await cancel_and_wait(self._tasks)
         await self._http.aclose()
         with contextlib.suppress(Exception):
             await self.registry.close()

@@ -8,7 +8,6 @@ supervisor sees the failure."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -18,6 +17,7 @@ from litestar import Litestar
 from services.common.http import ops_routes
 from services.common.logs import service_logging
 from services.common.settings import load
+from services.common.tasks import cancel_and_wait
 from services.trainer.config import TrainerConfig
 from services.trainer.loop import Trainer
 
@@ -43,9 +43,7 @@ def create_app(config: TrainerConfig | None = None) -> Litestar:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            await cancel_and_wait([task])
 
     async def health() -> dict[str, object]:
         step = trainer.state.step if hasattr(trainer, "state") else 0

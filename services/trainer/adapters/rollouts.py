@@ -32,6 +32,7 @@ from schemas import TaskRejected, decode
 from schemas import subjects as S
 from services.client import Group, TrajectoryClient
 from services.common.bus import Bus
+from services.common.tasks import cancel_and_wait
 
 
 class RolloutError(RuntimeError):
@@ -143,9 +144,7 @@ class PolarRollouts:
 
     async def _disconnect(self) -> None:
         if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pump
+            await cancel_and_wait([self._pump])
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
