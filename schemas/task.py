@@ -58,6 +58,9 @@ class ExecAction(_Spec, tag="exec", tag_field="action"):
     timeout_seconds: Seconds = 600.0
     retries: Annotated[int, Meta(ge=0, le=20)] = 0
     backoff_seconds: Annotated[float, Meta(ge=0, le=600)] = 1.0
+    # this step gets the node's network even where the session's is isolated (an install
+    # in INIT); the harness never does. Local runtimes: a container's network is its own.
+    network: bool = False
 
 
 PrepareAction = UploadFile | UploadDir | ExecAction
@@ -69,6 +72,11 @@ class Resources(_Spec):
 
 
 Network = Literal["none", "bridge", "host"]
+# auto: isolated (`none`: the sandbox's own loopback and the proxy bridge, which passes
+# only the session's own routes) where the sandbox is bubblewrap; the node's network
+# (`host`) where there is no sandbox, with the loud NO SANDBOX warning. `host` must be
+# asked for: it puts every port of the node in the harness's reach (docs/security.md).
+LocalNetwork = Literal["auto", "none", "host"]
 
 
 # -- runtimes (discriminated by `backend`) ---------------------------------------------
@@ -77,7 +85,7 @@ class LocalRuntime(_Spec, tag="local", tag_field="backend"):
     # class) where it is installed, with a loud warning where not; none for noop
     # (services/runtimes/factory.py `with_default_sandbox`)
     sandbox: Literal["auto", "none", "bwrap"] = "auto"
-    network: Network = "host"
+    network: LocalNetwork = "auto"
     prepare: list[PrepareAction] = []
     env: dict[str, str] = {}
     resources: Resources = Resources()

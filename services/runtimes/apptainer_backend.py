@@ -135,6 +135,7 @@ class ApptainerSandboxRuntime(Runtime):
         stdout: Sink | None,
         stderr: Sink | None,
         timeout: float | None,
+        network: bool = False,
     ) -> Process:
         # The tags go both to the node-side client (its env) and into the instance (--env).
         return await spawn_local(

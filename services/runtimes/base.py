@@ -194,11 +194,15 @@ class Runtime(ABC):
         stdout: Sink | None = None,
         stderr: Sink | None = None,
         timeout: float | None = None,
+        network: bool = False,
     ) -> Process:
         """Start `cmd` inside the sandbox; its output goes to the sinks as it arrives.
 
         `timeout` is only a backstop that backends may enforce inside the sandbox (in
-        case this node dies); the caller enforces the real one with `wait(timeout)`."""
+        case this node dies); the caller enforces the real one with `wait(timeout)`.
+        `network`: this command gets the node's network even where the session's is
+        isolated (a prepare step that installs; local runtimes: a container's network is
+        its runtime's)."""
         self._require_running()
         exec_id = new_exec_id()
         full_env = {**self.spec_env, **(env or {}), **self.tags(exec_id)}
@@ -211,6 +215,7 @@ class Runtime(ABC):
             stdout=stdout,
             stderr=stderr,
             timeout=timeout,
+            network=network,
         )
         self._procs.add(proc)
         return proc
@@ -224,13 +229,15 @@ class Runtime(ABC):
         timeout: float | None = None,
         stdin: bytes | None = None,
         grace: float = 0.5,
+        network: bool = False,
     ) -> ExecResult:
         """Run `cmd` to completion; past `timeout` its whole tree is killed."""
         out, err = OutputBuffer(), OutputBuffer()
         started = time.monotonic()
         proc = await self.spawn(
-            cmd, cwd=cwd, env=env, stdin=stdin, stdout=out, stderr=err, timeout=timeout
-        )
+            cmd, cwd=cwd, env=env, stdin=stdin, stdout=out, stderr=err, timeout=timeout,
+            network=network,
+        )  # fmt: skip
         try:
             status = await proc.wait(timeout, grace=grace)
         finally:
@@ -291,6 +298,7 @@ class Runtime(ABC):
         stdout: Sink | None,
         stderr: Sink | None,
         timeout: float | None,
+        network: bool = False,
     ) -> Process: ...
 
     @abstractmethod

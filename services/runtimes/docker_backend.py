@@ -242,6 +242,7 @@ class DockerSandboxRuntime(Runtime):
         stdout: Sink | None,
         stderr: Sink | None,
         timeout: float | None,
+        network: bool = False,
     ) -> Process:
         argv = deadline_argv(argv, timeout)
         if stdin is not None:

@@ -49,6 +49,13 @@ def default_sandbox(spec: Any, harness: str | None, bwrap_installed: bool) -> st
 def with_default_sandbox(spec: RuntimeSpec, harness: str | None) -> RuntimeSpec:
     """``spec`` with ``sandbox: auto`` decided for this node; a harness that runs
     something without bubblewrap is warned about, loudly, once per process."""
+    if isinstance(spec, LocalRuntime) and spec.network == "host" and "host" not in _warned:
+        _warned.add("host")
+        log.warning(
+            "network: host: a sandbox on this node reaches every port of it (NATS, Valkey, "
+            "the engines, other services) and other sessions' proxy routes; the default "
+            "(auto) isolates it and lets it reach only its own proxy route"
+        )
     if not isinstance(spec, LocalRuntime) or spec.sandbox != "auto":
         return spec  # nothing to decide: no PATH search (several per session otherwise)
     chosen = default_sandbox(spec, harness, shutil.which("bwrap") is not None)

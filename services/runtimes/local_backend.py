@@ -81,8 +81,16 @@ class LocalSandboxRuntime(Runtime):
         )
 
     @property
+    def _isolated(self) -> bool:
+        """The session's network is its own loopback and the proxy bridge: `none`, or
+        `auto` (the default) in bubblewrap. `auto` without bubblewrap is the node's
+        network, as is `host` (with_default_sandbox warns of both)."""
+        net = self.spec.network
+        return net == "none" or (net == "auto" and self._bwrap)
+
+    @property
     def _uses_bridge(self) -> bool:
-        return self._bwrap and self.spec.network == "none"
+        return self._bwrap and self._isolated
 
     # -- lifecycle ------------------------------------------------------------------
     async def _start(self) -> None:
@@ -155,21 +163,23 @@ class LocalSandboxRuntime(Runtime):
         tmp = "/tmp" if self._bwrap else str(self.session_dir / "tmp")
         return {**env, "HOME": self.home, "TMPDIR": tmp}
 
-    def command_argv(self, argv: list[str], cwd: str) -> list[str]:
-        """The node command line that runs `argv` in this runtime's sandbox."""
+    def command_argv(self, argv: list[str], cwd: str, network: bool = False) -> list[str]:
+        """The node command line that runs `argv` in this runtime's sandbox; `network`:
+        with the node's network (a prepare step that asked for it)."""
         if not self._bwrap:
             return argv
-        socket = str(self._bridge.socket_path) if self._bridge else None
+        isolated = self._isolated and not network
+        bridge = self._bridge if isolated else None
         prefix = bwrap_argv(
             session_dir=str(self.session_dir),
             cwd=cwd,
-            isolate_network=self.spec.network == "none",
-            bridge_socket=socket,
+            isolate_network=isolated,
+            bridge_socket=str(bridge.socket_path) if bridge else None,
             hide=self.hidden_dirs(),
             expose=self.harness_caches(),
         )
-        if self._bridge is not None:
-            prefix += bridge_prefix(self._bridge.target[1])
+        if bridge is not None:
+            prefix += bridge_prefix(bridge.target[1])
         return prefix + argv
 
     async def _spawn(
@@ -183,12 +193,13 @@ class LocalSandboxRuntime(Runtime):
         stdout: Sink | None,
         stderr: Sink | None,
         timeout: float | None,
+        network: bool = False,
     ) -> Process:
         if not self._bwrap:
             cwd = str(confined(self.session_dir, cwd))
         await self._ensure_bridge()
         return await spawn_local(
-            self.command_argv(argv, cwd),
+            self.command_argv(argv, cwd, network),
             cwd=cwd if not self._bwrap else str(self.session_dir),
             env={**self.base_env(), **env},
             exec_id=exec_id,

@@ -81,8 +81,9 @@ async def _upload_dir(runtime: Runtime, action: UploadDir, sleep: Sleep) -> list
 async def _exec_attempt(runtime: Runtime, action: ExecAction, attempt: int) -> AttemptLog:
     try:
         r = await runtime.exec(
-            action.command, cwd=action.cwd, env=action.env, timeout=action.timeout_seconds
-        )
+            action.command, cwd=action.cwd, env=action.env, timeout=action.timeout_seconds,
+            network=action.network,
+        )  # fmt: skip
     except RuntimeStopped:
         raise
     except SandboxError as exc:

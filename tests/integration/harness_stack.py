@@ -135,13 +135,16 @@ def harness_task(task_id: str, harness: str, **agent) -> dict:
     # a cap, not a measure: 13 CLIs at once prefill ~20k-token prompts on the CPU engine,
     # and on a slow 2-core machine the batch has taken 10 minutes (3 CLIs past 300 s)
     timeout = agent.pop("agent_timeout", 600)
+    # a gateway or a dead port of the node stands in for the proxy: the sandbox must reach
+    # the node's ports for it (isolated by default, it reaches only its own proxy route)
+    via_node = "proxy_url" in agent.get("settings", {})
     return {
         "task_id": task_id,
         "instruction": f"[polar-harness:{harness}] Create proof.txt holding polar-{short}.",
         "num_samples": 1,
         "timeout_seconds": 900,
         "agent_timeout_seconds": timeout,
-        "runtime": {"backend": "local"},
+        "runtime": {"backend": "local", **({"network": "host"} if via_node else {})},
         "agent": {"harness": harness, "model": MODEL, **agent},
         "builder": {"name": "prefix_merging"},
         "evaluator": {

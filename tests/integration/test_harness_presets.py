@@ -64,6 +64,7 @@ async def batch(tmp_path_factory):
     tasks = [harness_task(tid, h, **dict(agent)) for tid, (h, agent, _) in VARIANTS.items()]
     fallback = next(t for t in tasks if t["task_id"] == "claude-fallback")
     fallback["agent"]["settings"] = {"proxy_url": no_stream.url}
+    fallback["runtime"]["network"] = "host"  # the gateway is a port of the node
     tasks += [
         harness_task("fail-crash", "codex", args=["--no-such-flag"]),
         harness_task("fail-hang", "pi", settings={"proxy_url": hole.url}, agent_timeout=20),

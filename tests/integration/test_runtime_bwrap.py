@@ -125,6 +125,29 @@ async def test_network_none_reaches_only_the_proxy_through_the_bridge(servers, t
     assert other_hits == []
 
 
+async def test_the_default_network_is_isolated_and_a_step_may_ask_for_the_nodes(
+    servers, tmp_path
+):
+    """A local runtime that names no network (``auto``) under bubblewrap is isolated as
+    ``none`` is (it was ``host`` before issue 33: every port of the node in reach); a
+    command run with ``network=True`` (a prepare step that installs) gets the node's."""
+    proxy_port, other_port, proxy_hits, other_hits, run_socket = servers
+    assert LocalRuntime().network == "auto"
+    url = f"http://127.0.0.1:{proxy_port}/s/tok"
+    rt = create_runtime(LocalRuntime(sandbox="bwrap"), "bw-5", base_dir=tmp_path,
+                        proxy_url=url, token="tok")  # fmt: skip
+    async with rt:
+        isolated = await _probe(rt, other_port, run_socket)
+        step = await rt.exec(
+            [sys.executable, "-I", "-c", PROBE, url, str(other_port), _node_ip(), run_socket],
+            timeout=30,
+            network=True,
+        )
+    assert isolated[0] == "PROXY proxy-ok"  # through the bridge
+    assert isolated[1].startswith(f"BLOCKED 127.0.0.1 {other_port}"), isolated
+    assert step.stdout.decode().splitlines()[1] == f"OPEN 127.0.0.1 {other_port}"
+
+
 async def test_host_network_control_reaches_the_other_server(servers, tmp_path):
     proxy_port, other_port, _, _, run_socket = servers
     spec = LocalRuntime(sandbox="bwrap", network="host")

@@ -1,12 +1,13 @@
 """A hostile harness in the real sandbox, on a real stack (``polar up``'s credentials on).
 
-Two sessions of one task run a shell harness under bubblewrap (host network, so every
-port of the node is in reach). Each one tries what issue 17's attacker did: other
-processes' environments (tokens), the other session's directory, the host's private
-files and the stack's credentials, Redis and NATS without a password, the proxy's
-admin routes, the embedded engine's admin and completion routes (uncaptured
-sampling, pause, weight swaps) and the dashboard's read API. None of it works; its own
-session route still does.
+Two sessions run a shell harness under bubblewrap, and each tries what issue 17's
+attacker did: other processes' environments (tokens), the other session's directory,
+the host's private files and the stack's credentials, Redis and NATS without a
+password, the proxy's admin routes, the embedded engine's admin and completion routes
+(uncaptured sampling, pause, weight swaps) and the dashboard's read API. One has the
+local runtime's defaults: its network is isolated (issue 33), so nothing of the node is
+in reach but the proxy bridge. The other asked for ``network: host``: every port is in
+reach, and each refuses it without its credential. Both still reach their own route.
 
 A third session runs with ``network: none`` (the proxy bridge) and holds another live
 session's token, as if it had leaked: through the bridge it reaches its own routes and
@@ -65,8 +66,13 @@ except OSError as exc:
 out["credentials"] = os.path.exists(env["STATE_DIR"] + "/credentials.json")
 out["checkout"] = os.path.exists(env["PRIVATE_FILE"])
 
+out["net"] = env["NET"]
+
 def talk(port, data, first_line=False):
-    s = socket.create_connection(("127.0.0.1", int(port)), timeout=5)
+    try:
+        s = socket.create_connection(("127.0.0.1", int(port)), timeout=5)
+    except OSError:
+        return "unreachable"
     if first_line:
         s.recv(4096)  # NATS says INFO first
     s.sendall(data)
@@ -90,6 +96,8 @@ for path, token in (("/admin/pause", None), ("/admin/pause", mine), ("/admin/flu
         codes[path + (" own-token" if token else "")] = urllib.request.urlopen(req, timeout=5).status
     except urllib.error.HTTPError as exc:
         codes[path + (" own-token" if token else "")] = exc.code
+    except OSError:
+        codes[path + (" own-token" if token else "")] = "unreachable"
 out["admin"] = codes
 engine = "http://127.0.0.1:" + env["MODEL_PORT"]
 chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -110,6 +118,8 @@ for path, body in (
         codes[path] = urllib.request.urlopen(req, timeout=20).status
     except urllib.error.HTTPError as exc:
         codes[path] = exc.code
+    except OSError:
+        codes[path] = "unreachable"
 out["engine"] = codes
 dash = {}  # the dashboard's read API: every session's calls, output and diffs
 for token in (None, mine):
@@ -120,6 +130,8 @@ for token in (None, mine):
         dash["own-token" if token else "none"] = urllib.request.urlopen(req, timeout=5).status
     except urllib.error.HTTPError as exc:
         dash["own-token" if token else "none"] = exc.code
+    except OSError:
+        dash["own-token" if token else "none"] = "unreachable"
 out["dashboard"] = dash
 req = urllib.request.Request(base + "/models")
 out["own_route"] = urllib.request.urlopen(req, timeout=5).status
@@ -155,26 +167,29 @@ def stack():
     assert not report.still_listening
 
 
-def hostile_task(topo, state_dir: Path) -> dict:
+def hostile_task(topo, state_dir: Path, network: str | None = None) -> dict:
+    """With ``network`` None, the local runtime's defaults (sandbox: auto -> bubblewrap,
+    network: auto -> isolated, the proxy bridge): what a task gets that names neither."""
+
     def port(url: str) -> str:
         return url.rsplit(":", 1)[1].split("/")[0]
 
     return {
-        "task_id": "hostile",
+        "task_id": f"hostile-{network or 'default'}",
         "instruction": "take over the node",
-        "num_samples": 2,
+        "num_samples": 1,
         "timeout_seconds": 300,
         "agent_timeout_seconds": 120,
         "runtime": {
             "backend": "local",
-            # the local runtime's defaults (sandbox: auto -> bubblewrap, network: host):
-            # what a task gets that names no sandbox
+            **({"network": network} if network else {}),
             "prepare": [{"action": "upload_file", "dest": "probe.py", "content": PROBE}],
         },
         "agent": {
             "harness": "shell",
             "command": f"{sys.executable} -I probe.py",
             "env": {
+                "NET": network or "default",
                 "REDIS_PORT": port(topo.redis_url),
                 "NATS_PORT": port(topo.nats_url),
                 "MODEL_PORT": str(topo.services["model"].port),
@@ -232,9 +247,11 @@ async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
             {"OTHER_TOKEN": other},
             BRIDGE_PROBE,
         )
-        await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(hostile_task(topo, state_dir)))
+        for network in (None, "host"):
+            task = hostile_task(topo, state_dir, network)
+            await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(task))
         await bus.js.publish(S.TASKS_SUBMIT, orjson.dumps(bridged))
-        probing = {"hostile", "hostile-bridge"}
+        probing = {"hostile-default", "hostile-host", "hostile-bridge"}
         for _ in range(1200):
             if len([ev for ev in finished if ev.task_id in probing]) == 3:
                 break
@@ -262,11 +279,20 @@ async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
         assert p["/work"] in ([], None) or set(p["/work"]) <= python | {CHECKOUT}, p["/work"]
         assert p["shadow"] in ("", "PermissionError")  # /dev/null, on a nodev mount
         assert p["credentials"] is False and p["checkout"] is False
-        assert p["redis"].startswith("-NOAUTH"), p["redis"]
-        assert "Authorization Violation" in p["nats"], p["nats"]
-        assert set(p["admin"].values()) == {401}, p["admin"]
-        assert set(p["engine"].values()) == {401}, p["engine"]  # the engine key, issue 17
-        assert p["dashboard"] == {"none": 401, "own-token": 401}, p["dashboard"]
         assert p["own_route"] == 200
+    default, host = sorted(probes, key=lambda p: p["net"])
+    # isolated by default (issue 33): nothing of the node in reach but the bridge, whose
+    # root and /admin/* are a 403
+    assert default["net"] == "default"
+    assert (default["redis"], default["nats"]) == ("unreachable", "unreachable"), default
+    assert set(default["engine"].values()) == {"unreachable"}, default["engine"]
+    assert set(default["dashboard"].values()) == {"unreachable"}, default["dashboard"]
+    assert set(default["admin"].values()) == {403}, default["admin"]
+    # `network: host`, asked for: every port in reach, each refusing without its credential
+    assert host["redis"].startswith("-NOAUTH"), host["redis"]
+    assert "Authorization Violation" in host["nats"], host["nats"]
+    assert set(host["admin"].values()) == {401}, host["admin"]
+    assert set(host["engine"].values()) == {401}, host["engine"]  # the engine key, issue 17
+    assert host["dashboard"] == {"none": 401, "own-token": 401}, host["dashboard"]
     # the bridge passes its own session's routes only, even with a live token of another
     assert bridge[0] == {"own": 200, "other": 403, "forged": 403}, bridge[0]

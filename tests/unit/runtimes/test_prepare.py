@@ -104,3 +104,31 @@ async def test_failed_upload_is_data_not_an_exception(rt, tmp_path):
     assert not logs[0].ok and "not a directory" in (logs[0].attempts[0].error or "")
     round_trip = msgspec.json.decode(msgspec.json.encode(logs[0]))
     assert round_trip["attempts"][0]["ok"] is False
+
+
+async def test_a_step_asks_for_the_network_and_the_runtime_is_told(tmp_path, monkeypatch):
+    """``network: true`` on an exec step reaches the runtime's exec (bubblewrap runs it
+    without ``--unshare-net``: tests/integration/test_runtime_bwrap.py); off by default."""
+    seen = []
+    rt = create_runtime(LocalRuntime(sandbox="none"), "s-net", base_dir=tmp_path)
+    real = rt.exec
+
+    async def exec_(cmd, **kw):
+        seen.append(kw["network"])
+        return await real(cmd, **kw)
+
+    monkeypatch.setattr(rt, "exec", exec_)
+    steps = msgspec.convert(
+        [{"action": "exec", "command": "true", "network": True},
+         {"action": "exec", "command": "true"}],
+        list[ExecAction],
+    )  # fmt: skip
+    async with rt:
+        logs = await run_prepare(rt, steps)
+    assert [a.ok for step in logs for a in step.attempts] == [True, True]
+    assert seen == [True, False]
+
+
+def test_a_local_runtime_refuses_a_bridge_network_at_submission():
+    with pytest.raises(msgspec.ValidationError, match="network"):
+        msgspec.convert({"backend": "local", "network": "bridge"}, LocalRuntime)
