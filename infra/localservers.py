@@ -49,8 +49,10 @@ def free_port() -> int:
     or, in the tests, one range per worker below the kernel's ephemeral range, so that
     between this choice and the server's bind no other worker's pick, no server binding
     port 0 and no outgoing connection's source port can take it (a dashboard's port was
-    once answered by another test's server). Else one the kernel assigns."""
-    span = port_range(os.environ.get(PORT_RANGE_ENV))
+    once answered by another test's server). Else from ``default_port_range``: never the
+    kernel's ephemeral range, where a client's own source port can take the port (a stack
+    lost its proxy to ``Errno 98`` and a TCP self-connect that way, issue 33)."""
+    span = port_range(os.environ.get(PORT_RANGE_ENV)) or default_port_range()
     if span is None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -64,6 +66,34 @@ def free_port() -> int:
             _handed.append(port)
             return port
     raise ServerStartError(f"no free port in {PORT_RANGE_ENV}={low}-{high}")
+
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PREFERRED_PORTS = (20000, 29999)  # below Linux's default ephemeral range (32768-60999)
+
+
+def default_port_range(ephemeral: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """Where ``free_port`` picks without ``POLAR_PORT_RANGE``: ``PREFERRED_PORTS`` less
+    the kernel's ephemeral range, or the ports above that range, or below it, whichever
+    holds 1,000 ports at least; None (the kernel picks) if none does."""
+    if ephemeral is None:
+        try:
+            low, high = (int(v) for v in EPHEMERAL_RANGE_FILE.read_text().split())
+            ephemeral = (low, high)
+        except (OSError, ValueError):
+            return PREFERRED_PORTS
+    eph_low, eph_high = ephemeral
+    pref_low, pref_high = PREFERRED_PORTS
+    candidates = [
+        (pref_low, min(pref_high, eph_low - 1)) if pref_low < eph_low else None,
+        (max(pref_low, eph_high + 1), pref_high) if pref_high > eph_high else None,
+        (eph_high + 1, 65535),
+        (10000, eph_low - 1),
+    ]
+    for span in candidates:
+        if span is not None and span[1] - span[0] + 1 >= 1000:
+            return span
+    return None
 
 
 def port_range(value: str | None) -> tuple[int, int] | None:

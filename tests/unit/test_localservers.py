@@ -93,10 +93,27 @@ def test_a_bad_port_range_names_the_variable(bad):
         localservers.port_range(bad)
 
 
-def test_without_a_range_the_kernel_picks(monkeypatch):
+def test_without_a_range_ports_come_from_outside_the_ephemeral_range(monkeypatch):
+    """The kernel's pick (before issue 33) was in its ephemeral range, where a client's
+    source port can take it between the pick and the bind."""
     monkeypatch.delenv(localservers.PORT_RANGE_ENV, raising=False)
     assert localservers.port_range("") is None
-    assert 1024 < localservers.free_port() <= 65535
+    low, high = (int(v) for v in localservers.EPHEMERAL_RANGE_FILE.read_text().split())
+    port = localservers.free_port()
+    assert 1024 < port <= 65535 and not low <= port <= high, (port, low, high)
+
+
+@pytest.mark.parametrize(
+    ("ephemeral", "chosen"),
+    [
+        ((32768, 60999), (20000, 29999)),  # Linux's default
+        ((20000, 25000), (25001, 29999)),  # the lower part taken: the rest of the preferred
+        ((10000, 40000), (40001, 65535)),  # all of it taken: above the range
+        ((1024, 65000), None),  # nearly everything: the kernel picks
+    ],
+)
+def test_the_default_range_avoids_the_ephemeral_one(ephemeral, chosen):
+    assert localservers.default_port_range(ephemeral) == chosen
 
 
 def test_a_stack_service_answered_for_by_another_process_is_not_healthy(tmp_path):
