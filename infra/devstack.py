@@ -38,7 +38,7 @@ from infra.stackstate import (
     write_state,
 )
 from infra.topology import ServicePlan, Topology, plan_services
-from services.common.settings import ENV_SECRETS
+from services.common.settings import ENGINE_KEY_ENV, ENV_SECRETS
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", ""})
 Log = Callable[[str], None]
@@ -224,6 +224,15 @@ def inherited_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in ENV_SECRETS}
 
 
+def _judge_key(plan: ServicePlan, creds: Credentials) -> dict[str, str]:
+    """The evaluator's rubric judge may call the stack's own engine (``api_key_env:
+    POLAR_ENGINE_API_KEY``, examples/rubric): its key, in the evaluator's environment
+    only, which its sandboxes never inherit (their environment is built)."""
+    if plan.service != "evaluator" or not creds.engine_key:
+        return {}
+    return {ENGINE_KEY_ENV: creds.engine_key}
+
+
 def _start_service(
     state: StackState, plan: ServicePlan, topo: Topology, creds: Credentials, log: Log
 ) -> subprocess.Popen:
@@ -235,6 +244,7 @@ def _start_service(
         "POLAR_NATS_URL": creds.nats_url(topo.nats_url, plan.service),  # its own user
         "POLAR_REDIS_URL": creds.redis_url(topo.redis_url),
         "PYTHONUNBUFFERED": "1",
+        **_judge_key(plan, creds),
     }
     argv = [
         sys.executable,

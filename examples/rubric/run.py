@@ -59,6 +59,8 @@ def rubric_task(task: dict, judge_url: str, name: str, rubric: str) -> dict:
             "coefficient": 0.5,
             "base": {"name": base["name"], "config": base["config"]},
             "timeout_seconds": 120,
+            # the stack's engine wants its key: `polar up` gives the evaluator it there
+            "api_key_env": "POLAR_ENGINE_API_KEY",
         },
     }
     return t

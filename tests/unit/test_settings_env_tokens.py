@@ -153,3 +153,16 @@ def test_polar_up_services_do_not_inherit_the_operators_tokens():
     shell = {"PATH": "/usr/bin", "POLAR_NATS_URL": "nats://x:4222", **ENV}
     shell["POLAR_ENGINE_API_KEY"] = "pe_other_stack"
     assert inherited_env(shell) == {"PATH": "/usr/bin", "POLAR_NATS_URL": "nats://x:4222"}
+
+
+def test_the_evaluator_alone_gets_the_stack_engine_key_for_a_judge():
+    """The rubric judge calling the stack's own engine got a 401 (issue 38.15): `polar up`
+    gives the evaluator the engine key as POLAR_ENGINE_API_KEY, and no other service."""
+    from infra import credentials
+    from infra.devstack import _judge_key
+    from infra.topology import ServicePlan
+
+    creds = credentials.generate(["evaluator"], own_nats=True, own_redis=True)
+    plan = lambda service: ServicePlan(name=service, service=service, port=0, config={})  # noqa: E731
+    assert _judge_key(plan("evaluator"), creds) == {"POLAR_ENGINE_API_KEY": creds.engine_key}
+    assert _judge_key(plan("scheduler"), creds) == {} == _judge_key(plan("pool"), creds)
