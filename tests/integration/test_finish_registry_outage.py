@@ -46,7 +46,7 @@ async def test_finish_waits_out_a_registry_restart(nats_url, tmp_path):
         now = await reg.get_session(session.session_id)
         assert (now.state, now.outcome) == (SessionState.POSTRUN, Outcome.COMPLETED)
         while True:  # the shared bus may carry other tests' events
-            ev = decode(await bus.payload(await finished.next_msg(timeout=5)), SessionFinished)
+            ev = decode(await bus.payload(await finished.next_msg(timeout=60)), SessionFinished)
             if ev.session_id == session.session_id:
                 break
         assert ev.outcome == Outcome.COMPLETED

@@ -35,7 +35,7 @@ def leftovers(runtime_id: str) -> list[int]:
     return tagged_pids(TAG_RUNTIME, runtime_id)
 
 
-async def settled_leftovers(runtime_id: str, expect: int, timeout: float = 5.0) -> list[int]:
+async def settled_leftovers(runtime_id: str, expect: int, timeout: float = 60.0) -> list[int]:
     """``leftovers`` once there are ``expect`` of them, or at the timeout: a shell's
     ``&`` and setsid's own fork take a moment to leave one process behind."""
     deadline = time.monotonic() + timeout
