@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from infra import credentials, localservers, wiring
+from infra import credentials, localservers, usercache, wiring
 from infra.catalog import SERVICES
 from infra.credentials import Credentials
 from infra.stackstate import (
@@ -39,6 +39,7 @@ from infra.stackstate import (
 )
 from infra.topology import ServicePlan, Topology, plan_services
 from services.common.settings import ENGINE_KEY_ENV, ENV_SECRETS
+from services.node.harnesses.install import CACHE_ENV as HARNESS_CACHE_ENV
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", ""})
 Log = Callable[[str], None]
@@ -233,6 +234,20 @@ def _judge_key(plan: ServicePlan, creds: Credentials) -> dict[str, str]:
     return {ENGINE_KEY_ENV: creds.engine_key}
 
 
+HARNESS_NODE_SERVICES = ("pool", "executor")  # install the CLIs; run them from the cache
+
+
+def _shared_harness_cache(plan: ServicePlan, env: Mapping[str, str]) -> dict[str, str]:
+    """The per-user CLI cache that `just setup` fills (``~/.cache/polar/harness-cache``)
+    for the node services, unless the operator names one: each stack's pool installed
+    every CLI again into its own state dir before (pi 33 s, opencode 20 s of INIT, ~350 MB
+    per state dir; issue 38.9). Installs there are per package@version, safe to share."""
+    if plan.service not in HARNESS_NODE_SERVICES or env.get(HARNESS_CACHE_ENV):
+        return {}
+    root = usercache.cache_root(env)
+    return {} if root is None else {HARNESS_CACHE_ENV: str(root / "harness-cache")}
+
+
 def _start_service(
     state: StackState, plan: ServicePlan, topo: Topology, creds: Credentials, log: Log
 ) -> subprocess.Popen:
@@ -245,6 +260,7 @@ def _start_service(
         "POLAR_REDIS_URL": creds.redis_url(topo.redis_url),
         "PYTHONUNBUFFERED": "1",
         **_judge_key(plan, creds),
+        **_shared_harness_cache(plan, os.environ),
     }
     argv = [
         sys.executable,

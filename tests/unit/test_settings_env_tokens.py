@@ -166,3 +166,19 @@ def test_the_evaluator_alone_gets_the_stack_engine_key_for_a_judge():
     plan = lambda service: ServicePlan(name=service, service=service, port=0, config={})  # noqa: E731
     assert _judge_key(plan("evaluator"), creds) == {"POLAR_ENGINE_API_KEY": creds.engine_key}
     assert _judge_key(plan("scheduler"), creds) == {} == _judge_key(plan("pool"), creds)
+
+
+def test_a_stacks_node_services_install_clis_into_the_users_cache(tmp_path):
+    """`polar up`'s pool installed every CLI again into its state dir (issue 38.9): the
+    node services get the per-user cache `just setup` fills, unless one is named."""
+    from infra.devstack import _shared_harness_cache
+    from infra.topology import ServicePlan
+
+    plan = lambda service: ServicePlan(name=service, service=service, port=0, config={})  # noqa: E731
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    cache = {"POLAR_HARNESS_CACHE": str(tmp_path / "polar" / "harness-cache")}
+    assert _shared_harness_cache(plan("pool"), env) == cache
+    assert _shared_harness_cache(plan("executor"), env) == cache
+    assert _shared_harness_cache(plan("scheduler"), env) == {}
+    assert _shared_harness_cache(plan("pool"), {**env, "POLAR_HARNESS_CACHE": "/mine"}) == {}
+    assert _shared_harness_cache(plan("pool"), {"POLAR_CACHE_DIR": "none"}) == {}
