@@ -145,6 +145,10 @@ class BusTasks:
         return result
 
     async def cancel(self, task_id: str, reason: str) -> str:
+        # the bus says nothing of a task it does not know: the registry does (a cancel of
+        # a typo printed "published" and exited 0, issue 38.11), as the HTTP API's 404
+        if await (await self.registry()).get_task(task_id) is None:
+            raise CancelRefused(f"no task {task_id!r} (`polar status` lists the tasks)")
         event = CancelTask(ts=time.time(), task_id=task_id, reason=reason)
         ack = await self.bus.publish(S.TASKS_CANCEL, encode(event))
         return f"cancel of {task_id} published (stream sequence {ack.seq})"
