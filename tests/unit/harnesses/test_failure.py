@@ -75,3 +75,12 @@ def test_the_shell_harness_reason_carries_the_error_line():
     shell = default_registry().create("shell")
     _, reason = shell.judge(2, "", "sh: 1: nosuchcmd: not found\nerror: build failed\n")
     assert reason == "shell exited with code 2: error: build failed"
+
+
+def test_the_models_prose_on_stdout_does_not_hide_the_real_reason_on_stderr():
+    """pi's reason was model text from stdout over its real stderr line (issue 38.10)."""
+    stdout = "I found the error in calc.py and fixed it; the tests failed before.\n"
+    stderr = "Response was truncated: the model reached its max_tokens\n"
+    assert failure_line(stdout, stderr) == stderr.strip()
+    # an error that leads its stdout line still wins over a plain stderr line
+    assert failure_line("Error: 401 unauthorized\n", "retrying\n") == "Error: 401 unauthorized"
