@@ -61,10 +61,12 @@ test *ARGS: setup
 test-cluster *ARGS:
     POLAR_CLUSTER_SIZE=full {{py}} -m pytest -q -s -rfEs tests/cluster {{ARGS}}
 
-# The kill -9 chaos test alone, longer: every fault 5 times (`just test` runs it with each
-# fault 3 times); POLAR_CHAOS_ROUNDS=N to choose, CHAOS_FAULTS=proxy,valkey for a subset.
+# The chaos tests alone, longer: every fault 5 times, NATS down 30 s and 120 s (`just test`
+# runs each fault 3 times and one 30 s outage); POLAR_CHAOS_ROUNDS=N to choose,
+# CHAOS_FAULTS=proxy,valkey for a subset, POLAR_CHAOS_DOWN_S=30 to keep each killed
+# process down that long, POLAR_CHAOS_NATS_OUTAGES=30,120 for the outages.
 test-chaos *ARGS: setup
-    POLAR_CHAOS_ROUNDS=${POLAR_CHAOS_ROUNDS:-5} {{py}} -m pytest -q -s -rfEs tests/chaos {{ARGS}}
+    POLAR_CHAOS_ROUNDS=${POLAR_CHAOS_ROUNDS:-5} POLAR_CHAOS_NATS_OUTAGES=${POLAR_CHAOS_NATS_OUTAGES:-30,120} {{py}} -m pytest -q -s -rfEs tests/chaos {{ARGS}}
 
 # The real CLIs over every protocol each supports (`just test` runs every CLI and protocol once).
 test-harness *ARGS: setup

@@ -38,8 +38,20 @@ BUILTINS: dict[str, type[Evaluator]] = {
 }
 
 
+NEEDS_RUNTIME = ("none", "task", "live", "fresh")
+
+
+def _is_evaluator(cls: object) -> str | None:
+    """Why the class ``cls`` is no evaluator (None: it is one), asked before it is called."""
+    if not inspect.iscoroutinefunction(getattr(cls, "evaluate", None)):
+        return "it has no `async def evaluate(ctx)` (subclass evaluators.Evaluator)"
+    if getattr(cls, "needs_runtime", "task") not in NEEDS_RUNTIME:
+        return f"needs_runtime must be none, task, live or fresh, not {cls.needs_runtime!r}"
+    return None
+
+
 def default_registry() -> EvaluatorRegistry:
-    reg: EvaluatorRegistry = Registry("evaluator")
+    reg: EvaluatorRegistry = Registry("evaluator", check=_is_evaluator)
     for name, cls in BUILTINS.items():
         reg.register(name, cls)
     return reg
@@ -63,7 +75,7 @@ def create_evaluator(registry: EvaluatorRegistry, name: str) -> Evaluator:
         raise EvaluatorError(f"evaluator {name!r} could not be created: {exc!r}") from None
     if not inspect.iscoroutinefunction(getattr(evaluator, "evaluate", None)):
         raise EvaluatorError(f"evaluator {name!r} has no `async def evaluate(ctx)`")
-    if getattr(evaluator, "needs_runtime", "task") not in ("none", "task", "live", "fresh"):
+    if getattr(evaluator, "needs_runtime", "task") not in NEEDS_RUNTIME:
         raise EvaluatorError(
             f"evaluator {name!r}: needs_runtime must be none, task, live or fresh, "
             f"not {evaluator.needs_runtime!r}"

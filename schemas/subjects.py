@@ -97,6 +97,14 @@ STREAM_COMPLETIONS = "POLAR_COMPLETIONS"  # polar.completions.>
 STREAM_TRAJECTORIES = "POLAR_TRAJECTORIES"  # polar.trajectories.>
 STREAM_DLQ = "POLAR_DLQ"  # polar.dlq.>
 OBJECT_STORE = "polar-blobs"  # claim-check for payloads over the NATS limit
+# What the shared consumer knows of a message's earlier deliveries (which ended in a nak,
+# which one ran alone): services/common/quarantine.py, the only writer
+DELIVERIES_BUCKET = "polar-deliveries"
+
+
+def delivery_key(consumer: str, stream: str, seq: int) -> str:
+    """Key of one stream message's delivery record, per durable consumer."""
+    return f"{consumer}.{stream}.{seq}"
 
 
 def image_object(digest: str) -> str:
@@ -193,6 +201,11 @@ KEY_TRANSITION_SEQ = "polar:transition_seq"
 KEY_REGISTRY_EPOCH = "polar:registry:epoch"
 KEY_TASKS_ACTIVE = "polar:tasks:active"  # set of task ids not yet finished
 KEY_NODES = "polar:nodes"  # hash "<node>/<service>" -> last NodeHeartbeat json
+# The outbox (services/common/outbox.py): messages that must follow a registry change,
+# kept until the bus has them. Hash msg id -> "<subject>\n<payload>"; sorted set msg id ->
+# when it was kept (the relay publishes those older than its grace).
+KEY_OUTBOX = "polar:outbox"
+KEY_OUTBOX_DUE = "polar:outbox:due"
 
 
 def key_node_state(node: str, state: str) -> str:
@@ -202,6 +215,11 @@ def key_node_state(node: str, state: str) -> str:
 
 KEY_LEASES = "polar:leases"  # sorted set: session id -> lease expiry (epoch seconds)
 KEY_BACKPRESSURE = "polar:backpressure"  # set (with a TTL) while the inference engine struggles
+
+
+def key_cancel_asked(session_id: str) -> str:
+    """A cancel asked of a session past its run (services/common/cancels.py)."""
+    return f"{REDIS_PREFIX}cancel:{session_id}"
 
 
 def key_lease(session_id: str) -> str:

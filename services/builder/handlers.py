@@ -35,8 +35,10 @@ from services.builder.completions import read_completions
 from services.builder.config import BuilderConfig
 from services.builder.logic import Action, Decision
 from services.builder.strategies import BuilderRegistry, default_registry
+from services.common import cancels
 from services.common.bus import Bus
 from services.common.consumer import Poison, Retry
+from services.common.quarantine import Verdict
 from services.common.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,21 @@ class Builder:
         self.bus, self.registry, self.config = bus, registry, config
         self.builders = builders or default_registry()
 
-    async def on_finished(self, msg: Msg) -> None:
+    async def give_up(self, msg: Msg) -> str | None:
+        """Asked before a session whose build died with the process is built again: not
+        when its task was cancelled meanwhile (``cancels``)."""
+        event = decode(await self.bus.payload(msg), SessionFinished)
+        asked = await cancels.asked(self.registry.redis, event.session_id)
+        if asked is None:
+            return None
+        return f"quarantined: cancelled ({asked}) after its build died with the builder"
+
+    async def on_quarantined(self, msg: Msg, verdict: Verdict) -> None:
+        """Building this session killed the service again and again: it is built by the
+        fallback, masked, the reason recorded; the task's builder is not run again."""
+        await self.on_finished(msg, quarantined=verdict)
+
+    async def on_finished(self, msg: Msg, *, quarantined: Verdict | None = None) -> None:
         try:
             event = decode(await self.bus.payload(msg), SessionFinished)
         except (ContractError, LookupError) as exc:
@@ -72,7 +88,10 @@ class Builder:
             log.info("%s: skipped: %s", event.session_id, decision.reason)
             metrics.BUILDS.labels("-", "skipped").inc()
             return
-        await self.build(event)
+        why = quarantined.reason if quarantined is not None else None
+        if quarantined is not None and quarantined.action != "given_up":
+            why = f"quarantined: the builder's process died {quarantined.times} building it"
+        await self.build(event, why)
 
     async def take(self, event: SessionFinished) -> Decision:
         """Move the session POSTRUN -> BUILDING (BEGIN) when it is there under the event's
@@ -90,9 +109,9 @@ class Builder:
             return Decision(Action.RETRY, "session changed while taking it")
         return again
 
-    async def build(self, event: SessionFinished) -> Trajectory:
+    async def build(self, event: SessionFinished, quarantined: str | None = None) -> Trajectory:
         start = time.perf_counter()
-        trajectory, records = await self.make_from(event)
+        trajectory, records = await self.make_from(event, quarantined)
         await self.store(trajectory)
         await self.announce(trajectory, event)
         await self.advance(event)
@@ -117,16 +136,18 @@ class Builder:
     async def make(self, event: SessionFinished) -> Trajectory:
         return (await self.make_from(event))[0]
 
-    async def make_from(self, event: SessionFinished) -> tuple[Trajectory, list[CompletionRecord]]:
-        """The trajectory, and the records it was made from."""
+    async def make_from(
+        self, event: SessionFinished, quarantined: str | None = None
+    ) -> tuple[Trajectory, list[CompletionRecord]]:
+        """The trajectory, and the records it was made from (``quarantined``: why the
+        task's builder is not run, ``logic.build_trajectory``)."""
         spec = await self.builder_spec(event.task_id)
         records, problems = await self.settled_records(event.session_id, event.seq_floor)
+        args = (event, spec, records, self.builders, problems, quarantined)
         if len(records) <= INLINE_BUILD_RECORDS:
-            return logic.build_trajectory(event, spec, records, self.builders, problems), records
+            return logic.build_trajectory(*args), records
         # CPU-bound: off the event loop, so in-progress acks keep flowing meanwhile.
-        built = await asyncio.to_thread(
-            logic.build_trajectory, event, spec, records, self.builders, problems
-        )
+        built = await asyncio.to_thread(logic.build_trajectory, *args)
         return built, records
 
     async def settled_records(self, session_id: str, floor: int = 0) -> tuple[list, list[str]]:

@@ -129,9 +129,12 @@ def build_trajectory(
     records: list[CompletionRecord],
     builders: BuilderRegistry,
     read_problems: Sequence[str] = (),
+    quarantined: str | None = None,
 ) -> Trajectory:
     """The unscored trajectory of a finished session. Never raises for a bad build: a
     builder that fails yields per_request traces, fully masked, with the error recorded.
+    ``quarantined``: why the task's builder is not run at all (building this session
+    killed the service again and again); the same fallback, with that reason.
 
     Only the finished attempt's calls are built: a retried session's earlier attempts
     (a lost node, an expired lease) sampled tokens whose outcome nobody saw, and the
@@ -141,11 +144,13 @@ def build_trajectory(
     records, earlier = split_attempt(records, event.attempt)
     calls = full_calls(records)
     integrity = assess(calls, list(read_problems), (r.seq for r in earlier), event.seq_floor)
-    error = None
+    error = quarantined
     try:
-        built = run_builder(builders, spec, records, event.outcome)
+        if error is None:
+            built = run_builder(builders, spec, records, event.outcome)
     except Exception as exc:  # noqa: BLE001 - builders are plugins: record, never crash
         error = f"{type(exc).__name__}: {exc}"
+    if error is not None:
         built = fallback(records, event.outcome)
     intact = integrity.intact and error is None
     traces, policy = apply_outcome(built.traces, event.outcome, intact, error is not None)

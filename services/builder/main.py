@@ -34,6 +34,8 @@ def consumers(builder: Builder) -> list[Consumer]:
             finished,
             builder.on_finished,
             concurrency=cfg.concurrency,
+            on_quarantine=builder.on_quarantined,
+            give_up=builder.give_up,
         )
     ]
 

@@ -6,6 +6,9 @@
 - A handler returns normally → ack; raises ``Retry`` → nak with delay; raises
   ``Poison`` (or keeps failing until ``max_deliver``) → the message goes to
   ``polar.dlq.<stream>`` with the reason and is terminated.
+- A message whose handling kills the process (no settle, delivery after delivery) runs
+  alone after a few such deaths and is then quarantined: ``on_quarantine`` ends its
+  session with the reason, and it is dead-lettered (``services/common/quarantine.py``).
 - ``drain=True`` processes what is queued and returns: deterministic tests.
 """
 
@@ -25,10 +28,17 @@ from schemas import subjects as S
 from services.common.bus import Bus, ensure_consumer
 from services.common.faults import TRANSIENT_WAIT_S, retry_faults
 from services.common.metrics import HANDLER_SECONDS, INFLIGHT, MESSAGES
+from services.common.quarantine import QUARANTINE_AFTER, Trial, Trials, Verdict
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
+# Ends the session of a quarantined message with the verdict's reason; one that raises is
+# tried again at the message's next delivery
+OnQuarantine = Callable[[Msg, Verdict], Awaitable[None]]
+# Asked before a message that died with its process is run again: why not to (quarantine
+# it now), or None
+GiveUp = Callable[[Msg], Awaitable[str | None]]
 
 
 class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -67,10 +77,16 @@ class Consumer:
         handler: Handler,
         *,
         concurrency: int = 16,
+        on_quarantine: OnQuarantine | None = None,
+        give_up: GiveUp | None = None,
+        quarantine_after: int = QUARANTINE_AFTER,
     ) -> None:
         self.bus, self.stream, self.config, self.handler = bus, stream, config, handler
         self.name = config.durable_name or "ephemeral"
         self.concurrency = concurrency
+        self.on_quarantine, self.give_up = on_quarantine, give_up
+        self.trials = Trials(bus, self.name, after=quarantine_after)
+        self._alone = asyncio.Lock()  # the suspects of killing the process, one at a time
         self._inflight: set[asyncio.Task] = set()
         # the messages of the handlers running now, by id (a Msg is not hashable)
         self._handling: dict[int, Msg] = {}
@@ -123,11 +139,35 @@ class Consumer:
         self._handling[id(msg)] = msg
         start = time.perf_counter()
         INFLIGHT.labels(self.name).inc()
+        result = "cancelled"
+        try:
+            again = (msg.metadata.num_delivered or 1) > 1
+            trial = await self.trials.open(
+                msg,
+                self.stream,
+                self.config.max_deliver or -1,
+                running=again and self._running(msg),
+            )
+            await self._maybe_give_up(msg, trial)
+            result = await self._settle(msg, trial)
+        finally:
+            self._handling.pop(id(msg), None)
+            INFLIGHT.labels(self.name).dec()
+            HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - start)
+            MESSAGES.labels(self.name, result).inc()
+
+    async def _settle(self, msg: Msg, trial: Trial) -> str:
+        """Run the handler (or quarantine the message) and settle the message; what
+        became of it, for the metrics."""
         result = "ack"
         try:
-            await self._run_handler(msg)
-            if not msg._ackd:
-                await msg.ack()
+            if trial.verdict.action in ("quarantine", "dead", "given_up"):
+                result = "quarantined"
+                await self._quarantine(msg, trial)
+            else:
+                await self._run(msg, trial)
+                if not msg._ackd:
+                    await msg.ack()
         except Retry as r:
             result = "retry"
             if self._last_delivery(msg):  # JetStream would drop it silently: dead-letter it
@@ -142,11 +182,61 @@ class Consumer:
             await self._dead(msg, p.reason)
         except Exception as exc:  # noqa: BLE001 - a bad message must not kill the service
             result = await self._failed(msg, exc)
-        finally:
-            self._handling.pop(id(msg), None)
-            INFLIGHT.labels(self.name).dec()
-            HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - start)
-            MESSAGES.labels(self.name, result).inc()
+        if result in ("retry", "nak"):
+            await self.trials.nakked(trial)
+        else:
+            await self.trials.settled(trial)
+        return result
+
+    async def _maybe_give_up(self, msg: Msg, trial: Trial) -> None:
+        verdict = trial.verdict
+        if self.give_up is None or not verdict.deaths or verdict.action not in ("run", "alone"):
+            return
+        try:
+            why = await self.give_up(msg)
+        except Exception:  # noqa: BLE001 - no answer: run it as judged
+            log.warning("%s: give_up failed", self.name, exc_info=True)
+            return
+        if why:
+            trial.verdict = Verdict("given_up", verdict.deaths, why)
+
+    def _running(self, msg: Msg) -> bool:
+        """Whether an earlier delivery of ``msg`` is still being handled here."""
+        seq = msg.metadata.sequence.stream
+        return any(
+            m is not msg and m.metadata.sequence.stream == seq for m in self._handling.values()
+        )
+
+    async def _run(self, msg: Msg, trial: Trial) -> None:
+        if trial.verdict.action != "alone":
+            return await self._run_handler(msg)
+        async with self._alone:  # a death now is this message's own
+            log.warning(
+                "%s: stream message %s died with its process %d times: running it alone",
+                self.name,
+                msg.metadata.sequence.stream,
+                trial.verdict.deaths,
+            )
+            await self.trials.begin_alone(trial)
+            await self._run_handler(msg)
+
+    async def _quarantine(self, msg: Msg, trial: Trial) -> None:
+        """End the message's session (``on_quarantine``) and dead-letter it."""
+        verdict = trial.verdict
+        log.error(
+            "%s: stream message %s %s", self.name, msg.metadata.sequence.stream, verdict.reason
+        )
+        hook = self.on_quarantine
+        if hook is not None and verdict.action in ("quarantine", "given_up"):
+            await self.trials.begin_hook(trial)
+            await retry_faults(
+                lambda: hook(msg, verdict),
+                seconds=TRANSIENT_WAIT_S,
+                on_retry=lambda exc, delay: log.warning(
+                    "%s: quarantine: %r; trying again in %.2fs", self.name, exc, delay
+                ),
+            )
+        await self._dead(msg, verdict.reason)
 
     async def _run_handler(self, msg: Msg) -> None:
         """The handler, run again here (the message kept in progress) while it fails on a

@@ -16,7 +16,8 @@ import redis.exceptions
 T = TypeVar("T")
 
 REGISTRY_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-TRANSIENT = (nats.errors.Error, *REGISTRY_DOWN, ConnectionError, TimeoutError)
+BUS_DOWN = (nats.errors.Error, ConnectionError, TimeoutError)
+TRANSIENT = (*BUS_DOWN, *REGISTRY_DOWN)
 # how long work failing on a fault of the system is run again in place before the
 # failure counts (as a delivery, or as an attempt): longer than a registry restart
 TRANSIENT_WAIT_S = 30.0

@@ -19,8 +19,9 @@ from schemas import Artifacts, Outcome, SessionFinished, SessionState, encode
 from schemas import subjects as S
 from services.common.bus import Bus
 from services.common.faults import REGISTRY_DOWN, TRANSIENT, is_transient, retry_faults
+from services.common.outbox import hand_off
 from services.common.redact import redact
-from services.common.registry import Registry
+from services.common.registry import Outgoing, Registry
 
 __all__ = ["TRANSIENT", "is_transient"]  # where the pool has them from
 ST = SessionState
@@ -59,8 +60,6 @@ async def finish_session(
     whose lease the POSTRUN change drops (True: it is dropped)."""
     reason = redact(reason)
     sid = session.session_id
-    if not await _to_postrun(registry, sid, attempt, outcome, reason, from_, release_lease):
-        return False
     event = SessionFinished(
         ts=time.time(),
         session_id=session.session_id,
@@ -74,9 +73,11 @@ async def finish_session(
         # as read for this attempt; else 0: every number counts (never a gap overlooked)
         seq_floor=session.seq_floor if session.attempt == attempt else 0,
     )
-    await bus.publish_retrying(
-        S.SESSIONS_FINISHED, encode(event), msg_id=f"finished:{session.session_id}:{attempt}"
-    )
+    # kept in the outbox with the POSTRUN change: the builder hears of it after any outage
+    out = Outgoing(S.SESSIONS_FINISHED, encode(event), f"finished:{sid}:{attempt}")
+    if not await _to_postrun(registry, sid, attempt, outcome, reason, from_, release_lease, out):
+        return False
+    await hand_off(registry, bus, out)
     return True
 
 
@@ -88,6 +89,7 @@ async def _to_postrun(
     reason: str | None,
     from_: Iterable[SessionState],
     release_lease: str | None = None,
+    outbox: Outgoing | None = None,
 ) -> bool:
     """The POSTRUN transition, tried again while the registry is unreachable (a restart,
     an outage: up to ``FINISH_RETRY_S``) instead of losing a finished run to ERROR."""
@@ -101,6 +103,7 @@ async def _to_postrun(
             from_=list(from_),
             expect_attempt=attempt,
             release_lease=release_lease,
+            outbox=outbox,
             outcome=outcome.value,
             reason=reason,
         ),

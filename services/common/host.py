@@ -19,6 +19,7 @@ from typing import Any
 
 from litestar import Litestar
 
+from services.common import outbox
 from services.common.bus import Bus
 from services.common.consumer import Consumer
 from services.common.http import ops_routes
@@ -212,6 +213,9 @@ def service_app(
                 if every.first:
                     await every.job()
                 host.every(every.seconds, every.job, every.name)
+            if host.registry is not None:  # every such service relays: any one up suffices
+                registry, bus = host.registry, host.bus
+                host.every(outbox.RELAY_EVERY_S, lambda: outbox.relay(registry, bus), "outbox")
             yield
         finally:
             # The declared tasks first, then the service's own undo (it may still need

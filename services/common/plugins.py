@@ -3,11 +3,17 @@
 ``register`` raises on duplicates; ``create("module:Class")`` loads a custom plugin with an
 error that says how to fix it. Nothing registers itself at import time: each service
 builds its registry explicitly.
+
+A custom plugin must be a class, and of its registry's kind (``check``), before anything
+of it is called: ``"os:abort"`` names a callable, and creating it killed the service
+that loaded it (issue 33). The scheduler runs the same ``load_custom`` on each task it is
+given, in a child process (``services/scheduler/plugincheck.py``), and refuses the task.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -25,8 +31,8 @@ class Registry(Generic[T]):
     """Factories by name, plus custom ones loaded from ``"module:Class"``.
 
     ``error``: the exception raised (a service's own error type, so its callers catch
-    one kind). ``check``: for a custom factory, why it is not a plugin of this kind
-    (None: it is one).
+    one kind). ``check``: for a custom class, why it is not a plugin of this kind
+    (None: it is one); it is asked before the class is called.
     """
 
     def __init__(
@@ -65,7 +71,8 @@ class Registry(Generic[T]):
             raise self.error(f"custom {self.kind} {name!r} could not be created: {exc!r}") from None
 
     def load_custom(self, path: str) -> Callable[[], T]:
-        """The class (or factory) a ``"module:Class"`` path names, checked by ``check``."""
+        """The class a ``"module:Class"`` path names, checked by ``check`` (nothing of
+        it is called here: its module's import-time code is all that runs)."""
         if ":" not in path:
             known = ", ".join(self.names()) or "none"
             raise self.error(
@@ -91,7 +98,14 @@ class Registry(Generic[T]):
                 f"custom {self.kind} {path!r}: module {module_name!r} has no callable {attr!r}; "
                 "check the name after the ':'"
             )
-        problem = self.check(factory) if self.check else None
+        problem = self.check(factory) if self.check else None  # it calls nothing
+        article = "an" if self.kind[:1] in "aeiou" else "a"
+        if not inspect.isclass(factory):
+            raise self.error(
+                f"custom {self.kind} {path!r} is a {type(factory).__name__}, not a class: "
+                f"name {article} {self.kind} class ('package.module:ClassName')"
+                + (f"; {problem}" if problem else "")
+            )
         if problem:
-            raise self.error(f"custom {self.kind} {path!r} is not a {self.kind}: {problem}")
+            raise self.error(f"custom {self.kind} {path!r} is not {article} {self.kind}: {problem}")
         return factory

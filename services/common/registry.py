@@ -7,7 +7,9 @@ each successful change is then published as a ``SessionStateChanged`` event on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import re
 import secrets
 import time
@@ -30,10 +32,21 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.common.endpoints import redis_client
+from services.common.faults import BUS_DOWN, REGISTRY_DOWN
 from services.common.metrics import TRANSITIONS
 from services.common.redact import redact
 
 Publisher = Callable[[str, bytes, str], Awaitable[object]]  # (subject, payload, msg_id)
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message that must follow a registry change (see ``Registry.transition``)."""
+
+    subject: str
+    payload: bytes
+    msg_id: str  # the bus's dedupe id: a second copy of it is dropped
 
 
 # Remove a lease only if it is still expired (a holder may have just renewed it).
@@ -485,6 +498,7 @@ class Registry:
         reason: str | None = None,
         lease: tuple[str, float] | None = None,
         release_lease: str | None = None,
+        outbox: Outgoing | None = None,
         **fields: object,
     ) -> Transition:
         """Move ``session_id`` to ``to`` if its state is one of ``from_`` (default: any
@@ -493,7 +507,9 @@ class Registry:
         ``lease`` (owner, ttl seconds): take the session's lease in the same atomic step;
         ``release_lease`` (owner): drop it in that step while that owner holds it (as
         ``release(owner=..., attempt=...)``, the attempt fenced by ``expect_attempt``,
-        without a round trip of its own)."""
+        without a round trip of its own). ``outbox``: the message that must follow the
+        change, kept in the registry's outbox in the same step (``services.common.outbox``
+        publishes it and marks it sent)."""
         allowed = ALLOWED_FROM[to] if from_ is None else frozenset(from_) & ALLOWED_FROM[to]
         now = time.time()
         if reason is not None:
@@ -511,6 +527,7 @@ class Registry:
             "" if lease is None else repr(now + lease[1]),
             "" if expect_attempt is None else str(expect_attempt),
             release_lease or "",
+            *(("", "", "") if outbox is None else (outbox.msg_id, outbox.subject, outbox.payload)),
         ]
         for k, v in fields.items():
             args += [k, "" if v is None else str(v)]
@@ -538,7 +555,58 @@ class Registry:
             node=node,
             reason=_opt_str(fields.get("reason")),
         )
-        await self.publish(S.session_event(to.value), encode(event), f"{session_id}:{version}")
+        subject, payload, msg_id = (
+            S.session_event(to.value),
+            encode(event),
+            f"{session_id}:{version}",
+        )
+        try:
+            await self.publish(subject, payload, msg_id)
+        except BUS_DOWN as exc:
+            # The change is made: the caller's own hand-off must still go (it raised here
+            # before, and a retry's INIT work was never queued: issue 33). The event waits
+            # in the outbox for the bus instead.
+            log.warning("state event %s not published (%r): kept in the outbox", msg_id, exc)
+            with contextlib.suppress(*REGISTRY_DOWN):
+                await self.outbox_keep(Outgoing(subject, payload, msg_id))
+
+    # -- the outbox (services/common/outbox.py) ---------------------------------------
+    async def outbox_keep(self, *outs: Outgoing) -> None:
+        """Keep ``outs`` until ``outbox_sent``: for messages whose registry change was
+        made without them (``transition(outbox=...)`` keeps one in the change's own step)."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=True) as p:
+            p.hset(
+                S.KEY_OUTBOX,
+                mapping={o.msg_id: o.subject.encode() + b"\n" + o.payload for o in outs},
+            )
+            p.zadd(S.KEY_OUTBOX_DUE, {o.msg_id: now for o in outs})
+            await p.execute()
+
+    async def outbox_sent(self, *msg_ids: str) -> None:
+        async with self.redis.pipeline(transaction=True) as p:
+            p.hdel(S.KEY_OUTBOX, *msg_ids)
+            p.zrem(S.KEY_OUTBOX_DUE, *msg_ids)
+            await p.execute()
+
+    async def outbox_due(self, kept_before: float, limit: int = 500) -> list[Outgoing]:
+        """What the outbox has held since before ``kept_before`` (epoch seconds), oldest
+        first: the messages whose own publish failed, or whose publisher died."""
+        ids = await self.redis.zrangebyscore(S.KEY_OUTBOX_DUE, "-inf", kept_before, 0, limit)
+        if not ids:
+            return []
+        rows = await self.redis.hmget(S.KEY_OUTBOX, ids)
+        due = []
+        for msg_id, row in zip(ids, rows, strict=True):
+            if row is None:  # sent meanwhile
+                await self.redis.zrem(S.KEY_OUTBOX_DUE, msg_id)
+                continue
+            subject, _, payload = row.partition(b"\n")
+            due.append(Outgoing(subject.decode(), payload, msg_id.decode()))
+        return due
+
+    async def outbox_size(self) -> int:
+        return int(await self.redis.zcard(S.KEY_OUTBOX_DUE))
 
 
 def _nonzero(pairs: Iterable[tuple[bytes, bytes]]) -> dict[str, int]:

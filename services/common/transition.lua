@@ -7,7 +7,11 @@
 -- was lost and the session retried elsewhere, changes nothing),
 -- ARGV[7] a lease owner or "": drop the session's lease in the same step while that owner
 -- still holds it (a finishing holder lets go with its last change: no release after it),
--- ARGV[8..] field/value pairs to set ("" deletes the field; a new `token` replaces the
+-- ARGV[8] an outbox message id or "", ARGV[9] its subject, ARGV[10] its payload: the
+-- message that must follow this change (a retry's INIT work, a finish event) is kept in
+-- the outbox in the same step, so neither a bus outage nor this process dying between
+-- the change and the publish loses it (services/common/outbox.py relays it),
+-- ARGV[11..] field/value pairs to set ("" deletes the field; a new `token` replaces the
 -- old one's key; a new `attempt` sets `seq_floor`)
 -- Returns {1, from, version, seq, node} on success (node: where the session is placed,
 -- "" when nowhere, so every state-change event names it), {0, current, version, 0} when the CAS
@@ -32,7 +36,7 @@ if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'lease_owner') == ARGV[7] then
 end
 local old_token = redis.call('HGET', KEYS[1], 'token')
 local new_attempt = false
-for i = 8, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   if ARGV[i] == 'attempt' and ARGV[i + 1] ~= (cur[5] or '0') then new_attempt = true end
   if ARGV[i + 1] == '' then
     redis.call('HDEL', KEYS[1], ARGV[i])
@@ -75,6 +79,10 @@ if ARGV[1] ~= 'REGISTERED' and ARGV[1] ~= 'INITIALIZING' and ARGV[1] ~= 'READY'
     and ARGV[1] ~= 'RUNNING' then
   local token = redis.call('HGET', KEYS[1], 'token')
   if token then redis.call('DEL', @key_token(token)@) end
+end
+if ARGV[8] ~= '' then
+  redis.call('HSET', @KEY_OUTBOX@, ARGV[8], ARGV[9] .. '\n' .. ARGV[10])
+  redis.call('ZADD', @KEY_OUTBOX_DUE@, ARGV[4], ARGV[8])
 end
 local seq = redis.call('INCR', @KEY_TRANSITION_SEQ@)
 return {1, cur[1], v, seq, node or ''}

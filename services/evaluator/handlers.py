@@ -38,8 +38,10 @@ from schemas import (
     encode,
 )
 from schemas import subjects as S
+from services.common import cancels
 from services.common.bus import Bus
 from services.common.consumer import Poison, Retry
+from services.common.quarantine import Verdict
 from services.common.registry import Registry
 from services.evaluator import logic
 from services.evaluator.config import EvaluatorConfig
@@ -66,7 +68,21 @@ class EvaluatorService:
         # sessions evaluated at once, over every queue it takes (services.evaluator.main)
         self.slots = asyncio.Semaphore(config.concurrency)
 
-    async def on_built(self, msg: Msg) -> None:
+    async def give_up(self, msg: Msg) -> str | None:
+        """Asked before a session whose evaluation died with the process is evaluated
+        again: not when its task was cancelled meanwhile (``cancels``)."""
+        event = decode(await self.bus.payload(msg), TrajectoryBuilt)
+        asked = await cancels.asked(self.registry.redis, event.session_id)
+        if asked is None:
+            return None
+        return f"quarantined: cancelled ({asked}) after its evaluation died with the evaluator"
+
+    async def on_quarantined(self, msg: Msg, verdict: Verdict) -> None:
+        """Evaluating this session killed the service again and again: it is delivered
+        with an error result saying so, its evaluator not run again."""
+        await self.on_built(msg, quarantined=verdict)
+
+    async def on_built(self, msg: Msg, *, quarantined: Verdict | None = None) -> None:
         try:
             event = decode(await self.bus.payload(msg), TrajectoryBuilt)
         except (ContractError, LookupError) as exc:
@@ -93,7 +109,7 @@ class EvaluatorService:
         if decision.action is Action.FINALIZE:
             await self.finalize(event, task)
             return
-        await self.deliver(event, session, task)
+        await self.deliver(event, session, task, quarantined)
 
     async def task_spec(self, task_id: str) -> TaskRequest:
         spec = await self.registry.task_spec(task_id)
@@ -116,12 +132,27 @@ class EvaluatorService:
             raise Poison(f"the built trajectory {name!r} is not a Trajectory: {exc}") from None
 
     # -- the one delivery -------------------------------------------------------------
-    async def deliver(self, event: TrajectoryBuilt, session: Session, task: TaskRequest) -> None:
+    async def deliver(
+        self,
+        event: TrajectoryBuilt,
+        session: Session,
+        task: TaskRequest,
+        quarantined: Verdict | None = None,
+    ) -> None:
         sid, attempt = event.session_id, event.attempt
         trajectory = await self.load(event)
         record = await self.records.get(sid, attempt)
         result = record.result if record else None
-        if result is None:
+        if result is None and quarantined is not None:
+            why = quarantined.reason
+            if quarantined.action != "given_up":
+                why = (
+                    f"quarantined: the evaluator's process died {quarantined.times} while "
+                    f"evaluating it with {task.evaluator.name!r}; not run again"
+                )
+            result = EvalResult.error(why)
+            result = await self.records.keep(sid, attempt, result)
+        elif result is None:
             result = await self.evaluate(event, task, trajectory)
             result = await self.records.keep(sid, attempt, result)
         fresh = bool(record and record.fresh)

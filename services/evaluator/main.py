@@ -55,7 +55,15 @@ def _consumer(service: EvaluatorService, queue: ConsumerConfig) -> Consumer:
             await service.on_built(msg)
 
     concurrency = service.config.concurrency
-    return Consumer(service.bus, S.STREAM_SESSIONS, queue, bounded, concurrency=concurrency)
+    return Consumer(
+        service.bus,
+        S.STREAM_SESSIONS,
+        queue,
+        bounded,
+        concurrency=concurrency,
+        on_quarantine=service.on_quarantined,
+        give_up=service.give_up,
+    )
 
 
 def create_app(config: EvaluatorConfig | None = None) -> Litestar:

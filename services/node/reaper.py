@@ -39,7 +39,8 @@ from schemas.task import LocalRuntime
 from services.common.bus import Bus
 from services.common.faults import REGISTRY_DOWN, registry_refuses_writes
 from services.common.finish import fail_before_run, finish_session, may_retry
-from services.common.registry import Registry, new_token
+from services.common.outbox import hand_off
+from services.common.registry import Outgoing, Registry, new_token
 from services.node.prewarm import ROLE as EVAL_ROLE
 from services.node.prewarm import prewarm_runtime_id
 from services.node.session import SessionPaths
@@ -50,8 +51,17 @@ ST = SessionState
 
 
 async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> bool:
-    """Back to REGISTERED with the next attempt, and new init work."""
+    """Back to REGISTERED with the next attempt, and new init work (kept in the outbox
+    with the change: a bus outage or a crash right after it cannot strand the session)."""
     nxt = session.attempt + 1
+    work = InitWork(
+        ts=time.time(),
+        session_id=session.session_id,
+        task_id=session.task_id,
+        priority=session.priority,
+        attempt=nxt,
+    )
+    out = Outgoing(S.SESSIONS_INIT, encode(work), f"init:{session.session_id}:{nxt}")
     t = await registry.transition(
         session.session_id,
         ST.REGISTERED,
@@ -62,18 +72,10 @@ async def retry_session(registry: Registry, bus: Bus, session, reason: str) -> b
         reason=reason,
         node=None,
         runtime_id=None,
+        outbox=out,
     )
     if t.ok:
-        work = InitWork(
-            ts=time.time(),
-            session_id=session.session_id,
-            task_id=session.task_id,
-            priority=session.priority,
-            attempt=nxt,
-        )
-        await bus.publish_retrying(
-            S.SESSIONS_INIT, encode(work), msg_id=f"init:{session.session_id}:{nxt}"
-        )
+        await hand_off(registry, bus, out)
     return t.ok
 
 

@@ -15,7 +15,6 @@ from proxy.callcount import forget_calls
 from schemas import (
     LIVE_STATES,
     CancelTask,
-    InitWork,
     Session,
     SessionState,
     SessionStateChanged,
@@ -26,15 +25,20 @@ from schemas import (
     encode,
 )
 from schemas import subjects as S
+from services.common import cancels
 from services.common.bus import Bus
 from services.common.consumer import Poison
 from services.common.finish import CANCELLABLE, fail_before_run
 from services.common.finish import cancel_session as finish_cancelled
-from services.common.registry import Registry, TaskRecord
+from services.common.outbox import hand_off_all
+from services.common.quarantine import Verdict
+from services.common.registry import Outgoing, Registry, TaskRecord
 from services.scheduler import logic
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.plugincheck import PluginCheck
 
 log = logging.getLogger(__name__)
+AFTER_RUN = (SessionState.POSTRUN, SessionState.BUILDING, SessionState.EVALUATING)
 
 # Set KEYS[1] to ARGV[2] (expiring in ARGV[3] s) only if it still holds ARGV[1] ('' for
 # absent): copies racing in several handlers or replicas agree on one first copy.
@@ -51,12 +55,24 @@ class Scheduler:
         self.bus, self.registry, self.config = bus, registry, config
         self.id = uuid.uuid4().hex  # this replica, for claims
         self._swap = registry.redis.register_script(_SWAP)
+        self.plugins = PluginCheck()
 
     # -- submission -----------------------------------------------------------------
+    async def parse(self, raw: bytes) -> TaskRequest | logic.Rejection:
+        """A submitted task (bus or HTTP), or why it is refused: its fields, and every
+        custom plugin it names loaded as its service would load it (``plugincheck``)."""
+        parsed = logic.parse_submission(raw, max_bytes=self.config.max_task_bytes)
+        if isinstance(parsed, logic.Rejection):
+            return parsed
+        refused = await self.plugins.refusal(logic.plugin_refs(parsed))
+        if refused is not None:
+            return logic.Rejection(refused[1], refused[0], parsed.task_id)
+        return parsed
+
     async def on_submit(self, msg: Msg) -> None:
         raw = await self.bus.payload(msg)
         msg_id = (msg.headers or {}).get("Nats-Msg-Id")
-        parsed = logic.parse_submission(raw, max_bytes=self.config.max_task_bytes)
+        parsed = await self.parse(raw)
         if isinstance(parsed, logic.Rejection):
             await self.reject(raw, parsed)
             return
@@ -66,6 +82,12 @@ class Scheduler:
         result = await self.accept(logic.with_task_id(parsed, msg_id, fresh))
         if isinstance(result, logic.Rejection):
             await self.reject(raw, result)
+
+    async def on_submit_quarantined(self, msg: Msg, verdict: Verdict) -> None:
+        """Taking this task killed the scheduler again and again: it is refused."""
+        raw = await self.bus.payload(msg)
+        why = f"quarantined: the scheduler's process died {verdict.times} taking this task"
+        await self.reject(raw, logic.Rejection(why, task_id=logic.named_task_id(raw)))
 
     async def anonymous_task_id(self, raw: bytes, msg: Msg) -> str:
         """The task id of a message that names none: the first copy's when the same bytes
@@ -98,33 +120,21 @@ class Scheduler:
                 "$.task_id",
                 task.task_id,
             )
-        # Also on a duplicate: the first attempt may have died before publishing.
-        await self._publish_init(s for s in sessions if s.state == SessionState.REGISTERED)
-        accepted = TaskAccepted(
-            ts=time.time(), task_id=task.task_id, session_ids=[s.session_id for s in sessions]
-        )
-        await self.bus.send(S.TASKS_ACCEPTED, encode(accepted), msg_id=f"accepted:{task.task_id}")
-        return sessions
-
-    async def _publish_init(self, sessions) -> None:
-        pubs = [
-            self.bus.send(
-                S.SESSIONS_INIT,
-                encode(
-                    InitWork(
-                        ts=time.time(),
-                        session_id=s.session_id,
-                        task_id=s.task_id,
-                        priority=s.priority,
-                        attempt=s.attempt,
-                    )
-                ),
-                msg_id=logic.init_msg_id(s),
-            )
+        # Also on a duplicate: the first attempt may have died before publishing. Through
+        # the outbox: with the bus away the task is still accepted (it is registered),
+        # and its INIT work goes out once the bus is back.
+        now = time.time()
+        outs = [
+            Outgoing(S.SESSIONS_INIT, encode(logic.init_work(s, now)), logic.init_msg_id(s))
             for s in sessions
+            if s.state == SessionState.REGISTERED
         ]
-        for i in range(0, len(pubs), 256):  # bounded fan-out of pending acks
-            await asyncio.gather(*pubs[i : i + 256])
+        accepted = TaskAccepted(
+            ts=now, task_id=task.task_id, session_ids=[s.session_id for s in sessions]
+        )
+        outs.append(Outgoing(S.TASKS_ACCEPTED, encode(accepted), f"accepted:{task.task_id}"))
+        await hand_off_all(self.registry, self.bus, outs)
+        return sessions
 
     async def reject(self, raw: bytes, rejection: logic.Rejection) -> None:
         log.info("rejected task: %s", rejection.reason)
@@ -159,9 +169,12 @@ class Scheduler:
     async def cancel_session(self, session_id: str, reason: str) -> bool:
         """Cancel a session that has not run yet or is running: it ends through POSTRUN
         with outcome CANCELLED, so it still yields its trajectory and its group is whole.
-        One already past its run is left to deliver (it is ending anyway): False."""
+        One already past its run is left to deliver (it is ending anyway): False; the
+        cancel is kept for it (``cancels``), in case its build or evaluation keeps dying."""
         for _ in range(3):  # it may move under us (READY -> RUNNING, a retry): read again
             s = await self.registry.get_session(session_id)
+            if s is not None and s.state in AFTER_RUN:
+                await cancels.ask(self.registry.redis, session_id, reason)
             if s is None or s.state not in CANCELLABLE:
                 return False
             if await finish_cancelled(self.registry, self.bus, s, reason):

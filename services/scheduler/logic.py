@@ -15,6 +15,7 @@ import orjson
 from schemas import (
     TERMINAL_STATES,
     ContractError,
+    InitWork,
     Session,
     SessionResult,
     SessionState,
@@ -50,7 +51,7 @@ def parse_submission(raw: bytes, *, max_bytes: int, strict: bool = True) -> Task
         return Rejection(f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
         return Rejection(f"a task must be a JSON object, got {type(obj).__name__}")
-    task_id = obj.get("task_id") if isinstance(obj.get("task_id"), str) else None
+    task_id = _task_id_in(obj)
     try:
         task = (decode_strict if strict else decode)(raw, TaskRequest)
     except ContractError as exc:
@@ -61,7 +62,57 @@ def parse_submission(raw: bytes, *, max_bytes: int, strict: bool = True) -> Task
     return task
 
 
-def _plugin_problem(kind: str, name: str, builtin: frozenset[str]) -> str | None:
+def _task_id_in(obj: object) -> str | None:
+    task_id = obj.get("task_id") if isinstance(obj, dict) else None
+    return task_id if isinstance(task_id, str) else None
+
+
+def named_task_id(raw: bytes) -> str | None:
+    """The task id a submitted message names, if any (for a rejection)."""
+    try:
+        return _task_id_in(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return None
+
+
+@dataclass(frozen=True)
+class PluginRef:
+    """A plugin a task names: where (the field), what kind, and its name."""
+
+    field: str
+    kind: str
+    name: str
+
+    @property
+    def custom(self) -> bool:
+        return ":" in self.name
+
+
+BUILTIN = {
+    "harness": BUILTIN_HARNESSES,
+    "builder": BUILTIN_BUILDERS,
+    "evaluator": BUILTIN_EVALUATORS,
+}
+
+
+def plugin_refs(task: TaskRequest) -> list[PluginRef]:
+    """Every plugin the task names: its harness, builder and evaluator, and the base
+    evaluator a ``rubric`` mixes its score into (``evaluator.config.base.name``)."""
+    refs = [
+        PluginRef("$.agent.harness", "harness", task.agent.harness),
+        PluginRef("$.builder.name", "builder", task.builder.name),
+        PluginRef("$.evaluator.name", "evaluator", task.evaluator.name),
+    ]
+    base = task.evaluator.config.get("base") if task.evaluator.name == "rubric" else None
+    if isinstance(base, dict) and isinstance(base.get("name"), str):
+        refs.append(PluginRef("$.evaluator.config.base.name", "evaluator", base["name"]))
+    return refs
+
+
+def _plugin_problem(ref: PluginRef) -> str | None:
+    """Why nobody has the plugin ``ref`` names, from its name alone (a custom one that
+    can be found is checked further by ``services/scheduler/plugincheck.py``)."""
+    kind, name, builtin = ref.kind, ref.name, BUILTIN[ref.kind]
     if name in builtin:
         return None
     if not _CUSTOM.match(name):
@@ -79,14 +130,10 @@ def _plugin_problem(kind: str, name: str, builtin: frozenset[str]) -> str | None
 
 def check_plugins(task: TaskRequest) -> tuple[str, str] | None:
     """(field, reason) when the task names a harness, builder or evaluator nobody has."""
-    for path, kind, name, builtin in (
-        ("$.agent.harness", "harness", task.agent.harness, BUILTIN_HARNESSES),
-        ("$.builder.name", "builder", task.builder.name, BUILTIN_BUILDERS),
-        ("$.evaluator.name", "evaluator", task.evaluator.name, BUILTIN_EVALUATORS),
-    ):
-        reason = _plugin_problem(kind, name, builtin)
+    for ref in plugin_refs(task):
+        reason = _plugin_problem(ref)
         if reason:
-            return path, reason
+            return ref.field, reason
     return None
 
 
@@ -225,3 +272,13 @@ def build_result(
 
 def init_msg_id(session: Session) -> str:
     return f"init:{session.session_id}:{session.attempt}"
+
+
+def init_work(session: Session, now: float) -> InitWork:
+    return InitWork(
+        ts=now,
+        session_id=session.session_id,
+        task_id=session.task_id,
+        priority=session.priority,
+        attempt=session.attempt,
+    )

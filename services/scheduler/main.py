@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException
+from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath
@@ -39,6 +39,7 @@ def consumers(sched: Scheduler) -> list[Consumer]:
             work_consumer(S.CONSUMER_SCHEDULER_SUBMIT, S.TASKS_SUBMIT),
             sched.on_submit,
             concurrency=8,
+            on_quarantine=sched.on_submit_quarantined,
         ),
         Consumer(
             bus,
@@ -87,13 +88,23 @@ def _refused(_: Request, exc: NotAuthorizedException) -> Response:
     return response
 
 
+def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Litestar's own refusals (a body over the limit, an unknown route or method) in
+    the API's error shape; a body over the limit names the limit."""
+    message = exc.detail
+    if exc.status_code == 413:
+        limit = _sched(request).config.max_task_bytes
+        message = f"the task is larger than the limit of {limit} bytes (max_task_bytes)"
+    return _error(exc.status_code, message)
+
+
 @post(
     "/tasks", status_code=201, summary="Submit a task (TaskRequest JSON)", opt={"role": auth.ADMIN}
 )
 async def submit_task(request: Request) -> Response:
     sched = _sched(request)
     raw = await request.body()
-    parsed = logic.parse_submission(raw, max_bytes=sched.config.max_task_bytes, strict=True)
+    parsed = await sched.parse(raw)
     if isinstance(parsed, logic.Rejection):
         return _error(400, parsed.reason, parsed.field)
     result = await sched.accept(logic.with_task_id(parsed))
@@ -179,7 +190,7 @@ def create_app(config: SchedulerConfig | None = None) -> Litestar:
         build,
         routes=[submit_task, get_task, cancel_task, get_session],
         guards=[credential_guard(cfg)],
-        exception_handlers={NotAuthorizedException: _refused},
+        exception_handlers={NotAuthorizedException: _refused, HTTPException: _http_error},
         openapi_config=OpenAPIConfig(title="Polar scheduler", version="1"),
-        request_max_body_size=cfg.max_task_bytes + 1024,
+        request_max_body_size=cfg.max_task_bytes,  # a 413 past it (_http_error)
     )

@@ -1,6 +1,8 @@
-"""The shared consumer loop against real NATS JetStream: long handlers are kept alive."""
+"""The shared consumer loop against real NATS JetStream: long handlers are kept alive; a
+message that kills its process is quarantined."""
 
 import asyncio
+import contextlib
 import uuid
 
 import pytest
@@ -105,3 +107,54 @@ async def test_a_registry_outage_does_not_use_up_max_deliver(bus, tmp_path):
         await client.aclose()
         await bus.js.delete_stream(name)
         localservers.stop_process(valkey.pid)
+
+
+async def test_a_message_that_kills_its_process_is_quarantined_not_its_neighbours(bus, nats_url):
+    """The consumer runs in a process of its own, started again whenever it dies. One
+    message ends the process whenever it is handled; three slow ones are in flight beside
+    it at each of its first three deaths. From the third death on, each is run alone (one
+    such suspect at a time): the killer dies alone and is quarantined at its fourth death
+    (dead-lettered, ``on_quarantine`` told); the slow ones, never alone at a death, are
+    handled (issue 33: before, all four died with the process up to ``max_deliver`` times,
+    then JetStream dropped them)."""
+    import sys
+
+    from schemas import subjects as S
+
+    name = f"TEST_Q_{uuid.uuid4().hex[:8].upper()}"
+    await ensure_streams(
+        bus.js, (StreamConfig(name=name, subjects=[f"{name}.>"], storage=StorageType.FILE),)
+    )
+    done = await bus.nc.subscribe(f"sig.{name}.done")
+    quarantined = await bus.nc.subscribe(f"sig.{name}.quarantined")
+    dead = await bus.nc.subscribe(S.dead_letter(name))
+    await bus.js.publish(f"{name}.work", b"poison")
+    for _ in range(3):
+        await bus.js.publish(f"{name}.work", b"slow:1.5")
+    command = [sys.executable, "-m", "tests.helpers.dying_consumer", nats_url, name]
+    proc, deaths, handled = None, 0, 0
+    try:
+        async with asyncio.timeout(300):  # a bound for a hang: the deaths are what count
+            while handled < 3 or not quarantined.pending_msgs:
+                if proc is None or proc.returncode is not None:
+                    deaths += proc is not None
+                    assert deaths <= 5, f"the consumer's process died {deaths} times"
+                    proc = await asyncio.create_subprocess_exec(*command)
+                with contextlib.suppress(TimeoutError):
+                    await done.next_msg(timeout=0.2)
+                    handled += 1
+        assert deaths == 4 and handled == 3
+        assert (await quarantined.next_msg(timeout=1)).data == b"poison"
+        msg = await dead.next_msg(timeout=10)
+        assert msg.data == b"poison"
+        assert msg.headers["Polar-Reason"] == (
+            "quarantined: its process died 4 times while handling it, the last time running alone"
+        )
+        assert proc.returncode is None  # it serves on
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for sub in (done, quarantined, dead):
+            await sub.unsubscribe()
+        await bus.js.delete_stream(name)

@@ -201,8 +201,15 @@ async def test_http_api(nats_url, redis_url, monkeypatch, bus, redis_client, tmp
         assert b"polar_messages_total" in (await client.get("/metrics")).content
         schema = (await client.get("/schema/openapi.json")).json()
         assert {"/tasks", "/tasks/{task_id}", "/sessions/{session_id}"} <= set(schema["paths"])
-        huge = await client.post("/tasks", content=b"{" + b" " * 600_000 + b"}")
-        assert huge.status_code in (400, 413)
+        # the API's error shape, the limit named (it was litestar's own: {"status_code":
+        # 413, "detail": "Request Entity Too Large"}, issue 33)
+        huge = await client.post("/tasks", content=b"{" + b" " * 900 * 1024 + b"}")
+        assert huge.status_code == 413, huge.text
+        limit = cfg.max_task_bytes
+        assert huge.json() == {"error": {"message": f"the task is larger than the limit of "
+                                         f"{limit} bytes (max_task_bytes)", "field": None}}  # fmt: skip
+        nowhere = await client.get("/nowhere")
+        assert nowhere.status_code == 404 and set(nowhere.json()) == {"error"}
 
 
 async def test_retry_until_max_deliver_is_dead_lettered(bus):

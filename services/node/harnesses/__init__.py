@@ -28,8 +28,16 @@ CLI_PRESETS = {
 }
 
 
+def _is_harness(cls: object) -> str | None:
+    if isinstance(cls, type) and issubclass(cls, Harness):
+        return None
+    return (
+        "it must be a subclass of Harness (services.node.harnesses.base; CliHarness for an npm CLI)"
+    )
+
+
 def default_registry() -> Registry[Harness]:
-    reg: Registry[Harness] = Registry("harness")
+    reg: Registry[Harness] = Registry("harness", check=_is_harness)
     reg.register("shell", ShellHarness)
     reg.register("noop", NoopHarness)
     for name, cls in CLI_PRESETS.items():

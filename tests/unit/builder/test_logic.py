@@ -197,6 +197,16 @@ def test_failed_builder_falls_back_to_masked_per_request():
     assert all(not t.trainable and not any(t.loss_mask) for t in tr.traces)
 
 
+def test_a_quarantined_session_is_built_by_the_fallback_without_its_builder():
+    # issue 33: building it killed the builder again and again; its builder is not run
+    cap = loop_records(3)
+    spec = BuilderSpec(name=f"{HERE}:Broken")  # it would raise if it were run
+    why = "quarantined: the builder's process died 4 times building it"
+    tr = logic.build_trajectory(finished(), spec, cap.records, default_registry(), (), why)
+    assert tr.metadata["build_error"] == why and not tr.intact
+    assert tr.metadata["fallback_builder"] == "per_request" and len(tr.traces) == 3
+
+
 @pytest.mark.parametrize(
     ("name", "config", "error"),
     [

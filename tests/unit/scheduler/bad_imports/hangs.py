@@ -1,0 +1,9 @@
+"""Importing this blocks for a minute."""
+
+import time
+
+time.sleep(60)
+
+
+class Evaluator:  # never reached
+    async def evaluate(self, ctx): ...
