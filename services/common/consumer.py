@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 
@@ -31,6 +32,23 @@ from services.common.metrics import HANDLER_SECONDS, INFLIGHT, MESSAGES
 from services.common.quarantine import QUARANTINE_AFTER, Trial, Trials, Verdict
 
 log = logging.getLogger(__name__)
+# granian's crash-loop window (a worker dead within 5.5 s of its respawn ends the server),
+# with a margin: the age of this process before it runs a message that killed one before
+SUSPECT_AFTER_S = 7.0
+
+
+def process_age() -> float:
+    """Seconds since this process started (a granian worker forked from its server: not
+    the age of the modules it inherited), from /proc; 0 where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
 
 Handler = Callable[[Msg], Awaitable[None]]
 # Ends the session of a quarantined message with the verdict's reason; one that raises is
@@ -208,6 +226,12 @@ class Consumer:
         )
 
     async def _run(self, msg: Msg, trial: Trial) -> None:
+        if trial.verdict.deaths:
+            # A suspect runs only once this process is SUSPECT_AFTER_S old: granian takes a
+            # worker that dies sooner after its respawn for a crash loop and exits for good
+            # (the evaluator did, at its third death of four), where it should respawn it
+            # and let the quarantine end the message. Kept in progress meanwhile.
+            await asyncio.sleep(max(0.0, SUSPECT_AFTER_S - process_age()))
         if trial.verdict.action != "alone":
             return await self._run_handler(msg)
         async with self._alone:  # a death now is this message's own

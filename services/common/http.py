@@ -51,6 +51,11 @@ def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
         factory=factory,
         loop=_fastest_loop(Loops),
         log_access=False,
+        # a worker that dies (a plugin that kills its process, the OOM killer) is started
+        # again by the server's own process, as a supervisor would: the message it held
+        # comes back and, dying again and again, is quarantined (services/common/quarantine.py)
+        respawn_failed_workers=True,
+        respawn_interval=1.0,
     ).serve()
 
 

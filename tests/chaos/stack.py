@@ -155,6 +155,14 @@ class Stack:
             # service exits at start-up (it says why): started again, as a supervisor would
             await asyncio.to_thread(self.start, fault, 8)
 
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        """The end of a service's log (what a failing assertion shows)."""
+        logs = sorted((self.root / "logs").glob(f"*{name}*"))
+        return "\n".join(
+            f"== {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            for path in logs
+        )
+
     def stop(self) -> None:
         for p in self.procs.values():
             with contextlib.suppress(Exception):

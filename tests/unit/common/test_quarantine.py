@@ -43,3 +43,18 @@ def test_three_kills_of_a_service_never_quarantine_a_message():
     # alone next, and is not quarantined
     assert QUARANTINE_AFTER == AFTER
     assert judge(4, Record(), after=QUARANTINE_AFTER, last=False).action == "alone"
+
+
+def test_a_process_knows_its_own_age_not_its_modules():
+    """A suspect waits until its process is SUSPECT_AFTER_S old (granian's crash-loop
+    window): the age is the process's own, so a fresh child is young."""
+    import subprocess
+    import sys
+
+    from services.common.consumer import SUSPECT_AFTER_S, process_age
+
+    assert process_age() > 0
+    code = "from services.common.consumer import process_age; print(process_age())"
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                 text=True, check=True).stdout)  # fmt: skip
+    assert 0 <= child < SUSPECT_AFTER_S * 10  # seconds, not the parent's age or the uptime
