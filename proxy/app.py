@@ -188,6 +188,10 @@ class _Proxy:
             # captures it
             for_call = generate or (endpoint is Endpoint.COUNT_TOKENS and self.counter is not None)
             lookup = self.lookup(request, for_call)  # under way while the body is read
+            if request.headers.get("expect", "").lower() == "100-continue":
+                # the 100 Continue goes out as the body is read: only to a valid token
+                # (an unknown one is a 401 here, before it); later awaits get the session
+                lookup = asyncio.sleep(0, await self.session(lookup))
             if endpoint is Endpoint.MODELS or endpoint is Endpoint.MODEL:
                 return await self.models(spec, await self.session(lookup), request)
             try:

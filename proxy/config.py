@@ -5,6 +5,7 @@ from typing import Any
 
 import msgspec
 
+from proxy.io.limits import HttpLimits
 from schemas.engine import DEFAULT_MODEL_DIR
 from schemas.topology import EMBEDDED_URL, Backend
 from services.common.settings import ENGINE_KEY_ENV, ServiceSettings, unset
@@ -43,6 +44,8 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     backends: list[Backend] = []  # from topology.yaml; overrides `backend` when set
     mode: str = "token"  # token (TITO: proxy templates, sends ids) | chat (engine templates)
     model_dir: str | None = None  # tokenizer + chat template for token mode
+    # the HTTP server's bounds: head/body/idle timeouts, connection caps (proxy/io/limits.py)
+    http_server: HttpLimits = HttpLimits()
     # the model family (docs/models.md: qwen3, qwen3_5, llama3, gpt_oss, deepseek_v3,
     # mistral, ...); None: detected from model_dir's config.json and chat template
     model_family: str | None = None
@@ -52,7 +55,12 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     # the call starts a new chain named by the cause (proxy/tito.py)
     history: str = "keep_sampled"
     default_max_tokens: int = 1024
+    # A body over this is refused (413) before it is read.
     max_body_bytes: int = 16 * 1024 * 1024
+    # The model's context in tokens: a prompt whose text alone cannot fit it is refused
+    # (400, context_length) before it is templated or tokenized (proxy/promptbound.py). None:
+    # the engine's, as its probe reports it, else model_dir's config.json; 0: no such check.
+    context_tokens: int | None = None
     keepalive_seconds: float = 10.0
     # Poll instead of sleeping for up to this long while a Redis or JetStream reply is
     # due (never the engine's: proxy/io/spin.py); 0: off.

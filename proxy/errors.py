@@ -2,6 +2,7 @@
 
     ProxyError                 status + message + kind (+ param)
       ├── ProtocolError        the harness sent something we cannot serve: a 4xx
+      │     └── PromptTooLong  a prompt that cannot fit the model's context (a 400)
       └── UpstreamError        the backend or the capture failed: kind picks the status
 
 Each protocol maps an ``ErrorKind`` to its own status and error type (``error_body``);
@@ -60,6 +61,14 @@ class ProtocolError(ProxyError):
 
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(status, message, _KIND_OF_STATUS.get(status, ErrorKind.BAD_REQUEST), param)
+
+
+class PromptTooLong(ProtocolError):
+    """A prompt that cannot fit the model's context: the 400 of kind ``context_length``
+    that an engine answers for one, given by the proxy before it templates the prompt."""
+
+    def __init__(self, message: str):
+        ProxyError.__init__(self, 400, message, ErrorKind.CONTEXT_LENGTH)
 
 
 class UpstreamError(ProxyError):

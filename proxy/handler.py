@@ -39,7 +39,9 @@ from proxy.images import (
 )
 from proxy.io.resp import RedisReplyError, RedisUnavailable
 from proxy.io.serving import serving_loop
-from proxy.modes import MODES, rejected
+from proxy.memory import MemoryGiveBack
+from proxy.modes import MODES, OffLoop, rejected
+from proxy.promptbound import PromptBound
 from proxy.tito import KEEP_SAMPLED, PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
 from services.common.jspub import DuplicateMessage, JetStreamPublisher
@@ -69,8 +71,14 @@ class CompletionHandler:
         default_max_tokens: int,
         images: ImageStore | None = None,
         history: str = KEEP_SAMPLED,
+        context_tokens: int | None = None,
+        memory: MemoryGiveBack | None = None,
     ) -> None:
-        self.upstream = MODES[mode](backend, tokenizer, images, history)
+        self.off_loop = OffLoop()
+        self.upstream = MODES[mode](backend, tokenizer, images, history, self.off_loop)
+        # a prompt whose text cannot fit ``context_tokens`` is refused before templating
+        self.bound = PromptBound.of(tokenizer, context_tokens)
+        self.memory = memory or MemoryGiveBack()
         self.publisher, self.store, self.gate = publisher, store, gate
         self.mode, self.tok, self.default_max_tokens = mode, tokenizer, default_max_tokens
         self.numbers = Numbering(store, publisher)
@@ -84,6 +92,10 @@ class CompletionHandler:
         renders ahead (token mode: a short first call's prompt ids). Raises nothing: a
         failure is raised when the call is made."""
         request = _Request(conv, protocol, raw, headers)
+        if self.bound is not None:  # refused as it is made: nothing converted or rendered
+            request.broken = self.bound.refusal(conv)
+            if request.broken is not None:
+                return partial(self._complete, request)
         try:
             request.describe(self.family)
             request.side_call = sidecalls.classify(protocol, conv)
@@ -94,8 +106,14 @@ class CompletionHandler:
         return partial(self._complete, request)
 
     async def _complete(self, request: _Request, session: SessionInfo, render: Render) -> Any:
+        try:
+            return await self._call(request, session, render)
+        finally:  # a large request's memory is given back once it is gone
+            self.memory.after(len(request.raw))
+
+    async def _call(self, request: _Request, session: SessionInfo, render: Render) -> Any:
         protocol, conv = request.protocol, request.conv
-        if request.broken is not None:
+        if request.broken is not None:  # a converter's bug, or a prompt that cannot fit
             await self.unused(session, protocol, _failure(request.broken))
             raise request.broken
         ctx = self._context(session, protocol, request)
@@ -154,15 +172,26 @@ class CompletionHandler:
         """count_tokens, answered from the model's tokenizer (else estimated) and captured
         as a side call (its prompt, nothing sampled) under the number its lookup took, so
         a trajectory lists every call the harness made."""
+        try:
+            return await self._count(session, conv, protocol, raw, headers)
+        finally:
+            self.memory.after(len(raw))
+
+    async def _count(
+        self,
+        session: SessionInfo,
+        conv: Conversation,
+        protocol: str,
+        raw: bytes,
+        headers: Mapping[str, str],
+    ) -> int:
         request = _Request(conv, protocol, raw, headers)
         try:
+            if self.bound is not None and (too_long := self.bound.refusal(conv)):
+                raise too_long
             request.describe(self.family)
             request.side_call = "count_tokens"
-            ids = (
-                self.tok.render_ids(request.messages, request.tools, **request.template_kwargs)
-                if self.tok
-                else []
-            )
+            ids = await self.off_loop(len(raw), self._count_ids, request) if self.tok else []
         except Exception as exc:  # the number its lookup took is given back either way
             await self.unused(session, protocol, _failure(exc))
             if isinstance(exc, TemplateRenderError):
@@ -180,6 +209,10 @@ class CompletionHandler:
         except (RedisUnavailable, RedisReplyError) as exc:
             raise UpstreamError(503, f"session state unavailable: {exc}") from exc
         return len(ids) if self.tok is not None else estimate_tokens(conv)
+
+    def _count_ids(self, request: _Request) -> list[int]:
+        assert self.tok is not None
+        return self.tok.render_ids(request.messages, request.tools, **request.template_kwargs)
 
     async def unused(self, session: SessionInfo, protocol: str, reason: str) -> None:
         """The call its lookup numbered will not be made (its request was refused)."""
@@ -279,7 +312,7 @@ class CompletionHandler:
         """The harness left before an answer: record the call, aborted, with its prompt."""
         metrics.CALLS.labels(ctx.protocol.value, "aborted").inc()
         try:
-            plan = self.upstream.aborted_plan(request, states, ctx.session_id, ctx.attempt)
+            plan = await self.upstream.aborted_plan(request, states, ctx.session_id, ctx.attempt)
             empty = Generation(
                 prompt_ids=plan.prompt_ids, output_ids=[], output_logprobs=[], finish_reason="abort"
             )
@@ -328,7 +361,8 @@ class _Request:
         self.prompt_key = b""  # what decides a first call's prompt: messages, tools, variables
         self.prompt_ids: list[int] | None = None  # token mode: rendered in full ahead
         self.rejected: ProtocolError | None = None  # the chat template refused it
-        self.broken: Exception | None = None  # converting it failed (a bug)
+        # converting it failed (a bug), or its prompt cannot fit (``PromptTooLong``)
+        self.broken: Exception | None = None
         self.image_urls: list[str] = []
         self._images: list[PromptImage] | None = None
         self._by_digest: list[dict] | None = None

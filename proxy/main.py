@@ -25,7 +25,7 @@ import msgspec
 from proxy import metrics
 from proxy.app import ModelCall, SessionInfo, generic_error, json_response
 from proxy.app import create_app as create_proxy_app
-from proxy.backends.base import BackendCapabilityError, BackendError
+from proxy.backends.base import BackendCapabilityError, BackendError, Capabilities
 from proxy.backends.base import ErrorKind as BackendKind
 from proxy.backends.factory import engine_settings, make_pool
 from proxy.backends.probe import ProbeIds, not_ready, probe_refused, prompt_ids
@@ -178,14 +178,15 @@ def admin_routes(gate: WeightGate, state: dict, token: str | None) -> list[Opera
     ]
 
 
-async def probe_until_up(backend, timeout: float, input_ids: ProbeIds | None = None) -> None:
+async def probe_until_up(
+    backend, timeout: float, input_ids: ProbeIds | None = None
+) -> Capabilities:
     """Probe the engine, waiting only while it is not up yet (no answer, 503, ...); an
     answer that refuses the probe is final at once."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
-            await backend.probe(input_ids)
-            return
+            return await backend.probe(input_ids)
         except BackendError as exc:
             if not not_ready(exc):
                 raise (
@@ -214,6 +215,17 @@ class LazyTokenizer:
         return prompt_ids(self.get())
 
 
+def context_tokens(
+    cfg: ProxyConfig, caps: Capabilities | None, tok: ChatTokenizer | None
+) -> int | None:
+    """The context a prompt must fit: configured, else the engine's, else the model's."""
+    if cfg.context_tokens is not None:
+        return cfg.context_tokens
+    if caps is not None and caps.context_length:
+        return caps.context_length
+    return tok.context_tokens if tok is not None else None
+
+
 def create_app(config: ProxyConfig | None = None) -> ProxyApp:
     cfg = config or load(ProxyConfig)
     host = ServiceHost("proxy", cfg)
@@ -231,11 +243,12 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
             engine.kind, engine.urls, model=engine.model, modes=(mode,), settings=engine.settings
         )
         tokenizer = LazyTokenizer(cfg.tokenizer_dir(), cfg.model_family)
+        caps: Capabilities | None = None
         if cfg.probe_backend:  # refuses an engine that cannot return token ids
             ids = (
                 tokenizer.probe_ids if mode == UpstreamMode.TOKEN and tokenizer.model_dir else None
             )
-            await probe_until_up(backend, cfg.probe_timeout_seconds, ids)
+            caps = await probe_until_up(backend, cfg.probe_timeout_seconds, ids)
         late.tokenizer = tokenizer.get()  # after the probe: an embedded engine writes its dir
         backend.start()
         state["backend"] = backend
@@ -259,7 +272,10 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
             default_max_tokens=cfg.default_max_tokens,
             images=ImageStore(host.bus.blobs),
             history=cfg.history,
+            context_tokens=context_tokens(cfg, caps, late.tokenizer),
         )
+        if late.handler.bound is not None:
+            log.info(late.handler.bound.describe())
         # What start-up made (modules, tokenizer, template) lives as long as the process:
         # out of the collector's sight, a full collection scans only what came later
         # (~1 ms instead of ~100 ms here, and every call in flight waits for it).
@@ -292,4 +308,5 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
         ],
         lifespan=[lifespan],
     )
+    app.http_limits = cfg.http_server  # the native server's bounds (proxy/io/limits.py)
     return app

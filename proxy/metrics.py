@@ -46,6 +46,21 @@ SIDE_CALLS = CounterFamily(
 )
 PAUSED = Gauge("polar_proxy_paused", "1 while paused for a weight update")
 INFLIGHT = Gauge("polar_proxy_inflight_calls", "Model calls admitted and not yet answered")
+# the HTTP server's own refusals (proxy/io/native.py, proxy/io/limits.py)
+CONNECTIONS_OVER_CAP = CounterFamily(
+    "polar_proxy_connections_over_cap_total",
+    "Connections past a connection cap (total or per client): answered 503, or only a probe",
+    ["cap"],
+)
+HTTP_REFUSED = CounterFamily(
+    "polar_proxy_http_refused_total",
+    "Requests the HTTP server refused before the app saw them, by status (400 malformed "
+    "framing or no Host, 408 body too slow, 431 head too large, 501 unknown transfer "
+    "coding, 503 past a connection cap, 505 HTTP version)",
+    ["status"],
+)
+OPEN_CONNECTIONS = Gauge("polar_proxy_open_connections", "Client connections open now")
+CONNECTION_CAP = Gauge("polar_proxy_connection_cap", "Client connections admitted at most")
 
 
 class _PerProtocol:

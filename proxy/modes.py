@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRequest
 from proxy.capture import CallContext
@@ -60,6 +61,22 @@ PLANS_OFF_LOOP_AT_ONCE = 2
 # ahead; an entry's objects (key, value, its place in the map) count ~200 bytes more.
 PROMPT_CACHE_BYTES = 16_000_000
 PROMPT_ENTRY_BYTES = 200
+T = TypeVar("T")
+
+
+class OffLoop:
+    """Runs a request's templating and tokenizing: a long request's (over
+    ``PLAN_OFF_LOOP_BYTES``) in a worker thread, ``PLANS_OFF_LOOP_AT_ONCE`` at a time; a
+    short one's on the event loop, where it is cheaper than the hand-off."""
+
+    def __init__(self, at_once: int = PLANS_OFF_LOOP_AT_ONCE) -> None:
+        self._heavy = asyncio.Semaphore(at_once)
+
+    async def __call__(self, request_bytes: int, fn: Callable[..., T], *args: Any) -> T:
+        if request_bytes <= PLAN_OFF_LOOP_BYTES:
+            return fn(*args)
+        async with self._heavy:
+            return await asyncio.to_thread(fn, *args)
 
 
 class TokenMode:
@@ -73,6 +90,7 @@ class TokenMode:
         tokenizer: ChatTokenizer | None,
         images: ImageStore | None = None,
         history: str = KEEP_SAMPLED,
+        off_loop: OffLoop | None = None,
     ) -> None:
         if tokenizer is None:
             raise ValueError("token mode needs the model's tokenizer (model_dir)")
@@ -88,7 +106,7 @@ class TokenMode:
         self.heads: SizedLRU[tuple[str, int, int], str] = SizedLRU(
             HEAD_CACHE_CHARS, lambda _key, text: len(text)
         )
-        self._heavy_plans = asyncio.Semaphore(PLANS_OFF_LOOP_AT_ONCE)
+        self.off_loop = off_loop or OffLoop()
         # a first call's prompt by its request: the sessions of an RL group (and a
         # harness's retries) start from the same messages, so each is rendered once
         self.first_prompts: SizedLRU[bytes, bytes] = SizedLRU(
@@ -128,11 +146,7 @@ class TokenMode:
         self, ctx: CallContext, request: _Request, states: list[TurnState], sampling: SamplingParams
     ) -> tuple[PromptPlan, Generation]:
         sid = ctx.session_id
-        if len(request.raw) > PLAN_OFF_LOOP_BYTES:
-            async with self._heavy_plans:
-                plan = await asyncio.to_thread(self.plan, request, states, sid, ctx.attempt)
-        else:
-            plan = self.plan(request, states, sid, ctx.attempt)
+        plan = await self.off_loop(len(request.raw), self.plan, request, states, sid, ctx.attempt)
         images = request.read_images()
         if images and self.images is not None:  # before the record that names them
             await self.images.put(images)
@@ -180,11 +194,12 @@ class TokenMode:
             )
         return dataclasses.replace(plan, images=place(plan.prompt_ids, self.tok, images))
 
-    def aborted_plan(
+    async def aborted_plan(
         self, request: _Request, states: list[TurnState], sid: str, attempt: int
     ) -> PromptPlan:
-        """The prompt of a call the harness left before its answer."""
-        return self.plan(request, states, sid, attempt)
+        """The prompt of a call the harness left before its answer (a long one planned
+        off the event loop, as the call itself was)."""
+        return await self.off_loop(len(request.raw), self.plan, request, states, sid, attempt)
 
     def turn(self, gen: Generation, tools) -> tuple[AssistantTurn, ToolParse | None]:
         """The answer, parsed here from the sampled ids by the model family's parser (tool
@@ -223,6 +238,7 @@ class ChatMode:
         tokenizer: ChatTokenizer | None,
         images: ImageStore | None = None,
         history: str = KEEP_SAMPLED,  # the engine renders the history as its template does
+        off_loop: OffLoop | None = None,  # the engine plans the prompt: nothing to run
     ) -> None:
         # the tokenizer, when the proxy has one, only says where images sit in the prompt
         self.backend, self.tok, self.images = backend, tokenizer, images
@@ -257,7 +273,7 @@ class ChatMode:
             plan = dataclasses.replace(plan, images=place_sampled(gen.prompt_ids, self.tok, images))
         return plan, gen
 
-    def aborted_plan(
+    async def aborted_plan(
         self, request: _Request, states: list[TurnState], sid: str, attempt: int
     ) -> PromptPlan:
         """Nothing: the engine templates the prompt and only says what it was when done."""

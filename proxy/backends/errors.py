@@ -26,6 +26,7 @@ _CONTEXT_PHRASES = (
     "maximum model length",  # vLLM 0.32 tokens-in: "The decoder prompt (length N) is ..."
     "prompt is too long",
     "too many tokens",
+    "context limit",  # Polar's embedded engine: "prompt has N tokens; the context limit is M"
 )
 _OVERLOAD_PHRASES = ("queue is full", "too many requests", "overloaded", "no available workers")
 _MAX_MESSAGE = 2000

@@ -14,12 +14,22 @@ pipelined requests answered in order, chunked or sized request bodies read under
 app's limit (a body past it is left unread and the connection closed after the answer),
 ``Expect: 100-continue`` answered when the app reads the body, streams sent chunked,
 back-pressure from a slow reader, a client that leaves seen at once, a request that asks
-to switch protocols (h2c, websocket) answered over HTTP/1.1 all the same. Bounds: a request
-head over ``MAX_HEAD_BYTES`` is a 431, a head not complete within ``HEAD_TIMEOUT_S`` of
-its first byte closes the connection, an idle keep-alive connection is closed after
-``IDLE_TIMEOUT_S``. Malformed requests get a 400 in the generic error body and the
-connection is closed. SIGTERM or SIGINT: stop listening, let the calls under way finish
-(up to ``DRAIN_TIMEOUT_S``), close, run the app's shutdown.
+to switch protocols (h2c, websocket) answered over HTTP/1.1 all the same.
+
+Held to RFC 9112 (``proxy.io.limits.head_refusal``): a version other than HTTP/1.0 and
+1.1 is a 505; a malformed head or body framing (a bad chunk size, a Content-Length in the
+trailers), an HTTP/1.1 request without one Host is a 400; a transfer coding other than
+chunked a 501; trailer fields are dropped, never merged into the headers. Each such error
+is answered in its turn, after the answers to the requests before it on the connection,
+and the connection is then closed (what follows cannot be framed).
+
+Bounds (``HttpLimits``): a request head over ``MAX_HEAD_BYTES`` is a 431; a head not
+complete within ``head_timeout_seconds`` (of its first byte, or of the connection's
+opening) closes the connection, a body not in within ``body_timeout_seconds`` (extended
+at ``body_min_bytes_per_second``) is a 408, an idle keep-alive connection is closed after
+``idle_timeout_seconds``; connections past a cap get a 503 (``proxy.io.limits``). SIGTERM
+or SIGINT: stop listening, let the calls under way finish (up to ``DRAIN_TIMEOUT_S``),
+close, run the app's shutdown.
 """
 
 from __future__ import annotations
@@ -39,6 +49,16 @@ from typing import Any
 
 import httptools
 
+from proxy import metrics
+from proxy.io.limits import (
+    Admission,
+    HttpLimits,
+    ThrottledLog,
+    connection_caps,
+    head_refusal,
+    open_files_limit,
+    raise_open_files_limit,
+)
 from proxy.io.serving import (
     SSE,
     SSE_START,
@@ -51,9 +71,7 @@ from proxy.io.serving import (
 
 log = logging.getLogger("polar.proxy")
 
-MAX_HEAD_BYTES = 64 * 1024  # request line and headers
-HEAD_TIMEOUT_S = 30.0  # from a request's first byte to the end of its head
-IDLE_TIMEOUT_S = 300.0  # a kept-alive connection with no request under way
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers (and, apart, the trailers)
 DRAIN_TIMEOUT_S = 30.0  # at shutdown, for the calls under way
 UNREAD_BUFFER_BYTES = 256 * 1024  # body held before the app asks for it; then reading pauses
 
@@ -81,6 +99,17 @@ def _head(status: int, media_type: str, length: int) -> bytes:
 
 def _expects_continue(headers: dict[str, str]) -> bool:
     return headers.get("expect", "").lower() == "100-continue"
+
+
+class _Refusal(Exception):
+    """Raised in a parser callback: the request is answered by the server itself."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(status, reason)
+        self.status, self.reason = status, reason
+
+
+_AT_CAP = "the proxy is at its connection limit: retry later"
 
 
 class NativeRequest:
@@ -160,6 +189,7 @@ class NativeRequest:
             self._chunks.clear()
         if not self._done and not self._size and _expects_continue(self.headers):
             self._conn.write(_CONTINUE)  # the client waits for it before sending the body
+            self._conn.start_body_clock()
         while not self._done and not self._over:
             if self._conn.gone:
                 raise ClientGone
@@ -233,8 +263,11 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: NativeServer) -> None:
         self.server = server
         self.loop = server.loop
+        self.limits = server.limits
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        self.client = ""  # the peer's address: what the per-client cap counts
+        self.over: str | None = None  # the connection cap it is past, if any
         self.gone = False
         self.on_gone: Callable[[], None] | None = None  # the request answered now wants to know
         self._lost: asyncio.Future | None = None
@@ -245,11 +278,20 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers: dict[str, str] = {}
         self._head_bytes = 0
+        self._hosts = 0
+        self._in_head = False  # between a message's first byte and its head's end
+        self._head_since = 0.0
         self._receiving: NativeRequest | None = None
         self._last: NativeRequest | None = None  # the newest whose head was parsed
         self._reframing: NativeRequest | None = None  # its body parsed under a made-up head
         self._current: NativeRequest | None = None  # the one being answered
         self._queue: deque[NativeRequest] = deque()  # pipelined, waiting
+        # the body being received: since when (None: not yet asked for, a 100-continue
+        # not yet sent) and how many of its bytes had come by then
+        self._body_since: float | None = None
+        self._body_base = 0
+        self._broken = False  # the parser stopped: nothing more is read
+        self._refusal: tuple[int, str] | None = None  # answered after the requests before it
         # when the connection is closed unless a request comes (idle) or its head ends;
         # None while a request is answered. The server's sweep checks it once a second,
         # instead of a timer armed and cancelled for every request.
@@ -263,8 +305,11 @@ class _Connection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         self.server.connections.add(self)
-        self.deadline = self.loop.time() + IDLE_TIMEOUT_S
+        self.over = self.server.admit(self)
+        self.deadline = self.loop.time() + self.limits.head_timeout_seconds
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -272,14 +317,16 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as exc:
             self._not_upgraded(data[exc.args[0] :])
         except httptools.HttpParserError as exc:  # a callback's raise comes wrapped in one
-            if self._head_bytes > MAX_HEAD_BYTES:
-                self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
+            cause = exc.__context__
+            if isinstance(cause, _Refusal):
+                self._fail(cause.status, cause.reason)
             else:
-                self._refuse(400, f"malformed HTTP request: {exc}")
+                self._fail(400, f"malformed HTTP request: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
         self.server.connections.discard(self)
+        self.server.release(self)
         for fut in (self._lost, self._drain):
             if fut is not None and not fut.done():
                 fut.set_result(None)
@@ -304,8 +351,12 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers = {}
         self._head_bytes = 0
+        self._hosts = 0
+        self._in_head = True
+        self._head_since = now = self.loop.time()
         if self._current is None:
-            self.deadline = self.loop.time() + HEAD_TIMEOUT_S
+            due = now + self.limits.head_timeout_seconds
+            self.deadline = due if self.deadline is None else min(self.deadline, due)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -313,22 +364,36 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value))
+        if not self._in_head:
+            return  # a trailer field: never a header (RFC 9110 6.5), and none is used
         key = name.decode("latin-1").lower()
+        if key == "host":
+            self._hosts += 1
         text = value.decode("latin-1")
         old = self._headers.get(key)
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0  # the trailers have a budget of their own
         if self._reframing is not None:  # the made-up head of an upgrade request's body
             self._receiving, self._reframing = self._reframing, None
             return
         parser = self.parser
-        http10 = parser.get_http_version() == "1.0"
-        request = NativeRequest(
-            self, parser.get_method().decode("ascii"), self._url, self._headers, http10
-        )
-        request.keep_alive = parser.should_keep_alive()
+        version = parser.get_http_version()
+        refusal = head_refusal(version, self._headers, self._hosts)
+        if refusal is not None:
+            raise _Refusal(*refusal)
+        method = parser.get_method().decode("ascii")
+        if self.over is not None:  # past a cap: an operator's probe only, then closed
+            path = self._url.partition(b"?")[0].decode("latin-1")
+            if not self.server.app.routes.is_probe(method, path):
+                raise _Refusal(503, _AT_CAP)
+        request = NativeRequest(self, method, self._url, self._headers, version == "1.0")
+        request.keep_alive = parser.should_keep_alive() and self.over is None
         self._receiving = self._last = request
+        self._body_since = None if _expects_continue(self._headers) else self.loop.time()
+        self._body_base = 0
         if self._current is None:
             self._start(request)
         else:
@@ -336,8 +401,11 @@ class _Connection(asyncio.Protocol):
             self.pause_reading()  # one request ahead is enough
 
     def on_body(self, body: bytes) -> None:
-        if self._receiving is not None:
-            self._receiving._feed(body)
+        receiving = self._receiving
+        if receiving is not None:
+            if self._body_since is None:  # sent without waiting for the 100 Continue
+                self.start_body_clock()
+            receiving._feed(body)
 
     def on_message_complete(self) -> None:
         if self._receiving is not None:
@@ -399,13 +467,65 @@ class _Connection(asyncio.Protocol):
         )
         if closing:
             self._close()
-            return
-        if self._queue:
+        elif self._queue:
             self._start(self._queue.popleft())
             self.resume_reading()
-            return
-        self.resume_reading()
-        self.deadline = self.loop.time() + IDLE_TIMEOUT_S
+        elif self._refusal is not None:  # what came after the requests answered
+            self._send_refusal(*self._refusal)
+            self._close()
+        else:
+            self.resume_reading()
+            now = self.loop.time()
+            if self._in_head:  # the next head has begun
+                self.deadline = self._head_since + self.limits.head_timeout_seconds
+            else:
+                self.deadline = now + self.limits.idle_timeout_seconds
+
+    def _fail(self, status: int, reason: str) -> None:
+        """The parser cannot go on (``status``, ``reason``): nothing after this point can
+        be framed, so nothing more is read. The requests before it are answered in order,
+        then this error, and the connection is closed. A request whose own body broke
+        while it was answered gets the error at once, unless its answer is out."""
+        metrics.HTTP_REFUSED.labels(str(status)).inc()
+        self.server.refusals.warn(str(status), "refused a request: %d %s", status, reason)
+        self._broken = True
+        self.pause_reading()
+        receiving, self._receiving = self._receiving, None
+        current = self._current
+        if receiving is not None and receiving in self._queue:
+            self._queue.remove(receiving)  # its body broke while it waited its turn
+        if current is None:
+            self._send_refusal(status, reason)
+            self._close()
+        elif receiving is current:
+            if not current.answered and not current.started:
+                self._send_refusal(status, reason)
+            self._abandon()
+        else:
+            self._refusal = (status, reason)
+
+    def _send_refusal(self, status: int, reason: str) -> None:
+        reply = self.server.app.routes.served.refused(status, reason)
+        head = _head(status, reply.media_type, len(reply.body))
+        if status == 503:
+            head += b"retry-after: 1\r\n"
+        self.write(head + b"connection: close\r\n\r\n" + reply.body)
+
+    def _abandon(self) -> None:
+        """Closed with a request under way: its app task sees the client gone."""
+        self._close()
+        self.gone = True
+        for request in (self._current, *self._queue):
+            if request is not None:
+                request._wake()
+
+    def shed(self) -> None:
+        """Past a cap, and the oldest such: a 503 and closed, unless it is answering a
+        probe (then closed after it)."""
+        if self._current is None and not self.gone:
+            metrics.HTTP_REFUSED.labels("503").inc()
+            self._send_refusal(503, _AT_CAP)
+            self._close()
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -426,30 +546,28 @@ class _Connection(asyncio.Protocol):
             self._lost = self.loop.create_future()
         await self._lost
 
+    def start_body_clock(self) -> None:
+        if self._receiving is not None:
+            self._body_since = self.loop.time()
+            self._body_base = self._receiving._size
+
     def pause_reading(self) -> None:
         if not self._paused_reading and self.transport is not None and not self.gone:
             self._paused_reading = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self._paused_reading and not self.gone and self.transport is not None:
+        if self._paused_reading and not self.gone and not self._broken and self.transport:
             self._paused_reading = False
             self.transport.resume_reading()
+            if self._body_since is not None:  # the client was not slow meanwhile
+                self.start_body_clock()
 
     def _count(self, n: int) -> None:
         self._head_bytes += n
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise ValueError("request head too large")  # ends the parse: see data_received
-
-    def _refuse(self, status: int, reason: str) -> None:
-        """A request the parser could not take: an error in the generic body and the
-        connection closed (what came after it on the connection cannot be framed). With
-        an answer still under way, the connection just closes."""
-        if self._current is None:
-            reply = self.server.app.routes.served.refused(status, reason)
-            head = _head(status, reply.media_type, len(reply.body))
-            self.write(head + b"connection: close\r\n\r\n" + reply.body)
-        self._close()
+            what = "head" if self._in_head else "trailer section"
+            raise _Refusal(431, f"request {what} larger than {MAX_HEAD_BYTES} bytes")
 
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -460,17 +578,43 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def sweep(self, now: float) -> None:
-        """Closed if idle, or in a head that never ended, past its deadline."""
-        if self.deadline is not None and now > self.deadline and self._current is None:
-            self._close()
+        """Closed if idle, or in a head that never ended, past its deadline; a 408 for a
+        body that has not come in time."""
+        if self._current is None:
+            if self.deadline is not None and now > self.deadline:
+                if self.over is not None:
+                    self.shed()  # past a cap: told so
+                else:
+                    self._close()
+            return
+        receiving, since = self._receiving, self._body_since
+        if receiving is None or since is None or self._paused_reading:
+            return
+        limits = self.limits
+        came = receiving._size - self._body_base
+        if now - since > limits.body_timeout_seconds + came / limits.body_min_bytes_per_second:
+            self._fail(408, "the request body did not arrive in time")
 
 
 class NativeServer:
-    """The listening side: every connection, and how many requests are being answered."""
+    """The listening side: every connection, and how many requests are being answered.
+    ``limits``: its bounds (default: the app's ``http_limits``); ``open_files``: the
+    open-files limit the connection caps are derived from (default: this process's)."""
 
-    def __init__(self, app: ProxyApp, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        app: ProxyApp,
+        loop: asyncio.AbstractEventLoop,
+        limits: HttpLimits | None = None,
+        open_files: int | None = None,
+    ) -> None:
         self.app = app
         self.loop = loop
+        self.limits = limits or app.http_limits
+        self.caps = connection_caps(self.limits, open_files or open_files_limit())
+        self.admission = Admission(self.caps)
+        self.overflow: dict[_Connection, None] = {}  # past a cap, oldest first
+        self.refusals = ThrottledLog()
         self.connections: set[_Connection] = set()
         self.busy = 0
         self.closing = False
@@ -482,15 +626,34 @@ class NativeServer:
         self.server = await self.loop.create_server(
             lambda: _Connection(self), host, port, reuse_address=True, backlog=2048
         )
+        metrics.OPEN_CONNECTIONS.set_function(lambda: len(self.connections))
+        metrics.CONNECTION_CAP.set(self.caps.total)
         self._sweep()
         return self.server.sockets[0].getsockname()[1]
+
+    def admit(self, conn: _Connection) -> str | None:
+        """None: ``conn`` is admitted; else the cap it is past (it is then read only for
+        a probe, and the oldest such connection is shed when there are too many)."""
+        over = self.admission.admit(conn.client)
+        if over is not None:
+            self.overflow[conn] = None
+            if len(self.overflow) > self.caps.overflow:
+                oldest = next(iter(self.overflow))
+                del self.overflow[oldest]
+                oldest.shed()
+        return over
+
+    def release(self, conn: _Connection) -> None:
+        if conn.over is None:
+            self.admission.release(conn.client)
+        else:
+            self.overflow.pop(conn, None)
 
     def _sweep(self) -> None:
         now = self.loop.time()
         for conn in list(self.connections):
             conn.sweep(now)
-        every = min(1.0, IDLE_TIMEOUT_S / 4, HEAD_TIMEOUT_S / 4)
-        self._sweeper = self.loop.call_later(every, self._sweep)
+        self._sweeper = self.loop.call_later(self.limits.sweep_every, self._sweep)
 
     async def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Stop listening, let the calls under way finish, close every connection."""
@@ -549,9 +712,18 @@ def serve_native(
     app: Any = getattr(importlib.import_module(module), name)
     if factory:
         app = app()
+    open_files = raise_open_files_limit()
 
     def ready(bound: int) -> None:
-        log.info("proxy listening on http://%s:%d", host, bound)
+        caps = connection_caps(app.http_limits, open_files)
+        log.info(
+            "proxy listening on http://%s:%d (open files %d: connections at most %d, %s)",
+            host,
+            bound,
+            open_files,
+            caps.total,
+            f"{caps.per_client} per client" if caps.per_client else "no cap per client",
+        )
 
     main = run_native(app, host, port, ready)
     try:

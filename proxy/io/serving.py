@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl
 
+from proxy.io.limits import HttpLimits
+
 log = logging.getLogger("polar.proxy")
 
 JSON = "application/json"
@@ -303,6 +305,12 @@ class ProxyRoutes:
         known = any(t.match(path, {}) for m, t in self.tables.items() if m != method)
         return self.served.wrong_method if known else self.served.not_found
 
+    def is_probe(self, method: str, path: str) -> bool:
+        """An operator's route that reads (``GET /healthz``, ``/metrics``): what a
+        connection past the server's connection cap is still answered."""
+        plain = path.rstrip("/") or "/"
+        return method in ("GET", "HEAD") and (method, plain) in self.operator
+
     def _protocol_path(self, path: str) -> str | None:
         return next((m for m, t in self.tables.items() if t.match(path, {})), None)
 
@@ -347,11 +355,18 @@ class ProxyApp:
     from ``proxy.io.native`` (``answer``, as ``polar serve proxy`` runs it) or over ASGI
     (``__call__``: litestar's test client, any ASGI server). ``lifespan``: context
     managers, each given the app, entered in order at start-up and left in reverse at
-    shutdown, from the native server's start and stop or ASGI's lifespan messages."""
+    shutdown, from the native server's start and stop or ASGI's lifespan messages.
+    ``http_limits``: the native server's bounds (timeouts, connection caps)."""
 
-    def __init__(self, routes: ProxyRoutes, lifespan: Sequence[Lifespan] = ()) -> None:
+    def __init__(
+        self,
+        routes: ProxyRoutes,
+        lifespan: Sequence[Lifespan] = (),
+        http_limits: HttpLimits | None = None,
+    ) -> None:
         self.routes = routes
         self.lifespan = tuple(lifespan)
+        self.http_limits = http_limits or HttpLimits()
         self._running: AsyncExitStack | None = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

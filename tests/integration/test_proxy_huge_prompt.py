@@ -1,5 +1,6 @@
 """One huge prompt does not stall other sessions, and a too-big body is refused unread
-(issue 17, point 8).
+(issue 17, point 8); one that cannot fit the context is refused before it is templated,
+and the proxy's memory goes back to where it was (issue 33, item 5).
 
 The token-mode completion handler (real tokenizer, real Redis and JetStream) with an
 engine that answers at once: a small call's latency is measured alone, then while
@@ -7,16 +8,22 @@ another session's multi-megabyte prompt is being templated and tokenized. That p
 runs in a worker thread (``PLAN_OFF_LOOP_BYTES``), so the small call does not wait for
 it: before, it waited the whole time (a 10 MB request: 12.7 s for a 4-token call).
 Then the same over HTTP against the real proxy process and embedded engine: a 10 MB
-prompt POSTed while small calls are timed, and a body over ``max_body_bytes`` answered
-413 in the caller's protocol before it has been sent.
+prompt POSTed while small calls are timed (the context bound turned off, so that it is
+planned), and a body over ``max_body_bytes`` answered 413 in the caller's protocol
+before it has been sent. With the bound (the default: the tiny model's 32,768 tokens,
+16 bytes its longest token), five distinct 10 MB prompts are each answered 400 at once,
+and the proxy's RSS is back near where it was; a prompt tokenized in full gives its
+memory back too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import orjson
@@ -128,6 +135,13 @@ def http_proxy(engine, nats_url, redis_url, tmp_path):
         yield p
 
 
+@pytest.fixture
+def unbounded_proxy(engine, nats_url, redis_url, tmp_path):
+    """No context bound: every prompt is templated and tokenized, as before it."""
+    with proxy_process(nats_url, redis_url, engine, tmp_path / "p", context_tokens=0) as p:
+        yield p
+
+
 async def small_call(client, token: str) -> float:
     t0 = time.perf_counter()
     r = await client.post(f"/s/{token}/v1/chat/completions", json=SMALL)
@@ -135,7 +149,10 @@ async def small_call(client, token: str) -> float:
     return time.perf_counter() - t0
 
 
-async def test_over_http_a_small_call_is_not_stalled_by_a_10_mb_prompt(http_proxy, redis_client):
+async def test_over_http_a_small_call_is_not_stalled_by_a_10_mb_prompt(
+    unbounded_proxy, redis_client
+):
+    http_proxy = unbounded_proxy
     small, big = (
         await new_session(redis_client, "huge-http-small"),
         await new_session(redis_client, "huge-http-big"),
@@ -175,6 +192,108 @@ async def test_over_http_a_small_call_is_not_stalled_by_a_10_mb_prompt(http_prox
     )
     assert len(during) >= 3, during
     assert worst < STALL_BOUND_S, (worst, during)
+
+
+# -- a prompt that cannot fit: refused before it is templated, its memory given back ------
+CONTEXT = 32768  # the tiny model's config.json: the engine's limit, and the proxy's bound
+# RSS over the proxy's own before the prompts that the test still takes as "given back":
+# before the fix it was 1.0-1.3 GB after five 10 MB prompts, and stayed there
+RSS_SLACK_MB = 150
+SETTLE_S = 20.0  # how long it may take to come back (a loaded machine: trims run late)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def settled_rss(pid: int, target: float) -> float:
+    """The RSS once it is at ``target`` or less, else what it is after SETTLE_S."""
+    deadline = time.monotonic() + SETTLE_S
+    while (now := rss_mb(pid)) > target and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    return now
+
+
+def prompt_body(i: int, nbytes: int, user: str = "user") -> bytes:
+    words = nbytes // 7  # "w01234 ": distinct text in each prompt
+    text = f"prompt {i} " + " ".join(f"w{(i * 7919 + k) % 100_000:05d}" for k in range(words))
+    return orjson.dumps({"model": "m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "start"}, {"role": "assistant", "content": "ok"},
+        {"role": user, "content": text},
+    ]})  # fmt: skip
+
+
+async def test_10_mb_prompts_are_refused_before_templating_and_their_memory_given_back(
+    http_proxy, redis_client
+):
+    token = (await new_session(redis_client, "huge-refused")).token
+    pid = http_proxy.proc.pid
+    bodies = [prompt_body(i, HTTP_HUGE_BYTES) for i in range(5)]
+    async with httpx.AsyncClient(base_url=http_proxy.url, timeout=300) as client:
+        for _ in range(3):
+            await small_call(client, token)  # warm
+        before = rss_mb(pid)
+        took, peak = [], before
+        for i, body in enumerate(bodies):
+            path = "/v1/messages" if i == 4 else "/v1/chat/completions"  # Anthropic's too
+            t0 = time.perf_counter()
+            r = await client.post(
+                f"/s/{token}{path}", content=body, headers={"content-type": "application/json"}
+            )
+            took.append(time.perf_counter() - t0)
+            peak = max(peak, rss_mb(pid))
+            error = r.json()["error"]
+            assert r.status_code == 400, r.text
+            # before the fix: "prompt has 5326389 tokens; ..." from the engine, 10-30 s later
+            said = re.search(r"prompt has at least (\d+) tokens; the context limit is (\d+)$",
+                             error["message"])  # fmt: skip
+            assert said and int(said[1]) > CONTEXT == int(said[2]), error
+            if path == "/v1/messages":
+                assert error["message"].startswith("prompt is too long"), error
+            else:
+                assert error["code"] == "context_length_exceeded", error
+        await small_call(client, token)  # the session goes on
+        after = await settled_rss(pid, before + RSS_SLACK_MB)
+    print(
+        f"\nfive {len(bodies[0]) / 1e6:.1f} MB prompts refused in "
+        f"{', '.join(f'{t * 1000:.0f}' for t in took)} ms; proxy RSS {before:.0f} MB "
+        f"before, {peak:.0f} MB at most, {after:.0f} MB after"
+    )
+    # before the fix: 1048-1310 MB, still there 30 s later
+    assert after < before + RSS_SLACK_MB, (before, peak, after)
+
+
+async def test_a_prompt_tokenized_in_full_gives_its_memory_back(unbounded_proxy, redis_client):
+    """No bound: a 3 MB prompt is templated and tokenized (off the event loop), the
+    engine refuses its ~1.5M tokens, and the memory that took is given back."""
+    token = (await new_session(redis_client, "huge-tokenized")).token
+    pid = unbounded_proxy.proc.pid
+    body = prompt_body(0, 3 * 1024 * 1024)
+    async with httpx.AsyncClient(base_url=unbounded_proxy.url, timeout=300) as client:
+        for _ in range(3):
+            await small_call(client, token)
+        before = rss_mb(pid)
+        t0 = time.perf_counter()
+        r = await client.post(
+            f"/s/{token}/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        took = time.perf_counter() - t0
+        peak = rss_mb(pid)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert "the context limit is 32768" in error["message"], error
+        assert error["code"] == "context_length_exceeded", error  # the engine's, now read so
+        after = await settled_rss(pid, before + RSS_SLACK_MB)
+    print(
+        f"\na {len(body) / 1e6:.1f} MB prompt tokenized and refused in {took:.1f} s; proxy "
+        f"RSS {before:.0f} MB before, {peak:.0f} MB after it, {after:.0f} MB settled"
+    )
+    assert after < before + RSS_SLACK_MB, (before, peak, after)
 
 
 async def test_a_body_over_the_limit_is_a_413_before_it_is_read(http_proxy, redis_client):

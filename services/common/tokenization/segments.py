@@ -30,6 +30,9 @@ from tokenizers import Tokenizer
 from services.common.tokenization.lru import SizedLRU
 
 MAX_CACHED_BYTES = 32_000_000  # packed ids and the text they key, ~4M tokens of prose
+# A larger piece (a prompt of megabytes, seldom sent twice) is not kept: it would push out
+# every harness's system prompt and tools, and hold its memory until they push it out.
+MAX_PIECE_BYTES = MAX_CACHED_BYTES // 16
 # Pieces not cached that lie closer than this are tokenized in one call (the tokenizer's
 # fixed cost is ~20 µs a call; re-encoding this much cached text costs about as much).
 JOIN_GAP_CHARS = 2048
@@ -122,7 +125,9 @@ class SegmentEncoder:
                 return False
             group = [item] if item is not None else []
         for piece, ids in found:
-            self.cache.put(piece, array("I", ids))
+            packed = array("I", ids)
+            if _cached_bytes(piece, packed) <= MAX_PIECE_BYTES:
+                self.cache.put(piece, packed)
         return True
 
     def _encode(self, text: str) -> list[int]:

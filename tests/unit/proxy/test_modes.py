@@ -3,6 +3,8 @@ servers: what each renders ahead, how each parses an answer, the aborted call's 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy.backends.base import Generation
@@ -59,9 +61,9 @@ def test_only_token_mode_renders_ahead_and_stops_on_the_templates_ids(tok):
 
 def test_an_aborted_calls_prompt_is_the_proxys_own_in_token_mode_only(tok):
     req = request(("user", "Say hello."))
-    plan = TokenMode(None, tok).aborted_plan(req, [], "s-0000", 0)
+    plan = asyncio.run(TokenMode(None, tok).aborted_plan(req, [], "s-0000", 0))
     assert plan.prompt_ids == tok.render_ids(req.messages)
-    assert ChatMode(None, tok).aborted_plan(req, [], "s-0000", 0).prompt_ids == []
+    assert asyncio.run(ChatMode(None, tok).aborted_plan(req, [], "s-0000", 0)).prompt_ids == []
 
 
 def test_chat_mode_keeps_the_engines_tool_call_ids_and_parses_nothing_itself():

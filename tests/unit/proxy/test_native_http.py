@@ -15,6 +15,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.io import native
+from proxy.io.limits import HttpLimits
 from proxy.io.native import NativeServer
 from tests.unit.protocols.app_support import CHAT, TOKEN, Scripted, resolve
 
@@ -180,18 +181,18 @@ async def test_a_body_over_the_limit_is_a_413_and_the_connection_closes(served) 
     assert model.calls == []
 
 
-async def test_an_idle_kept_alive_connection_is_closed(served, monkeypatch) -> None:
-    _, port, _ = served
-    monkeypatch.setattr(native, "IDLE_TIMEOUT_S", 0.2)
+async def test_an_idle_kept_alive_connection_is_closed(served) -> None:
+    server, port, _ = served
+    server.limits = HttpLimits(idle_timeout_seconds=0.2)
     reader, writer = await connect(port)
     writer.write(post())
     assert (await read_response(reader))[0] == 200
     assert await closed(reader)
 
 
-async def test_a_head_that_never_ends_is_cut_off(served, monkeypatch) -> None:
-    _, port, _ = served
-    monkeypatch.setattr(native, "HEAD_TIMEOUT_S", 0.2)
+async def test_a_head_that_never_ends_is_cut_off(served) -> None:
+    server, port, _ = served
+    server.limits = HttpLimits(head_timeout_seconds=0.2)
     reader, writer = await connect(port)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n")  # and nothing more
     assert await closed(reader)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
+from services.common.tokenization import segments
 from services.common.tokenization.segments import SegmentEncoder
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "completions"
@@ -68,6 +69,17 @@ def test_the_cache_stays_within_its_budget(tok, fresh):
     entries = fresh.cache.entries.items()
     assert fresh.cache.used == sum(4 * len(ids) + len(piece) for piece, ids in entries)
     assert len(fresh.cache) < 3 * len(texts)  # old pieces were dropped
+
+
+def test_a_piece_of_megabytes_is_encoded_but_not_kept(tok, fresh, monkeypatch):
+    """A huge prompt (issue 33) would push every harness's system prompt out and hold its
+    memory: a piece over ``MAX_PIECE_BYTES`` (scaled down here) is not cached."""
+    monkeypatch.setattr(segments, "MAX_PIECE_BYTES", 10_000)
+    huge, small = "w01234 " * 2000, "a short tool result"
+    text = f"<|im_start|>user\n{huge}<|im_end|>\n<|im_start|>user\n{small}<|im_end|>"
+    assert fresh.encode(text) == plain(tok, text)
+    assert f"user\n{huge}" not in fresh.cache.entries and fresh.cache.used < 10_000
+    assert f"user\n{small}" in fresh.cache.entries  # a piece between special tokens
 
 
 def test_a_tokenizer_whose_added_tokens_touch_their_neighbours_is_not_segmented():
