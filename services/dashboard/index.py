@@ -8,6 +8,7 @@ start and kept current from the session events. Pure: no I/O, no clock of its ow
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 
@@ -42,6 +43,10 @@ class SessionRow(msgspec.Struct, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     entered: dict[str, float] = {}  # state -> when the session (last) entered it
+    # what the harness left (its SessionFinished artifacts, while the dashboard has them):
+    # the run's exit code and the last lines of its stderr, shown beside a failure's reason
+    exit_code: int | None = None
+    stderr: str | None = None
     # the registry's record of this version was read: its reward and reasons are here (an
     # event moves the state first; what the final transition wrote follows on the re-read)
     synced: bool = False
@@ -168,7 +173,8 @@ class SessionIndex:
         if old is not None and old.version > session.version:
             return  # an older read than what the events already told
         row = row_of(session, self.harness.get(session.task_id))
-        row.entered = old.entered if old else {}
+        if old is not None:
+            row.entered, row.exit_code, row.stderr = old.entered, old.exit_code, old.stderr
         row.synced = True
         if old is None:
             ids = self.tasks.setdefault(session.task_id, [])
@@ -205,6 +211,15 @@ class SessionIndex:
         self.version += 1
         return True
 
+    def note_run(self, session_id: str, exit_code: int | None, stderr: str | None) -> None:
+        """What the harness's run left (its artifacts): exit code and stderr's last lines
+        (``last_lines(plain(...))``), shown beside a failure's reason."""
+        row = self.rows.get(session_id)
+        if row is None or (row.exit_code, row.stderr) == (exit_code, stderr):
+            return
+        row.exit_code, row.stderr = exit_code, stderr
+        self.version += 1
+
     # -- reads --------------------------------------------------------------------------
     def query(self, filters: Filters, offset: int = 0, limit: int = 50, sort: str = "task") -> Page:
         ids: Iterable[str] = self.rows if filters.task is None else self.tasks.get(filters.task, [])
@@ -237,6 +252,49 @@ class SessionIndex:
             elif r.eval_status == "error":
                 c[f"eval error: {first_line(r.eval_reason or 'no reason given')}"] += 1
         return c.most_common(top)
+
+
+FAILED = frozenset({"ERROR", "TIMEOUT", "CANCELLED"})
+ENDED = FAILED | {"COMPLETED"}
+
+
+def cause(row: SessionRow) -> str:
+    """Why a session ended as it did, as the lists show it. A run that failed, timed out
+    or was cancelled: the run's own reason (the harness's exit code and error line, the
+    deadline, the cancel), since its evaluator's "reward 0 by rule" says nothing of why;
+    with the harness's exit code and stderr when the reason does not already hold them.
+    An evaluated run: the evaluator's reason."""
+    if row.state in FAILED:
+        why = row.reason or row.eval_reason or ""
+        extra = []
+        if row.exit_code is not None and f"code {row.exit_code}" not in why:
+            extra.append(f"exit code {row.exit_code}")
+        if row.stderr and row.stderr.splitlines()[-1].strip() not in why:
+            extra.append(f"stderr: {row.stderr.splitlines()[-1].strip()}")
+        return " · ".join([why, *extra]) if why else " · ".join(extra)
+    return row.eval_reason or row.reason or ""
+
+
+# ANSI escapes a harness's terminal output carries: CSI (colours, cursor), OSC (titles,
+# links), and the two-byte ones; none means anything on a page
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def plain(text: str) -> str:
+    """``text`` as a terminal would have left it: escapes dropped, and a line a progress
+    bar rewrote (carriage returns) shown as it ended."""
+    text = _ANSI.sub("", text)
+    if "\r" not in text:
+        return text
+    lines = text.replace("\r\n", "\n").split("\n")
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines)
+
+
+def last_lines(text: str, n: int = 3, width: int = 400) -> str:
+    """The last ``n`` non-blank lines of ``text``, at most ``width`` characters."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()][-n:]
+    out = "\n".join(lines)
+    return out if len(out) <= width else "…" + out[-(width - 1) :]
 
 
 def first_line(text: str, width: int = 120) -> str:

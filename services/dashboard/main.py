@@ -32,10 +32,10 @@ from services.common.http import ops_routes
 from services.common.logs import service_logging
 from services.common.redact import Scrubber
 from services.common.settings import load
-from services.dashboard import views
+from services.dashboard import training, trajectory, views
 from services.dashboard.access import TICKET_PARAM, Access, cookie_header, without_ticket
 from services.dashboard.config import DashboardConfig
-from services.dashboard.index import BadQuery, parse_query
+from services.dashboard.index import ENDED, BadQuery, parse_query
 from services.dashboard.reader import StackReader
 
 STATIC = resources.files(__package__).joinpath("static")
@@ -59,6 +59,10 @@ API_SECONDS = Histogram(
 LIVE_CLIENTS = Gauge("polar_dashboard_live_clients", "Browsers following /api/live")
 CANCELS = Counter("polar_dashboard_cancels_total", "Cancels sent from the dashboard", ["result"])
 SESSIONS = Gauge("polar_dashboard_sessions", "Sessions in the dashboard's index")
+CANCEL_NEEDS = (
+    "a cancel needs the stack's admin token (admin_token in <state_dir>/credentials.json), "
+    "not the read token that signs you in"
+)
 
 
 def page_html(page: str, **data: str) -> str:
@@ -124,6 +128,8 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
         anything else needs a credential (None: go on to the route)."""
         if request.route_handler.opt.get("open"):
             return None
+        if request.route_handler.opt.get("admin"):
+            return None  # the route itself asks for the admin token, and says so
         now, path = time.time(), request.url.path
         is_api = path == "/api" or path.startswith("/api/")
         why = access.refusal(request.headers, request.cookies, now=now)
@@ -200,7 +206,9 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
                 streams=reader.streams,
                 engines=reader.engines,
                 backpressure=reader.backpressure,
-                tasks=views.task_page(reader.index, offset, min(limit, 50)),
+                tasks=views.task_page(
+                    reader.index, offset, min(limit, 50) if "limit" in request.query_params else 20
+                ),
             )
             return api("overview", body)
 
@@ -212,7 +220,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             except BadQuery as exc:
                 raise HTTPException(status_code=400, detail=str(exc)) from None
             page = reader.index.query(filters, offset, limit, sort)
-            return api("sessions", {"page": page})
+            return api("sessions", {"page": views.sessions_page(page)})
 
     @get("/api/tasks/{task_id:str}")
     async def api_task(task_id: str) -> Response:
@@ -227,7 +235,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
                     [r.session_id for r in rows],
                     await asyncio.gather(
                         *(
-                            reader.trajectory(r.session_id, r.attempt, r.state in views._ENDED)
+                            reader.trajectory(r.session_id, r.attempt, r.state in ENDED)
                             for r in rows[:64]
                         )
                     ),
@@ -245,7 +253,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             if row is None:
                 raise not_found(f"no session {session_id!r}")
             records, problems = await reader.completions(session_id)
-            traj = await reader.trajectory(session_id, row.attempt, row.state in views._ENDED)
+            traj = await reader.trajectory(session_id, row.attempt, row.state in ENDED)
             art = reader.artifacts.get(session_id)
             body = views.session_view(row, records, problems, art, traj, time.time())
             return api("session", body, reader.secrets(row.task_id, [session_id]))
@@ -256,35 +264,38 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             row = reader.index.rows.get(session_id)
             if row is None:
                 raise not_found(f"no session {session_id!r}")
-            if view not in views.VIEWS:
-                raise HTTPException(status_code=400, detail=f"view must be one of {views.VIEWS}")
+            if view not in trajectory.VIEWS:
+                raise HTTPException(
+                    status_code=400, detail=f"view must be one of {trajectory.VIEWS}"
+                )
             note = None
-            if view == "stored":
-                traj = await reader.trajectory(session_id, row.attempt, row.state in views._ENDED)
-                traces = traj.traces if traj else []
+            if view == "stored":  # what the trainer got; before that, the builder's
+                traj = await reader.delivered(row)
                 if traj is None:
-                    note = "not built yet: showing nothing (pick a rebuilt view)"
+                    traj = await reader.trajectory(session_id, row.attempt, row.state in ENDED)
+                    note = trajectory.undelivered_note(row, traj)
+                traces = traj.traces if traj else []
             else:
                 records, problems = await reader.completions(session_id)
                 outcome = Outcome(row.outcome) if row.outcome else Outcome.COMPLETED
                 try:
-                    traces = views.rebuild(records, view, outcome)
+                    traces = trajectory.rebuild(records, view, outcome)
                 except Exception as exc:  # noqa: BLE001 - a builder's failure is shown
                     traces, note = [], f"{view} could not build this session: {exc}"
                 if problems:
                     note = "; ".join(problems)
             scrub = reader.secrets(row.task_id, [session_id])
-            body = views.trajectory_view(session_id, view, traces, reader.decoder, note, scrub)
+            body = trajectory.trajectory_view(session_id, view, traces, reader.decoder, note, scrub)
             return api("trajectory", body, scrub)
 
     @get("/api/training")
     async def api_training() -> Response:
         lines = reader.trainer_log()
         if lines is None:
-            return api("training", {"configured": False, **views.training_view([])})
-        return api(
-            "training", {"configured": True, **views.training_view(views.parse_jsonl(lines))}
-        )
+            return api("training", {"configured": False, **training.training_view([])})
+        records = training.parse_jsonl(lines)
+        body = training.training_view(records, reader.trainer)
+        return api("training", {"configured": True, **body})
 
     @get("/api/topology")
     async def api_topology() -> Response:
@@ -339,11 +350,11 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             },
         )
 
-    @post("/api/tasks/{task_id:str}/cancel", status_code=200)
+    @post("/api/tasks/{task_id:str}/cancel", status_code=200, opt={"admin": True})
     async def api_cancel(task_id: str, request: Request) -> Response:
         if why := refusal(ADMIN, request.headers, admin_token=cfg.admin_token, service="dashboard"):
             CANCELS.labels("refused").inc()
-            raise HTTPException(status_code=401, detail=why)
+            raise HTTPException(status_code=401, detail=f"{CANCEL_NEEDS}: {why}")
         if not await known_task(task_id):
             raise not_found(f"no task {task_id!r}")
         try:

@@ -30,6 +30,7 @@ from infra.stackstate import read_state
 from schemas import (
     CompletionRecord,
     ContractError,
+    Outcome,
     Session,
     SessionFinished,
     SessionStateChanged,
@@ -46,13 +47,15 @@ from services.common.registry import Registry, TaskRecord
 from services.common.tasks import cancel_and_wait
 from services.common.tokenization.lru import SizedLRU
 from services.dashboard.config import DashboardConfig
-from services.dashboard.index import SessionIndex
+from services.dashboard.delivered import Delivered
+from services.dashboard.index import ENDED, FAILED, SessionIndex, SessionRow, last_lines, plain
 from services.pool.backpressure import queue_length
 
 log = logging.getLogger(__name__)
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 TASK_BATCH = 500  # task records read per pipeline at start
 REDIS_CLIENT_NAME = "polar-dashboard"
+MODEL = "model"  # the embedded engine's service in a stack record (infra/catalog.py)
 
 
 class StackReader:
@@ -75,10 +78,15 @@ class StackReader:
         self.trajectories: SizedLRU[tuple[str, int], Trajectory] = SizedLRU(
             cfg.trajectory_cache, lambda k, v: 1
         )
+        self._delivered = Delivered()
+        self.scored: SizedLRU[tuple[str, int], Trajectory] = SizedLRU(
+            cfg.trajectory_cache, lambda k, v: 1
+        )
         self.nodes: list[Any] | None = None
         self.streams: list[Any] | None = None
         self.engines: list[dict[str, Any]] = []
         self.backpressure: bool | None = None
+        self.trainer: dict[str, Any] | None = None  # the trainer service's run check
         self._dirty: set[str] = set()
         self._new_tasks: set[str] = set()
         self._tasks: list[asyncio.Task] = []
@@ -164,6 +172,21 @@ class StackReader:
         except (ContractError, LookupError):
             return
         self.artifacts.put(ev.session_id, ev.artifacts)
+        self._note_run(ev.session_id)
+
+    def _note_run(self, session_id: str) -> None:
+        """The run's exit code and, for a run that did not complete, the end of its
+        stderr on its row (the lists show them beside its reason), scrubbed as its
+        reasons are."""
+        art = self.artifacts.get(session_id)
+        row = self.index.rows.get(session_id)
+        if art is None or row is None:
+            return
+        failed = row.state in FAILED or row.outcome not in (None, Outcome.COMPLETED.value)
+        end = last_lines(plain(art.stderr_tail)) if failed else ""
+        if end:
+            end = self.secrets(row.task_id, [session_id]).text(end)
+        self.index.note_run(session_id, art.exit_code, end or None)
 
     # -- Redis ------------------------------------------------------------------------
     async def _redis(self, coro):
@@ -211,6 +234,7 @@ class StackReader:
         self.index.put(session)
         self.tokens[session.session_id] = session.token
         self._scrub_reasons(session.session_id)
+        self._note_run(session.session_id)  # artifacts that came before the row
 
     def _scrub_reasons(self, session_id: str) -> None:
         """A row's reasons as every list shows them (sessions table, errors by reason):
@@ -220,8 +244,8 @@ class StackReader:
         if row is None or not (row.reason or row.eval_reason):
             return
         scrub = self.secrets(row.task_id, [session_id])
-        row.reason = scrub.text(row.reason) if row.reason else row.reason
-        row.eval_reason = scrub.text(row.eval_reason) if row.eval_reason else row.eval_reason
+        row.reason = scrub.text(plain(row.reason)) if row.reason else row.reason
+        row.eval_reason = scrub.text(plain(row.eval_reason)) if row.eval_reason else None
 
     def secrets(self, task_id: str, session_ids: Iterable[str] = ()) -> Scrubber:
         """What a page about this task (and these of its sessions) must not show: their
@@ -267,7 +291,21 @@ class StackReader:
         elif self.bus is not None:
             self.streams = None
             self.nats_error = f"NATS at {redact(self.cfg.nats_url)} is not connected (reconnecting)"
-        self.engines = await asyncio.gather(*(self._engine(b) for b in self.cfg.backends))
+        self.engines = await asyncio.gather(*(self._engine(b) for b in self.backends()))
+        if self.cfg.trainer_log:
+            self.trainer = await self.trainer_run()
+
+    def backends(self) -> list[dict[str, Any]]:
+        """The engines to watch: the topology's backends; with none listed, the stack's
+        embedded ``model`` service, which then serves (the proxy's default backend,
+        ``infra/wiring.py``), as its stack record names it."""
+        if self.cfg.backends:
+            return self.cfg.backends
+        record = self.stack_record()
+        procs = record.procs if record is not None else []
+        return [
+            {"name": p.name, "kind": "embedded", "url": p.url} for p in procs if p.name == MODEL
+        ]
 
     async def _engine(self, backend: dict[str, Any]) -> dict[str, Any]:
         url = backend.get("url")
@@ -321,6 +359,27 @@ class StackReader:
             self.trajectories.put(key, traj)
         return traj
 
+    async def delivered(self, row: SessionRow) -> Trajectory | None:
+        """The scored trajectory trainers got for the row's attempt (its reward on it and
+        its traces; the object store's copy has none): None before it was delivered."""
+        if row.state not in ENDED or not row.synced:
+            return None
+        if self.bus is None or not self.bus.nc.is_connected:
+            return None
+        key = (row.session_id, row.attempt)
+        if (hit := self.scored.get(key)) is not None:
+            return hit
+        try:
+            traj = await self._delivered.get(
+                self.bus, row.task_id, row.session_id, row.attempt, row.updated_at
+            )
+        except Exception:  # noqa: BLE001 - a read that fails shows the built one
+            log.warning("delivered trajectory of %s unreadable", row.session_id, exc_info=True)
+            return None
+        if traj is not None:
+            self.scored.put(key, traj)
+        return traj
+
     async def cancel(self, task_id: str, reason: str) -> str:
         """The CLI's own cancel command, on the dashboard's connection."""
         from services.cli.submit import BusTasks
@@ -346,16 +405,32 @@ class StackReader:
         except OSError:
             return []
 
-    def trainer_log_stamp(self) -> list[int] | None:
-        """The trainer log's (size, mtime): it changes as each step is logged, so the live
-        stream tells the training page to re-read it; None: no log (yet)."""
+    async def trainer_run(self) -> dict[str, Any] | None:
+        """The stack's trainer service's word on its run (its ``/healthz`` ``run``
+        check: done, error); None when the stack runs none or it does not answer."""
+        record = self.stack_record()
+        proc = record.get("trainer") if record is not None else None
+        if proc is None:
+            return None
+        try:
+            r = await self._http.get(f"{proc.url.rstrip('/')}/healthz")
+            run = r.json().get("checks", {}).get("run")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return run if isinstance(run, dict) else None
+
+    def trainer_log_stamp(self) -> list[Any] | None:
+        """The trainer log's (size, mtime) and the trainer service's run state: they
+        change as each step is logged and as the run ends, so the live stream tells the
+        training page to re-read; None: no log (yet)."""
         if not self.cfg.trainer_log:
             return None
         try:
             st = Path(self.cfg.trainer_log).stat()
         except OSError:
             return None
-        return [st.st_size, st.st_mtime_ns]
+        run = self.trainer or {}
+        return [st.st_size, st.st_mtime_ns, bool(run.get("done")), run.get("error")]
 
     @functools.cached_property
     def decoder(self):

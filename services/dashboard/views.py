@@ -7,26 +7,29 @@ Nothing here does I/O, so each page's content is tested without a server.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import math
 from collections.abc import Callable, Iterable, Mapping
-from itertools import accumulate
 from typing import Any
 
 import msgspec
 import orjson
 
-from schemas import BuilderSpec, CompletionRecord, Outcome, Trace, Trajectory
+from schemas import CompletionRecord, Trajectory
 from schemas.completion import reconstruct_prompts
-from services.builder.logic import run_builder
-from services.builder.strategies import default_registry
-from services.common.redact import REDACTED, Scrubber
 from services.dashboard import toolparse
-from services.dashboard.index import STATES, SessionIndex, SessionRow
+from services.dashboard.index import (
+    ENDED,
+    FAILED,
+    STATES,
+    Page,
+    SessionIndex,
+    SessionRow,
+    cause,
+    plain,
+)
 
 Decode = Callable[[int], str]  # one token id -> its text
-VIEWS = ("stored", "per_request", "prefix_merging")  # the trajectory viewer's switch
 MAX_TEXT = 200_000  # characters of one request/response/log shown; the rest is cut, said so
-MAX_TOKENS = 20_000  # response tokens of one trace sent to the viewer
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> dict[str, Any]:
@@ -68,7 +71,7 @@ def task_page(index: SessionIndex, offset: int, limit: int) -> dict[str, Any]:
     ids = sorted(
         index.tasks,
         key=lambda t: (
-            not any(r.state not in _ENDED for r in index.task_rows(t)),
+            not any(r.state not in ENDED for r in index.task_rows(t)),
             -index.submitted.get(t, 0.0),
         ),
     )
@@ -79,9 +82,6 @@ def task_page(index: SessionIndex, offset: int, limit: int) -> dict[str, Any]:
         "limit": limit,
         "rows": [task_summary(t, index.task_rows(t), index.submitted.get(t, 0.0)) for t in page],
     }
-
-
-_ENDED = frozenset({"COMPLETED", "TIMEOUT", "ERROR", "CANCELLED"})
 
 
 def node_occupancy(nodes: Iterable[Any]) -> list[dict[str, Any]]:
@@ -123,6 +123,12 @@ def overview(
     }
 
 
+def sessions_page(page: Page) -> dict[str, Any]:
+    """A page of the sessions table: each row with why it ended as it did (``cause``)."""
+    rows = [{**msgspec.to_builtins(r), "cause": cause(r)} for r in page.rows]
+    return {"total": page.total, "offset": page.offset, "limit": page.limit, "rows": rows}
+
+
 # -- task -----------------------------------------------------------------------------
 PHASE_OF = {  # the states a timeline bar colours, each a phase
     "REGISTERED": "queued",
@@ -141,7 +147,7 @@ def timeline(row: SessionRow, now: float) -> list[dict[str, Any]]:
     entered = sorted(row.entered.items(), key=lambda kv: kv[1])
     spans = []
     for i, (state, start) in enumerate(entered):
-        if state in _ENDED:
+        if state in ENDED:
             break
         end = entered[i + 1][1] if i + 1 < len(entered) else now
         spans.append(
@@ -154,6 +160,33 @@ def timeline(row: SessionRow, now: float) -> list[dict[str, Any]]:
             }
         )
     return spans
+
+
+TICKS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900)
+TICKS += (1800, 3600, 7200, 14400, 43200, 86400)
+
+
+def axis(span: float, most: int = 8) -> list[dict[str, Any]]:
+    """The timeline's time axis over ``span`` seconds: ticks at a round step (at most
+    ``most`` + 1 of them), each as its offset from the start and a label."""
+    day = TICKS[-1]
+    step = next((t for t in TICKS if span / t <= most), day * math.ceil(span / (day * most)))
+    n = int(span / step + 1e-9)  # float steps: 0.3 / 0.1 is 2.9999...
+    return [{"at": k * step, "label": duration(k * step)} for k in range(n + 1)]
+
+
+def duration(seconds: float) -> str:
+    """``0``, ``200 ms``, ``45 s``, ``2 min``, ``1 h 30``: a tick's label."""
+    if 0 < seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    s = int(round(seconds))
+    if s == 0:
+        return "0"
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min" + (f" {s % 60} s" if s % 60 else "")
+    return f"{s // 3600} h" + (f" {s % 3600 // 60:02d}" if s % 3600 else "")
 
 
 def group_member(row: SessionRow, traj: Trajectory | None) -> dict[str, Any]:
@@ -169,7 +202,7 @@ def group_member(row: SessionRow, traj: Trajectory | None) -> dict[str, Any]:
         "sampled_tokens": traj.stats.sampled_tokens if traj else None,
         "turns": traj.stats.completions if traj else None,
         "chains": len(main) if traj else None,
-        "reason": row.eval_reason or row.reason,
+        "reason": cause(row),
         "tool_parse": toolparse.of_built(traj),
     }
 
@@ -185,17 +218,26 @@ def task_view(
     members = [group_member(r, trajectories.get(r.session_id)) for r in rows]
     rewards = [m["reward"] for m in members if m["reward"] is not None]
     starts = [min(r.entered.values()) for r in rows if r.entered]
+    summary = task_summary(task_id, rows, submitted_at)
+    timelines = [
+        {"session_id": r.session_id, "state": r.state, "spans": timeline(r, now)} for r in rows
+    ]
+    t0 = min(starts) if starts else now
+    # a finished task is drawn over its own span, not up to now: its sessions would
+    # shrink to slivers as time passed
+    ends = [s["end"] for tl in timelines for s in tl["spans"]]
+    t1 = now if summary["live"] or not ends else max(ends)
     return {
-        **task_summary(task_id, rows, submitted_at),
+        **summary,
         "instruction": clip(spec.instruction, 4000) if spec else None,
         "num_samples": spec.num_samples if spec else len(rows),
         "builder": spec.builder.name if spec else None,
         "evaluator": spec.evaluator.name if spec else None,
-        "timeline_start": min(starts) if starts else now,
+        "timeline_start": t0,
+        "timeline_end": max(t1, t0 + 0.001),
+        "axis": axis(max(t1 - t0, 0.001)),
         "now": now,
-        "timelines": [
-            {"session_id": r.session_id, "state": r.state, "spans": timeline(r, now)} for r in rows
-        ],
+        "timelines": timelines,
         "group": members,
         "tool_parse": toolparse.of_task(members),
         # a group whose rewards are all equal has no advantage to learn from
@@ -271,6 +313,26 @@ def model_call(rec: CompletionRecord, prompt_len: int | None) -> dict[str, Any]:
     }
 
 
+FAILURE_LINES = 40  # stderr lines the failure section shows (the whole tail is below)
+
+
+def failure(row: SessionRow, artifacts: Any) -> dict[str, Any] | None:
+    """Why a session that failed, timed out or was cancelled did (None for any other):
+    the run's reason from the registry, the evaluator's, and the harness's exit code and
+    the end of its stderr, from the artifacts (the list's copy when they are gone)."""
+    if row.state not in FAILED and row.eval_status != "error":
+        return None
+    stderr = plain(artifacts.stderr_tail) if artifacts is not None else row.stderr or ""
+    return {
+        "state": row.state,
+        "reason": row.reason,
+        "eval_reason": row.eval_reason,
+        "exit_code": artifacts.exit_code if artifacts is not None else row.exit_code,
+        "stderr": "\n".join(stderr.rstrip().splitlines()[-FAILURE_LINES:]),
+        "artifacts": artifacts is not None,
+    }
+
+
 def session_view(
     row: SessionRow,
     records: list[CompletionRecord],
@@ -295,9 +357,10 @@ def session_view(
             "harness_version": artifacts.harness_version,
             "protocol": artifacts.protocol,
             "diff": clip(artifacts.diff),
-            "stdout_tail": clip(artifacts.stdout_tail),
-            "stderr_tail": clip(artifacts.stderr_tail),
-            "logs": {name: clip(text) for name, text in sorted(artifacts.logs.items())},
+            # a terminal's colours and progress bars, as the terminal showed them
+            "stdout_tail": clip(plain(artifacts.stdout_tail)),
+            "stderr_tail": clip(plain(artifacts.stderr_tail)),
+            "logs": {name: clip(plain(text)) for name, text in sorted(artifacts.logs.items())},
             "files": {name: clip(text) for name, text in sorted(artifacts.files.items())},
         }
     return {
@@ -308,7 +371,8 @@ def session_view(
         "problems": problems,
         "artifacts": art,
         # nothing more will change: ended, its final record read, its artifacts here
-        "settled": row.state in _ENDED and row.synced and artifacts is not None,
+        "settled": row.state in ENDED and row.synced and artifacts is not None,
+        "failure": failure(row, artifacts),
         "verdict": {
             "reward": row.reward,
             "eval_status": row.eval_status or (trajectory.eval_status if trajectory else None),
@@ -325,141 +389,3 @@ def session_view(
             "metadata": orjson.loads(orjson.dumps(trajectory.metadata, default=str)),
         },
     }
-
-
-# -- trajectory viewer ----------------------------------------------------------------
-def rebuild(records: list[CompletionRecord], builder: str, outcome: Outcome) -> list[Trace]:
-    """The traces the named builder makes of the session's records (the builder's own
-    code: the viewer's per_request / prefix_merging switch)."""
-    built = run_builder(default_registry(), BuilderSpec(name=builder), records, outcome)
-    return built.traces
-
-
-def hidden_pieces(pieces: list[str], scrub: Scrubber) -> set[int]:
-    """Which pieces (decoded tokens) hold part of a secret: a token the model echoed is
-    cut into many, none of which a scan of one piece would catch."""
-    spans = scrub.spans("".join(pieces))
-    starts = list(accumulate((len(p) for p in pieces), initial=0))
-    hidden: set[int] = set()
-    for start, end in spans:
-        i = max(bisect_right(starts, start) - 1, 0)
-        while i < len(pieces) and starts[i] < end:
-            hidden.add(i)
-            i += 1
-    return hidden
-
-
-def trace_view(
-    trace: Trace, decode: Decode | None, scrub: Scrubber | None = None
-) -> dict[str, Any]:
-    """One trace as tokens: text, loss mask, logprob and weight version of each response
-    token; the prompt as one decoded block. With ``scrub``, tokens that spell a secret
-    show as one ``[redacted]`` and lose their ids."""
-    n = len(trace.response_ids)
-    shown = min(n, MAX_TOKENS)
-    versions = trace.token_versions()
-    ids: list[int | None] = list(trace.response_ids[:shown])
-    pieces = [decode(tid) if decode else str(tid) for tid in ids]
-    if decode and scrub is not None:
-        hidden = hidden_pieces(pieces, scrub)
-        for i in sorted(hidden):
-            pieces[i], ids[i] = ("" if i - 1 in hidden else REDACTED), None
-    tokens = [
-        [pieces[i], trace.loss_mask[i], trace.response_logprobs[i], versions[i], tid]
-        for i, tid in enumerate(ids)
-    ]
-    prompt = (
-        "".join(decode(t) for t in trace.prompt_ids)
-        if decode
-        else " ".join(map(str, trace.prompt_ids))
-    )
-    return {
-        "trace_id": trace.trace_id,
-        "chain_id": trace.chain_id,
-        "lineage_id": trace.lineage_id,
-        "break_reason": trace.break_reason,
-        "side_call": trace.side_call,
-        "trainable": trace.trainable,
-        "reward": trace.reward,
-        "completion_seqs": list(trace.completion_seqs),
-        "prompt_tokens": len(trace.prompt_ids),
-        "prompt": clip(prompt, 100_000),
-        "response_tokens": n,
-        "sampled_tokens": sum(trace.loss_mask),
-        "tokens": tokens,  # [text, mask, logprob, version, id]
-        "tokens_cut": n - shown,
-        "version_spans": [msgspec.to_builtins(s) for s in trace.version_spans],
-        "tool_parse": toolparse.of_trace(trace.tool_parse),
-    }
-
-
-def trajectory_view(
-    session_id: str,
-    view: str,
-    traces: list[Trace],
-    decode: Decode | None,
-    note: str | None,
-    scrub: Scrubber | None = None,
-) -> dict[str, Any]:
-    return {
-        "session_id": session_id,
-        "view": view,
-        "views": list(VIEWS),
-        "note": note,
-        "decoded": decode is not None,
-        "traces": [trace_view(t, decode, scrub) for t in traces],
-    }
-
-
-# -- training -------------------------------------------------------------------------
-def training_view(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Curves by step from the trainer's JSONL log (``services/trainer/metrics.py``);
-    by step, the last record wins (a step redone after a restart)."""
-    steps: dict[int, dict[str, Any]] = {}
-    evals: dict[int, dict[str, Any]] = {}
-    for r in records:
-        kind, step = r.get("type"), r.get("step")
-        if not isinstance(step, int):
-            continue
-        if kind == "step":
-            steps[step] = r
-        elif kind == "eval":
-            evals[step] = r
-
-    def series(rows: dict[int, dict[str, Any]], value: Callable[[dict[str, Any]], Any]):
-        return [[s, v] for s in sorted(rows) if isinstance(v := value(rows[s]), int | float)]
-
-    return {
-        "steps": len(steps),
-        "curves": {
-            "reward": series(steps, lambda r: r.get("reward_mean")),
-            "heldout_accuracy": series(evals, lambda r: r.get("accuracy")),
-            "loss": series(steps, lambda r: r.get("loss")),
-            "staleness": series(steps, lambda r: mean_staleness(r.get("staleness") or {})),
-            "mismatch": series(steps, lambda r: r.get("mismatch_max")),
-        },
-    }
-
-
-def mean_staleness(ages: Mapping[str, Any]) -> float | None:
-    """Mean age (trainer version minus the sampling version) of a step's samples."""
-    total = n = 0.0
-    for age, count in ages.items():
-        try:
-            total += float(age) * float(count)
-            n += float(count)
-        except (TypeError, ValueError):
-            continue
-    return total / n if n else None
-
-
-def parse_jsonl(lines: Iterable[bytes]) -> list[dict[str, Any]]:
-    out = []
-    for line in lines:
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # a line being written right now
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out

@@ -118,9 +118,12 @@ class LoneDashboard:
 
 
 @contextmanager
-def lone_dashboard(tmp_path: Path, read_token: str, *, streams: bool) -> Iterator[LoneDashboard]:
+def lone_dashboard(
+    tmp_path: Path, read_token: str, *, streams: bool, **config
+) -> Iterator[LoneDashboard]:
     """NATS, Valkey (stopped by the test at will) and a dashboard polling them often;
-    ``streams``: declared first, as a running stack has them."""
+    ``streams``: declared first, as a running stack has them; ``config``: the dashboard's
+    besides (a stack record's dir, a trainer log, an admin token)."""
     nport, rport = localservers.free_port(), localservers.free_port()
     nats = localservers.start_nats(nport, tmp_path / "nats")
     valkey = localservers.start_valkey(rport, tmp_path / "valkey")
@@ -130,6 +133,7 @@ def lone_dashboard(tmp_path: Path, read_token: str, *, streams: bool) -> Iterato
         "refresh_seconds": 0.2,
         "stack_poll_seconds": 0.5,
         "read_token": read_token,
+        **config,
     }
     dash = None
     try:

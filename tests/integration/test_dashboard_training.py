@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra import devstack
+from infra.stackstate import Proc, read_state, write_state
 from infra.topology import parse_topology
 from services.trainer import checkpoint as ck
 from tests.helpers.browser import new_browser, printed_sign_in_url
@@ -90,6 +91,27 @@ def test_the_training_page_draws_a_live_trainers_curves_step_by_step():
         assert checked and curve(driver, "mismatch") == len(checked)
         caption = driver.find_element(By.CSS_SELECTOR, 'figure[data-curve="loss"] figcaption')
         assert f"at step {STEPS}" in caption.text
+        # labelled panels, and the ones the trainer logs besides (issue 38.12)
+        caption = driver.find_element(
+            By.CSS_SELECTOR, 'figure[data-curve="heldout_accuracy"] figcaption'
+        )
+        assert caption.text.startswith("held-out accuracy: ")
+        for name in ("clip_fraction", "kl", "grad_norm"):
+            assert curve(driver, name) == STEPS, name
+        # the stack's trainer service says its run is done (its /healthz): so does the page
+        record = read_state(state_dir)
+        assert record is not None
+        service = Proc(
+            name="trainer",
+            pid=None,
+            start_ticks=None,
+            url=trainer.url,
+            port=trainer.port,
+            started=False,  # not ours to stop: `polar down` leaves it be
+        )
+        record.procs.append(service)
+        write_state(record)
+        wait(driver, lambda d: d.find_element(By.ID, "train-state").text == f"done at step {STEPS}")
         shot(driver, "training")
     finally:
         driver.quit()

@@ -135,7 +135,7 @@ function sessionsTable(fixed) {
         el("td", {}, r.harness || "–"),
         el("td", {}, r.node || "–"),
         el("td", { class: "num" }, fmt(r.reward)),
-        el("td", { class: "reason" }, r.eval_reason || r.reason || ""))),
+        el("td", { class: "reason" }, r.cause || ""))),
       { id: "sessions-table" }));
     const last = Math.min(page.offset + page.limit, page.total);
     pager.replaceChildren(
@@ -151,8 +151,24 @@ function sessionsTable(fixed) {
 // -- pages ----------------------------------------------------------------------------
 const pages = {};
 
+const TASKS_PER_PAGE = 20;
+let tasksOffset = 0; // the overview's page of tasks: kept across live re-renders
+
+function tasksPager(t) {
+  const last = Math.min(t.offset + t.rows.length, t.total);
+  const go = (offset) => { tasksOffset = Math.max(0, offset); render(); };
+  return el("div", { class: "pager", id: "tasks-pager" },
+    el("button", { id: "tasks-prev", disabled: t.offset === 0, onclick: () => go(t.offset - TASKS_PER_PAGE) }, "‹ prev"),
+    el("span", { id: "tasks-range" }, ` ${t.total ? t.offset + 1 : 0}–${last} of ${t.total} `),
+    el("button", { id: "tasks-next", disabled: last >= t.total, onclick: () => go(t.offset + TASKS_PER_PAGE) }, "next ›"));
+}
+
 pages.overview = async function () {
-  const d = await api("/api/overview");
+  let d = await api(`/api/overview?offset=${tasksOffset}&limit=${TASKS_PER_PAGE}`);
+  if (tasksOffset && tasksOffset >= d.tasks.total) { // tasks went away: the last page there is
+    tasksOffset = Math.max(0, Math.floor((d.tasks.total - 1) / TASKS_PER_PAGE) * TASKS_PER_PAGE);
+    d = await api(`/api/overview?offset=${tasksOffset}&limit=${TASKS_PER_PAGE}`);
+  }
   const cards = el("div", { class: "cards" },
     el("div", { class: "card" }, el("b", { id: "n-sessions" }, d.sessions), " sessions"),
     el("div", { class: "card" }, el("b", { id: "rate" }, fmt(d.sessions_per_second, 2)), " sessions/s (1 min)"),
@@ -173,7 +189,7 @@ pages.overview = async function () {
         el("td", {}, el("meter", { min: 0, max: v.bound || 1, value: v.used }))))), { id: "nodes-table" });
   const engines = d.engines.length ? table(["engine", "kind", "queue", "up"], d.engines.map((e) =>
     el("tr", {}, el("td", {}, e.name), el("td", {}, e.kind || "–"), el("td", { class: "num" }, fmt(e.queue)), el("td", {}, e.up === null ? "–" : e.up ? "yes" : "NO"))))
-    : el("p", { class: "muted" }, "no engines listed in the topology's backends");
+    : el("p", { class: "muted" }, "no engines: the topology lists no backends and the stack runs no model service");
   const streams = d.streams === null ? el("p", { class: "error" }, "unknown: NATS unreachable")
     : table(["stream", "messages", "consumer", "pending", "ack pending", "redelivered"], d.streams.flatMap((s) =>
       (s.consumers.length ? s.consumers : [null]).map((c) => el("tr", {},
@@ -187,7 +203,7 @@ pages.overview = async function () {
   if (!pages.overview.sessions) pages.overview.sessions = sessionsTable();
   else pages.overview.sessions.refresh();
   main.replaceChildren(el("h1", {}, "Overview"), cards, states,
-    section(`Tasks (${d.tasks.total})`, tasks),
+    section(`Tasks (${d.tasks.total})`, tasks, tasksPager(d.tasks)),
     el("div", { class: "cols" }, section("Nodes", nodes), section("Engines", engines)),
     section("Stream backlogs", streams), section("Errors by reason", errors),
     section("Sessions", pages.overview.sessions));
@@ -200,8 +216,11 @@ pages.task = async function () {
   const id = body.dataset.task;
   const d = await api(`/api/tasks/${enc(id)}`);
   settled = d.settled; // every session ended and its reward read: nothing more will change
-  const t0 = d.timeline_start, span = Math.max(d.now - t0, 0.001);
-  const timeline = el("div", { class: "timeline", id: "timeline" }, d.timelines.map((tl) =>
+  // a live task up to now; a finished one over its own span (timeline_end)
+  const t0 = d.timeline_start, span = Math.max(d.timeline_end - t0, 0.001);
+  const axis = el("div", { class: "tl-axis", id: "timeline-axis" }, el("span", { class: "tl-label" }, "elapsed"),
+    el("span", { class: "tl-bar" }, d.axis.map((t) => el("span", { class: "tick", style: `left:${(100 * t.at) / span}%` }, t.label))));
+  const timeline = el("div", { class: "timeline", id: "timeline" }, axis, d.timelines.map((tl) =>
     el("div", { class: "tl-row", "data-session": tl.session_id },
       el("span", { class: "tl-label" }, link(`/sessions/${enc(tl.session_id)}`, tl.session_id.slice(-4)), " ", stateTag(tl.state)),
       el("span", { class: "tl-bar" }, tl.spans.map((s) => el("span", {
@@ -288,6 +307,7 @@ pages.session = async function () {
     el("h1", {}, "Session ", el("code", { id: "session-id" }, s.session_id), " ", stateTag(s.state)),
     el("p", {}, "task ", link(`/tasks/${enc(s.task_id)}`, s.task_id), ` · attempt ${s.attempt} · node ${s.node || "–"} · harness ${s.harness || "–"} · `,
       link(`/sessions/${enc(s.session_id)}/trajectory`, "trajectory viewer →")),
+    d.failure ? failureSection(d.failure) : "",
     section("Verdict", el("p", { id: "verdict" }, `reward ${fmt(v.reward)} · ${v.eval_status || "not evaluated"} · `, el("span", { class: "reason" }, v.eval_reason || ""),
       v.reason ? el("span", {}, ` · run: ${v.reason}`) : "")),
     section("Phases", el("p", {}, d.spans.map((p) => el("span", { class: `chip ph-${p.phase}` }, `${p.state} ${secs(p.seconds)}`)))),
@@ -298,6 +318,27 @@ pages.session = async function () {
     section("Artifacts", artifacts),
     d.trajectory ? section("Build", el("pre", {}, JSON.stringify({ builder: d.trajectory.builder, intact: d.trajectory.intact, stats: d.trajectory.stats, metadata: d.trajectory.metadata }, null, 2))) : "");
 };
+
+// why a session failed, timed out or was cancelled: the run's reason (the harness's exit
+// code and error line), the evaluator's, and the end of the harness's stderr
+function failureSection(f) {
+  const why = f.reason || f.eval_reason || "no reason given";
+  return section(`Why it ended ${f.state}`, el("div", { id: "failure", class: "failure" },
+    el("p", {}, el("b", { class: "reason", id: "failure-reason" }, why)),
+    f.reason && f.eval_reason ? el("p", { class: "muted" }, `evaluator: ${f.eval_reason}`) : "",
+    el("p", { id: "failure-exit" }, `exit code ${fmt(f.exit_code)}`),
+    f.stderr ? el("div", {}, el("h3", {}, "stderr (last lines)"), el("pre", { id: "failure-stderr" }, f.stderr))
+      : el("p", { class: "muted", id: "failure-stderr" }, f.artifacts ? "stderr: (empty)" : "stderr: not seen (the harness's output is on the bus only while the session finishes)")));
+}
+
+// the chain a trace branched from; a side call made before the main loop began came from
+// none (the builder files it under the first chain, which started after it)
+function lineageOf(t) {
+  const l = t.lineage;
+  if (!l) return el("span", { class: "lineage" }, "–");
+  if (l.later) return [el("span", { class: "lineage" }, "–"), el("span", { class: "muted lineage-note" }, ` (made before the main loop; filed under chain ${l.chain_id ?? l.trace_id}, which began after it)`)];
+  return el("span", { class: "lineage", title: l.chain_id === null ? "" : `chain ${l.chain_id}` }, l.trace_id);
+}
 
 function heat(lp) {
   // probability of the sampled token: red (unlikely) to green (certain)
@@ -332,7 +373,7 @@ pages.trajectory = async function () {
         t.trainable ? "" : el("span", { class: "badge warn" }, "not trainable")),
       el("p", { class: "chain-meta" },
         "break reason: ", el("b", { class: "break-reason" }, t.break_reason || "–"),
-        " · lineage: ", el("span", { class: "lineage" }, t.lineage_id || "–"),
+        " · lineage: ", lineageOf(t),
         ` · reward ${fmt(t.reward)} · prompt ${t.prompt_tokens} tokens · response ${t.response_tokens} (${t.sampled_tokens} sampled) · calls ${t.completion_seqs.join(", ")}`),
       tp ? el("p", { class: tp.failed ? "tool-parse warn" : "tool-parse" }, toolLine(tp)) : "",
       tp && tp.failures.length ? toolFailures(tp.failures, "response") : "",
@@ -345,12 +386,12 @@ pages.trajectory = async function () {
     ...(d.traces.length ? traces : [el("p", { class: "muted", id: "no-traces" }, "no traces")]));
 };
 
-function chart(name, points) {
+function chart(name, label, points) {
   const W = 360, H = 160, P = 28, L = 60; // L: room for the value labels left of the plot
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("class", "chart");
-  const fig = el("figure", { "data-curve": name }, el("figcaption", {}, points.length ? `${name}: ${num(points[points.length - 1][1])} at step ${points[points.length - 1][0]} (${points.length} ${points.length === 1 ? "point" : "points"})` : `${name} (no points)`), svg);
+  const fig = el("figure", { "data-curve": name }, el("figcaption", {}, points.length ? `${label}: ${num(points[points.length - 1][1])} at step ${points[points.length - 1][0]} (${points.length} ${points.length === 1 ? "point" : "points"})` : `${label} (no points)`), svg);
   if (!points.length) return fig;
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
@@ -380,8 +421,11 @@ pages.training = async function () {
     main.replaceChildren(el("h1", {}, "Training"), el("p", { class: "muted", id: "no-trainer" }, "no trainer in this stack (its JSONL log is not configured)"));
     return;
   }
-  main.replaceChildren(el("h1", {}, "Training"), el("p", { id: "train-steps" }, `${d.steps} steps`),
-    el("div", { class: "charts", id: "charts" }, Object.entries(d.curves).map(([k, v]) => chart(k, v))));
+  const state = d.state === "done" ? el("span", { class: "badge done", id: "train-state" }, `done at step ${fmt(d.last_step)}`)
+    : d.state === "failed" ? el("span", { class: "badge failed", id: "train-state" }, `failed: ${d.detail || "no reason given"}`)
+      : el("span", { class: "badge", id: "train-state" }, "running");
+  main.replaceChildren(el("h1", {}, "Training ", state), el("p", { id: "train-steps" }, `${d.steps} steps`),
+    el("div", { class: "charts", id: "charts" }, Object.entries(d.curves).map(([k, v]) => chart(k, d.labels[k] || k, v))));
 };
 
 pages.topology = async function () {

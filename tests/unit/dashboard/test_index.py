@@ -134,3 +134,47 @@ def test_a_task_settles_only_once_the_final_records_are_read():
     assert summary["settled"] is True and summary["reward_mean"] == 0.5
     idx.apply(event("t-0000", S.COMPLETED, 7, 10.0))  # a replayed event changes nothing
     assert task_summary("t", idx.task_rows("t"), 0.0)["settled"] is True
+
+
+def test_a_failed_session_is_listed_with_its_runs_cause_not_the_reward_rule():
+    """Issue 38.10: every failed session was listed as `session ended error: reward 0 by
+    rule` (the evaluator's reason won over the run's); the harness's error was nowhere."""
+    from services.dashboard.index import cause
+    from services.dashboard.views import sessions_page
+
+    idx = SessionIndex()
+    idx.add_task("t", "shell", 0.0)
+    why = "shell exited with code 127: sh: 1: ./agent.sh: not found"
+    rule = "session ended error: reward 0 by rule"
+    idx.put(session("t", 0, state=S.ERROR, reward=0.0, reason=why, eval_reason=rule))
+    idx.put(session("t", 1, reward=1.0, eval_reason="tests passed"))
+    row = idx.rows["t-0000"]
+    assert cause(row) == why
+    # the run's exit code and stderr's end, from its artifacts; kept over a re-read
+    idx.note_run("t-0000", 127, "boom\nsh: 1: ./agent.sh: not found")
+    idx.put(session("t", 0, state=S.ERROR, reward=0.0, reason=why, eval_reason=rule))
+    assert (row := idx.rows["t-0000"]).exit_code == 127
+    assert row.stderr == "boom\nsh: 1: ./agent.sh: not found"
+    assert cause(row) == why  # its reason holds both already
+    timed_out = session("t", 2, state=S.TIMEOUT, reason="deadline passed", eval_reason=rule)
+    idx.put(timed_out)
+    idx.note_run("t-0002", 137, "Killed")
+    assert cause(idx.rows["t-0002"]) == "deadline passed · exit code 137 · stderr: Killed"
+    page = sessions_page(idx.query(Filters(task="t")))
+    assert [r["cause"] for r in page["rows"]] == [
+        why,
+        "tests passed",  # an evaluated run: the evaluator's reason
+        "deadline passed · exit code 137 · stderr: Killed",
+    ]
+    assert page["total"] == 3 and page["rows"][0]["exit_code"] == 127
+
+
+def test_terminal_escapes_and_progress_bars_are_shown_as_the_terminal_left_them():
+    from services.dashboard.index import last_lines, plain
+
+    raw = (
+        "\x1b[1;31merror\x1b[0m: \x1b]8;;http://x\x07link\x1b]8;;\x07 done\n10%\r50%\r100%\r\nok\n"
+    )
+    assert plain(raw) == "error: link done\n100%\nok\n"
+    assert last_lines("a\n\nb\nc\nd\n", 2) == "c\nd"
+    assert last_lines("x" * 50, width=10) == "…" + "x" * 9

@@ -8,7 +8,7 @@ import orjson
 from evaluators.rubric import JudgeReply, judge_record
 from schemas import Artifacts, BuildStats, Outcome, Timings, Trace, Trajectory, VersionSpan
 from schemas.completion import ToolParse, ToolParseFailure
-from services.dashboard import views
+from services.dashboard import trajectory, views
 from services.dashboard.index import SessionIndex, SessionRow
 from tests.unit.builder.synth import Capture, agent_loop, glue_after, opening, text
 
@@ -25,10 +25,10 @@ def records_with_a_break():
 
 def test_both_builders_rebuild_the_same_session_and_the_merge_shows_its_break():
     records = records_with_a_break()
-    per_request = views.rebuild(records, "per_request", Outcome.COMPLETED)
-    merged = views.rebuild(records, "prefix_merging", Outcome.COMPLETED)
+    per_request = trajectory.rebuild(records, "per_request", Outcome.COMPLETED)
+    merged = trajectory.rebuild(records, "prefix_merging", Outcome.COMPLETED)
     assert len(per_request) == 4 and len(merged) == 2
-    view = views.trajectory_view("t-0000", "prefix_merging", merged, None, None)
+    view = trajectory.trajectory_view("t-0000", "prefix_merging", merged, None, None)
     first, second = view["traces"]
     assert first["break_reason"] == "first" and second["break_reason"] == "sub_agent"
     assert second["lineage_id"] == first["trace_id"]
@@ -51,15 +51,15 @@ def test_trace_tokens_are_decoded_with_versions_and_cut_when_huge(monkeypatch):
             VersionSpan(version="4", start=2, end=3),
         ],
     )
-    v = views.trace_view(trace, lambda i: f"<{i}>")
+    v = trajectory.trace_view(trace, lambda i: f"<{i}>")
     assert v["prompt"]["text"] == "<1><2>"
     assert v["tokens"] == [
         ["<10>", 1, -0.1, "3", 10],
         ["<11>", 0, None, None, 11],
         ["<12>", 1, -2.0, "4", 12],
     ]
-    monkeypatch.setattr(views, "MAX_TOKENS", 2)
-    cut = views.trace_view(trace, None)
+    monkeypatch.setattr(trajectory, "MAX_TOKENS", 2)
+    cut = trajectory.trace_view(trace, None)
     assert len(cut["tokens"]) == 2 and cut["tokens_cut"] == 1 and cut["tokens"][0][0] == "10"
 
 
@@ -89,7 +89,7 @@ def test_tokens_that_spell_a_secret_are_hidden_with_their_ids():
         response_logprobs=[-0.5] * len(pieces),
     )
     scrub = Scrubber([token, "hunter2-password"])
-    v = views.trace_view(trace, lambda i: pieces[i], scrub)
+    v = trajectory.trace_view(trace, lambda i: pieces[i], scrub)
     shown = [t[0] for t in v["tokens"]]
     assert shown == [
         "Your",
@@ -107,8 +107,8 @@ def test_tokens_that_spell_a_secret_are_hidden_with_their_ids():
     ]
     assert [t[4] for t in v["tokens"]] == [0, 1, 2, None, None, None, None, 7, 8, None, None, None]
     assert all(t[1] == 1 and t[2] == -0.5 for t in v["tokens"])  # mask and logprobs kept
-    assert views.trace_view(trace, lambda i: pieces[i])["tokens"][4][0] == "_Ab3"  # no scrub
-    assert views.hidden_pieces(["a", "b"], scrub) == set()
+    assert trajectory.trace_view(trace, lambda i: pieces[i])["tokens"][4][0] == "_Ab3"  # no scrub
+    assert trajectory.hidden_pieces(["a", "b"], scrub) == set()
 
 
 def test_session_view_lists_calls_with_timings_tools_and_markup_as_plain_text():
@@ -173,7 +173,7 @@ def test_a_judges_call_is_listed_last_and_rebuilt_as_an_untrainable_side_call():
     assert (c["seq"], c["side_call"], c["tokens_in"], c["tokens_out"]) == (4, "judge", 0, 0)
     assert "SCORE: 7" in c["reply"]["text"] and "# Rubric" in c["request"]["text"]
     for builder in ("per_request", "prefix_merging"):
-        traces = views.rebuild(records, builder, Outcome.COMPLETED)
+        traces = trajectory.rebuild(records, builder, Outcome.COMPLETED)
         (side,) = [t for t in traces if t.side_call == "judge"]
         assert not side.trainable and side.completion_seqs == [4]
         assert all(t.trainable for t in traces if t.side_call is None)
@@ -203,22 +203,6 @@ def test_task_view_timelines_and_a_group_with_no_variance():
     ]
     rows[0].reward = 0.0
     assert not views.task_view("t", None, rows, {}, 0.0, now=10.0)["no_variance"]
-
-
-def test_training_curves_last_record_per_step_wins():
-    lines = [
-        b'{"type": "step", "step": 1, "reward_mean": 0.1, "loss": 2.0, "mismatch_max": 1e-6, "staleness": {"0": 3, "1": 1}}',
-        b'{"type": "eval", "step": 1, "accuracy": 0.2}',
-        b'{"type": "step", "step": 1, "reward_mean": 0.3, "loss": 1.5, "mismatch_max": null, "staleness": {}}',
-        b'{"type": "step", "step": 2, "reward_mean": 0.5, "loss": 1.0, "staleness": {"2": 2}}',
-        b'{"type": "st',  # being written
-    ]
-    v = views.training_view(views.parse_jsonl(lines))
-    assert v["steps"] == 2
-    assert v["curves"]["reward"] == [[1, 0.3], [2, 0.5]]
-    assert v["curves"]["heldout_accuracy"] == [[1, 0.2]]
-    assert v["curves"]["staleness"] == [[2, 2.0]]
-    assert v["curves"]["mismatch"] == []
 
 
 def test_long_text_is_cut_and_says_by_how_much():
@@ -274,8 +258,8 @@ def test_tool_call_parse_health_on_the_session_trajectory_and_task_pages():
     ]
     assert v["calls"][0]["tool_parse"]["failures"] == []
     # the trajectory viewer: the same failure at its span of the merged trace's response
-    (trace,) = views.rebuild(records, "prefix_merging", Outcome.COMPLETED)
-    tv = views.trajectory_view("t-0001", "prefix_merging", [trace], None, None)["traces"][0]
+    (trace,) = trajectory.rebuild(records, "prefix_merging", Outcome.COMPLETED)
+    tv = trajectory.trajectory_view("t-0001", "prefix_merging", [trace], None, None)["traces"][0]
     tp = tv["tool_parse"]
     assert (tp["parsed"], tp["failed"], tp["turns"], tp["family"]) == (1, 2, 3, "qwen3")
     first, second = tp["failures"]
@@ -326,6 +310,108 @@ def test_pages_of_sessions_without_tools_show_no_tool_line():
     row = SessionRow(session_id="t-0000", task_id="t", state="COMPLETED")
     v = views.session_view(row, records, [], None, None, now=1.0)
     assert v["tool_parse"] is None and all(c["tool_parse"] is None for c in v["calls"])
-    traces = views.rebuild(records, "per_request", Outcome.COMPLETED)
-    view = views.trajectory_view("t-0000", "per_request", traces, None, None)
+    traces = trajectory.rebuild(records, "per_request", Outcome.COMPLETED)
+    view = trajectory.trajectory_view("t-0000", "per_request", traces, None, None)
     assert all(t["tool_parse"] is None for t in view["traces"])
+
+
+RULE = "session ended error: reward 0 by rule"
+NOT_FOUND = "shell exited with code 127: sh: 1: ./agent.sh: not found"
+
+
+def test_a_failed_sessions_page_and_group_show_why_it_failed():
+    """Issue 38.10: the task page's group and the session page gave the evaluator's
+    `reward 0 by rule` as the reason; the run's own (and its stderr) was not shown."""
+    row = SessionRow(
+        session_id="t-0000",
+        task_id="t",
+        state="ERROR",
+        reward=0.0,
+        eval_status="ok",
+        reason=NOT_FOUND,
+        eval_reason=RULE,
+        synced=True,
+    )
+    stderr = "\x1b[33mwarning\x1b[0m: x\n" * 50 + "sh: 1: ./agent.sh: \x1b[1mnot found\x1b[0m\n"
+    art = Artifacts(exit_code=127, stderr_tail=stderr, stdout_tail="\x1b[32mok\x1b[0m")
+    v = views.session_view(row, [], [], art, None, now=5.0)
+    f = v["failure"]
+    assert (f["state"], f["reason"], f["eval_reason"], f["exit_code"]) == (
+        "ERROR",
+        NOT_FOUND,
+        RULE,
+        127,
+    )
+    lines = f["stderr"].splitlines()
+    assert len(lines) == views.FAILURE_LINES and lines[-1] == "sh: 1: ./agent.sh: not found"
+    assert "\x1b" not in v["artifacts"]["stderr_tail"]["text"]
+    assert v["artifacts"]["stdout_tail"]["text"] == "ok"
+    # its artifacts gone (a restart): the list's copy of stderr's end, said so
+    row.exit_code, row.stderr = 127, "sh: 1: ./agent.sh: not found"
+    gone = views.session_view(row, [], [], None, None, now=5.0)["failure"]
+    assert (gone["exit_code"], gone["stderr"], gone["artifacts"]) == (
+        127,
+        "sh: 1: ./agent.sh: not found",
+        False,
+    )
+    assert views.group_member(row, None)["reason"] == NOT_FOUND
+    ok = SessionRow(session_id="t-0001", task_id="t", state="COMPLETED", eval_reason="passed")
+    assert views.session_view(ok, [], [], None, None, now=5.0)["failure"] is None
+    assert views.group_member(ok, None)["reason"] == "passed"
+
+
+def test_a_finished_tasks_timeline_spans_the_task_not_up_to_now_with_an_axis():
+    """Issue 38.12: timelines were scaled to now - task start, so a finished task's
+    sessions shrank to slivers as time passed; and there was no time axis."""
+    rows = [
+        SessionRow(
+            session_id=f"t-000{i}",
+            task_id="t",
+            index=i,
+            state="COMPLETED",
+            synced=True,
+            entered={"REGISTERED": 100.0, "RUNNING": 101.0 + i, "COMPLETED": 130.0 + i},
+        )
+        for i in range(2)
+    ]
+    v = views.task_view("t", None, rows, {}, 0.0, now=5000.0)
+    assert (v["timeline_start"], v["timeline_end"]) == (100.0, 131.0)
+    assert [t["label"] for t in v["axis"]] == ["0", "5 s", "10 s", "15 s", "20 s", "25 s", "30 s"]
+    assert v["axis"][-1]["at"] <= v["timeline_end"] - v["timeline_start"]
+    rows[1].state = "RUNNING"  # a live one: up to now
+    rows[1].entered = {"REGISTERED": 100.0, "RUNNING": 101.0}
+    live = views.task_view("t", None, rows, {}, 0.0, now=5000.0)
+    assert live["timeline_end"] == 5000.0
+    assert [t["label"] for t in live["axis"]][:3] == ["0", "15 min", "30 min"]
+    assert views.duration(5400) == "1 h 30" and views.duration(90) == "1 min 30 s"
+
+
+def test_a_side_call_before_the_main_loop_shows_no_later_chain_as_its_lineage():
+    """Issue 38.11: a title call made before the main loop was shown as descending from
+    the main loop's chain, which began after it."""
+    rng = random.Random(3)
+    cap = Capture("t-0000")
+    cap.call(opening(text(rng, 12), text(rng, 8)), text(rng, 4) + [2], side_call="title")
+    agent_loop(cap, rng, 2)
+    traces = trajectory.rebuild(cap.records, "prefix_merging", Outcome.COMPLETED)
+    view = trajectory.trajectory_view("t-0000", "prefix_merging", traces, None, None)
+    by_chain = {t["chain_id"]: t for t in view["traces"]}
+    title = next(t for t in view["traces"] if t["side_call"] == "title")
+    main = next(t for t in view["traces"] if t["side_call"] is None)
+    assert title["lineage_id"] == main["trace_id"]  # as the builder files it
+    assert title["lineage"] == {
+        "trace_id": main["trace_id"],
+        "chain_id": main["chain_id"],
+        "later": True,
+    }
+    assert by_chain[main["chain_id"]]["lineage"] is None
+    # a sub-agent's parent began before it: shown as its lineage
+    records = records_with_a_break()
+    merged = trajectory.trajectory_view(
+        "t-0000",
+        "prefix_merging",
+        trajectory.rebuild(records, "prefix_merging", Outcome.COMPLETED),
+        None,
+        None,
+    )
+    assert merged["traces"][1]["lineage"]["later"] is False
