@@ -118,6 +118,13 @@ def trajectory_object(session_id: str, attempt: int) -> str:
     return f"trajectories/{session_id}/{attempt}"
 
 
+def artifacts_object(session_id: str, attempt: int) -> str:
+    """Object-store name of a finished run's artifacts (the builder writes them beside
+    its trajectory; the dashboard reads them after a restart, when the bus no longer has
+    the SessionFinished that carried them)."""
+    return f"artifacts/{session_id}/{attempt}"
+
+
 # -- durable consumers --------------------------------------------------------------
 CONSUMER_SCHEDULER_SUBMIT = "scheduler-submit"
 CONSUMER_SCHEDULER_CANCEL = "scheduler-cancel"

@@ -112,7 +112,7 @@ class Builder:
     async def build(self, event: SessionFinished, quarantined: str | None = None) -> Trajectory:
         start = time.perf_counter()
         trajectory, records = await self.make_from(event, quarantined)
-        await self.store(trajectory)
+        await self.store(trajectory, event)
         await self.announce(trajectory, event)
         await self.advance(event)
         seconds = time.perf_counter() - start
@@ -174,10 +174,12 @@ class Builder:
             raise Poison(f"task {task_id!r} is not in the registry: no builder spec")
         return spec.builder
 
-    async def store(self, trajectory: Trajectory) -> None:
+    async def store(self, trajectory: Trajectory, finished: SessionFinished | None = None) -> None:
         store = await self.bus.blobs()
-        name = S.trajectory_object(trajectory.session_id, trajectory.attempt)
-        await store.put(name, encode(trajectory))
+        sid, attempt = trajectory.session_id, trajectory.attempt
+        await store.put(S.trajectory_object(sid, attempt), encode(trajectory))
+        if finished is not None:  # what people read of the run, past a restart
+            await store.put(S.artifacts_object(sid, attempt), encode(finished.artifacts))
 
     async def announce(self, trajectory: Trajectory, finished: SessionFinished) -> None:
         event = TrajectoryBuilt(

@@ -254,7 +254,8 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
                 raise not_found(f"no session {session_id!r}")
             records, problems = await reader.completions(session_id)
             traj = await reader.trajectory(session_id, row.attempt, row.state in ENDED)
-            art = reader.artifacts.get(session_id)
+            built = row.state in ENDED or row.state == "EVALUATING"  # its artifacts stored
+            art = await reader.run_artifacts(session_id, row.attempt) if built else None
             body = views.session_view(row, records, problems, art, traj, time.time())
             return api("session", body, reader.secrets(row.task_id, [session_id]))
 

@@ -28,6 +28,7 @@ from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from infra.stackstate import read_state
 from schemas import (
+    Artifacts,
     CompletionRecord,
     ContractError,
     Outcome,
@@ -358,6 +359,26 @@ class StackReader:
         if final:
             self.trajectories.put(key, traj)
         return traj
+
+    async def run_artifacts(self, session_id: str, attempt: int) -> Artifacts | None:
+        """A finished run's artifacts: as the bus carried them, else (a restarted
+        dashboard, an evicted entry) the copy the builder stored beside its trajectory."""
+        if (hit := self.artifacts.get(session_id)) is not None:
+            return hit
+        if self.bus is None or not self.bus.nc.is_connected:
+            return None
+        try:
+            store = await self.bus.blobs()
+            raw = (await store.get(S.artifacts_object(session_id, attempt))).data
+            art = decode(raw, Artifacts)
+        except (ObjectNotFoundError, NotFoundError, ContractError):
+            return None
+        except Exception:  # noqa: BLE001 - a read that fails shows as "no artifacts"
+            log.warning("artifacts %s/%s unreadable", session_id, attempt, exc_info=True)
+            return None
+        self.artifacts.put(session_id, art)
+        self._note_run(session_id)
+        return art
 
     async def delivered(self, row: SessionRow) -> Trajectory | None:
         """The scored trajectory trainers got for the row's attempt (its reward on it and

@@ -139,6 +139,10 @@ async def test_builds_a_session_end_to_end(bus, registry, builder):
     assert len(tr.traces) == 1 and tr.stats.completions == 30 and tr.stats.chains == 1
     assert tr.traces[0].trace_id == f"{sid}/0"
     assert await state_of(registry, sid) == SessionState.EVALUATING
+    # the run's artifacts beside it: what the dashboard shows after a restart (issue 38.12)
+    blobs = await bus.js.object_store(S.OBJECT_STORE)
+    kept = await blobs.get(S.artifacts_object(sid, 0))
+    assert decode(kept.data, Artifacts) == art
 
 
 async def test_per_request_builder_and_delta_encoded_synthetic_records(bus, registry, builder):

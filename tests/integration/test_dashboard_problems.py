@@ -91,3 +91,26 @@ def test_the_live_stream_sends_a_change_of_problems_at_once(tmp_path):
             assert time.monotonic() - started < 8
             assert any("cannot reach Redis" in p for p in down["problems"]), down
             assert cleared["version"] == down["version"]  # no session changed: only problems
+
+
+async def test_a_restarted_dashboard_reads_a_runs_artifacts_back(fresh_servers):
+    """Artifacts came only with the SessionFinished on its way to the builder: a
+    dashboard started later had none (issue 38.12). The builder's stored copy is read."""
+    from schemas import Artifacts, encode
+    from schemas import subjects as S
+    from services.common.bus import Bus
+
+    nats_url, redis_url = fresh_servers
+    await asyncio.to_thread(declare_streams, nats_url)
+    bus = await Bus.open(nats_url, "artifacts-writer", declare=False)
+    art = Artifacts(exit_code=3, stderr_tail="sh: 1: ./agent.sh: not found\n")
+    await (await bus.blobs()).put(S.artifacts_object("old-task-0000", 1), encode(art))
+    await bus.close()
+    reader = StackReader(DashboardConfig(nats_url=nats_url, redis_url=redis_url))
+    await reader.start()
+    try:
+        await until(lambda: reader.bus is not None)
+        assert await reader.run_artifacts("old-task-0000", 1) == art
+        assert await reader.run_artifacts("never-ran-0000", 0) is None
+    finally:
+        await reader.stop()
