@@ -75,7 +75,9 @@ MAX_HEAD_BYTES = 64 * 1024  # request line and headers (and, apart, the trailers
 DRAIN_TIMEOUT_S = 30.0  # at shutdown, for the calls under way
 UNREAD_BUFFER_BYTES = 256 * 1024  # body held before the app asks for it; then reading pauses
 
-_PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
+# 529 is Anthropic's "Overloaded" (what its SDKs and Claude Code read as overload, and
+# what the proxy answers an Anthropic caller when no engine can take the call)
+_PHRASES = {s.value: s.phrase for s in http.HTTPStatus} | {529: "Overloaded"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STREAM_HEAD = b"HTTP/1.1 200 OK\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in SSE_START)
 

@@ -237,3 +237,11 @@ async def test_an_upgrade_it_does_not_offer_is_answered_over_http_1_1(served) ->
     assert (await read_response(reader))[0] == 200
     assert [call[3] for call in model.calls] == [BODY, BODY, BODY]  # every body whole
     writer.close()
+
+
+def test_an_anthropic_overload_goes_out_as_529_overloaded():
+    """It went out as `HTTP/1.1 529 Unknown` (issue 38.16): Anthropic says Overloaded."""
+    from proxy.io.native import _STATUS_LINES, _status_line
+
+    assert _status_line(529) == b"HTTP/1.1 529 Overloaded\r\n" == _STATUS_LINES[529]
+    assert _status_line(599) == b"HTTP/1.1 599 Unknown\r\n"
