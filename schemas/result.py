@@ -19,7 +19,7 @@ class SessionResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
 class TaskResult(Struct, frozen=True, kw_only=True, omit_defaults=True):
     v: int = 1
     task_id: str
-    status: str  # completed | cancelled | early_stopped
+    status: str  # completed | failed (no session COMPLETED) | cancelled | early_stopped
     num_samples: int
     sessions: list[SessionResult]
     counts: dict[str, int] = {}  # final state -> sessions

@@ -255,6 +255,8 @@ def build_result(
         status = "early_stopped"
     elif counts.get(SessionState.CANCELLED, 0) == len(rows):
         status = "cancelled"
+    elif not counts.get(SessionState.COMPLETED, 0):
+        status = "failed"  # no session ran to its end (every one ERROR, TIMEOUT or cancelled)
     else:
         status = "completed"
     return TaskResult(

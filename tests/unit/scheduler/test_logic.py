@@ -166,6 +166,10 @@ def test_finished_and_result():
         _s(1, SessionState.CANCELLED, reason="early stop: x"),
     ]
     assert logic.build_result(task, early, submitted_at=1, now=2).status == "early_stopped"
+    # every session ended ERROR (or TIMEOUT): failed, not "completed" (issue 38.11)
+    failed = [_s(0, SessionState.ERROR, 0.0), _s(1, SessionState.TIMEOUT, 0.0),
+              _s(2, SessionState.CANCELLED)]  # fmt: skip
+    assert logic.build_result(task, failed, submitted_at=1, now=2).status == "failed"
     assert logic.should_early_stop({"COMPLETED": 2}, 2) and not logic.should_early_stop(
         {"COMPLETED": 2}, None
     )
