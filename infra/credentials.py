@@ -9,6 +9,11 @@
   tools (CLI, export, client, demo), when the stack starts its own nats-server.
 - ``redis_password``: Valkey's password, when the stack starts its own Valkey.
 
+They outlive a restart: ``polar up`` on a state dir that holds them reuses them
+(``for_stack``), so a client configured against the stack's last start still signs in.
+``polar credentials rotate`` replaces them (``rotate``); the stack takes the new ones at
+its next start.
+
 A server the stack found already running is the operator's: its URL is used as given
 (credentials in the URL, ``nats://user:pass@host:4222``, ``redis://:pass@host:6379/0``),
 and no password for it is kept here. Harnesses get none of these (docs/security.md).
@@ -55,6 +60,39 @@ def generate(nats_users: list[str], *, own_nats: bool, own_redis: bool) -> Crede
         nats_passwords={u: secrets.token_urlsafe(24) for u in nats_users} if own_nats else {},
         redis_password=secrets.token_urlsafe(24) if own_redis else None,
     )
+
+
+def for_stack(state_dir: Path, nats_users: list[str]) -> Credentials:
+    """The stack's credentials: the ones kept in ``state_dir`` (a restart keeps them),
+    each missing piece generated (a user the catalog gained, a file from before the
+    engine key). ``only_own`` then drops the passwords of servers the stack did not
+    start."""
+    fresh = generate(nats_users, own_nats=True, own_redis=True)
+    kept = load(state_dir)
+    if kept is None:
+        return fresh
+    return Credentials(
+        admin_token=kept.admin_token,
+        read_token=kept.read_token,
+        engine_key=kept.engine_key or fresh.engine_key,
+        nats_passwords={**fresh.nats_passwords, **kept.nats_passwords},
+        redis_password=kept.redis_password or fresh.redis_password,
+    )
+
+
+def rotate(state_dir: Path) -> Credentials:
+    """New credentials in place of the kept ones (the same users and servers); the
+    running stack keeps the old ones until it is restarted."""
+    kept = load(state_dir)
+    if kept is None:
+        raise FileNotFoundError(f"no {FILE} in {state_dir}: `polar up` makes one")
+    new = generate(
+        sorted(kept.nats_passwords),
+        own_nats=bool(kept.nats_passwords),
+        own_redis=kept.redis_password is not None,
+    )
+    save(state_dir, new)
+    return new
 
 
 def with_userinfo(url: str, user: str, password: str) -> str:

@@ -4,8 +4,11 @@
 otherwise starts its own nats-server (JetStream, files under the state dir) and Valkey
 on those ports; then starts each enabled service as its own process
 (``python -m services.cli.main serve <service>``), waits for every ``/healthz``, and
-records all of it in ``<state_dir>/stack.json``. ``down`` stops exactly what ``up``
-started — nothing it found already running — and checks no port of it still listens.
+records all of it in ``<state_dir>/stack.json``. The credentials it gives them are the
+state dir's own (``infra/credentials.py``: kept across restarts), and once every service
+is healthy it writes its clients' environment file ``<state_dir>/polar.env``
+(``services/client/connection.py``). ``down`` stops exactly what ``up`` started — nothing
+it found already running — and checks no port of it still listens.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from infra.stackstate import (
     write_state,
 )
 from infra.topology import ServicePlan, Topology, plan_services
+from services.client import connection
 from services.common.settings import ENGINE_KEY_ENV, ENV_SECRETS
 from services.node.harnesses.install import CACHE_ENV as HARNESS_CACHE_ENV
 
@@ -81,7 +85,8 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
         raise StackError("this topology cannot work:\n- " + "\n- ".join(problems))
     _check_ports_free(plans, topo.host)
     state = StackState(state_dir=str(state_dir), created_at=time.time())
-    creds = credentials.generate([*SERVICES, credentials.OPERATOR], own_nats=True, own_redis=True)
+    # the credentials of the stack's last start, if any: its clients keep signing in
+    creds = credentials.for_stack(state_dir, [*SERVICES, credentials.OPERATOR])
     try:
         own_nats = _ensure_server(
             state,
@@ -109,6 +114,7 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
         spawned = [(plan, _start_service(state, plan, topo, creds, log)) for plan in plans]
         deadline = time.monotonic() + topo.startup_timeout_seconds
         _wait_healthy(spawned, wiring.connect_host(topo.host), deadline, state_dir, log)
+        write_env_file(state_dir, client_connection(topo, plans, creds, state_dir))
     except BaseException:
         log("start failed: stopping what was started")
         down(state_dir)
@@ -124,6 +130,39 @@ def _only_own(creds: Credentials, own_nats: bool, own_redis: bool) -> Credential
         nats_passwords=creds.nats_passwords if own_nats else {},
         redis_password=creds.redis_password if own_redis else None,
     )
+
+
+def env_file(state_dir: Path) -> Path:
+    """The environment file ``up`` writes for the stack's clients (``services.client``)."""
+    return Path(state_dir) / connection.ENV_FILE
+
+
+def client_connection(
+    topo: Topology, plans: list[ServicePlan], creds: Credentials, state_dir: Path
+) -> connection.Connection:
+    """How the operator's tools and a user's own programs reach the stack: its URLs with
+    the operator's credentials, the tokens, the services' addresses."""
+    return connection.Connection(
+        nats_url=creds.nats_url(topo.nats_url),
+        redis_url=creds.redis_url(topo.redis_url),
+        admin_token=creds.admin_token,
+        read_token=creds.read_token,
+        proxy_url=wiring.service_url(plans, wiring.PROXY, topo.host),
+        scheduler_url=wiring.service_url(plans, "scheduler", topo.host),
+        dashboard_url=wiring.service_url(plans, wiring.DASHBOARD, topo.host),
+        state_dir=str(state_dir),
+    )
+
+
+def write_env_file(state_dir: Path, conn: connection.Connection) -> Path:
+    """``<state_dir>/polar.env``, readable by its owner only (it holds the credentials)."""
+    path = env_file(state_dir)
+    header = (
+        f"The stack in {state_dir}, written by `polar up` (its credentials: 0600).\n"
+        f"A client reads it with POLAR_ENV_FILE={path}, or: set -a; . {path}; set +a"
+    )
+    credentials.write_private(path, conn.env_file(header).encode())
+    return path
 
 
 def client_urls(state_dir: Path, nats_url: str, redis_url: str) -> tuple[str, str]:

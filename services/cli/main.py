@@ -1,5 +1,5 @@
-"""The ``polar`` command: ``up | down | status | submit | cancel | serve <service> | model |
-vllm``.
+"""The ``polar`` command: ``up | down | status | submit | cancel | credentials | train |
+export | dashboard | serve <service> | model | vllm | demo``.
 
 Every command reads the same topology (``--topology``, ``$POLAR_TOPOLOGY`` or
 ``./topology.yaml``; all keys optional) and, when the stack runs, its record in the
@@ -21,7 +21,7 @@ import msgspec
 import typer
 from rich.console import Console
 
-from infra import devstack
+from infra import credentials, devstack, natscontext
 from infra.catalog import SERVICES
 from infra.topology import TopologyError, load_topology, plan_services
 from services.cli import exitcodes, render, taskfile
@@ -59,9 +59,25 @@ def _log(message: str) -> None:
 
 
 # -- the stack ------------------------------------------------------------------------
+NatsContextOpt = Annotated[
+    str,
+    typer.Option(
+        "--nats-context",
+        envvar="POLAR_NATS_CONTEXT",
+        help="the `nats` CLI context to write for this stack ('' writes none)",
+    ),
+]
+
+
 @app.command()
-def up(topology: TopologyOpt = None, state_dir: StateDirOpt = None) -> None:
-    """Start NATS and Redis (unless reachable) and every enabled service; wait for health."""
+def up(
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+    nats_context: NatsContextOpt = natscontext.DEFAULT_NAME,
+) -> None:
+    """Start NATS and Redis (unless reachable) and every enabled service; wait for health.
+    Keeps the stack's credentials across restarts (`polar credentials`), writes its
+    clients' environment file (<state_dir>/polar.env) and a `nats` CLI context."""
     try:
         topo = load_topology(topology)
         if state_dir is not None:
@@ -70,10 +86,30 @@ def up(topology: TopologyOpt = None, state_dir: StateDirOpt = None) -> None:
     except (devstack.StackError, TopologyError, RuntimeError) as exc:
         raise _fail(str(exc)) from None
     out.print(render.stack_table(state, devstack.alive_names(state)))
+    stack = Stack(topo, Path(state.state_dir), state)
+    _print_clients(stack, nats_context)
     dash = state.get("dashboard")
     if dash is not None:
-        stack = Stack(topo, Path(state.state_dir), state)
         _print_sign_in("the dashboard", dash.url, _dashboard_key(stack))
+
+
+def _print_clients(stack: Stack, context_name: str) -> None:
+    """Where the stack's clients find it: the environment file, the `nats` CLI context."""
+    env_file = devstack.env_file(stack.state_dir)
+    if env_file.exists():
+        out.print(f"clients: POLAR_ENV_FILE={env_file}", highlight=False, soft_wrap=True)
+    if not context_name:
+        return
+    try:
+        path = natscontext.write_context(context_name, stack.nats_url, stack.state_dir)
+    except (natscontext.ContextTaken, ValueError, OSError) as exc:
+        err.print(f"[yellow]no nats CLI context:[/yellow] {exc}", highlight=False)
+        return
+    out.print(
+        f"nats CLI: `nats --context {context_name} pub polar.tasks.submit …` ({path})",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()
@@ -101,6 +137,47 @@ def status(
         sys.stdout.write(redact(msgspec.json.encode(report).decode()) + "\n")  # URL passwords
     else:
         render.print_status(out, report)
+
+
+# -- credentials ----------------------------------------------------------------------
+creds_app = typer.Typer(
+    help="The stack's credentials: kept across restarts; rotated only when asked.",
+    no_args_is_help=True,
+)
+app.add_typer(creds_app, name="credentials")
+
+
+@creds_app.command("show")
+def credentials_show(topology: TopologyOpt = None, state_dir: StateDirOpt = None) -> None:
+    """Print what a client needs (URLs with the operator's credentials, the tokens, the
+    services' addresses) as the environment file `polar up` writes: KEY=value lines."""
+    stack = _stack(topology, state_dir)
+    if stack.env is None and stack.credentials is None and stack.state is not None:
+        err.print("[dim]this stack keeps no credentials (not started by `polar up`)[/dim]")
+    sys.stdout.write(stack.connection().env_file())
+
+
+@creds_app.command("rotate")
+def credentials_rotate(topology: TopologyOpt = None, state_dir: StateDirOpt = None) -> None:
+    """New NATS passwords, Redis password, tokens and engine key for the stack. It takes
+    them at its next start: `polar down`, then `polar up`."""
+    stack = _stack(topology, state_dir)
+    try:
+        credentials.rotate(stack.state_dir)
+    except FileNotFoundError as exc:
+        raise _fail(str(exc)) from None
+    devstack.env_file(stack.state_dir).unlink(missing_ok=True)  # `polar up` writes it anew
+    out.print(f"new credentials in {stack.state_dir / credentials.FILE}", highlight=False)
+    running = stack.state is not None and any(devstack.alive_names(stack.state).values())
+    if running:
+        out.print(
+            "[yellow]the running stack still uses the old ones: restart it[/yellow] "
+            "(`polar down`, then `polar up`, which writes polar.env and the nats CLI "
+            "context again); until then a client given the new ones is refused",
+            highlight=False,
+        )
+    else:
+        out.print("`polar up` starts the stack with them", highlight=False)
 
 
 # -- tasks ----------------------------------------------------------------------------
@@ -242,7 +319,9 @@ def serve(
     os.environ["POLAR_CONFIG"] = json.dumps(config)  # the factory reads its settings here
     from infra.serve import serve_app
 
-    serve_app(kind.target, config["host"], config["port"], native=kind.native)
+    serve_app(
+        kind.target, config["host"], config["port"], native=kind.native, respawn=kind.respawn
+    )
 
 
 def _serve_config(service: str, topology: Path | None, host: str | None, port: int | None) -> dict:
@@ -437,12 +516,42 @@ _register_export()
 @app.command()
 def train(
     config: Annotated[Path, typer.Argument(help="trainer config (.yaml or .json)")],
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
 ) -> None:
     """Run a training run in the foreground: submit tasks, train on their groups, push the
-    weights to the engines (see services/trainer/config.py for the keys)."""
+    weights to the engines (see services/trainer/config.py for the keys). The stack's
+    NATS and Redis URLs with their credentials, its proxy URL and admin token come from
+    -t / --state-dir (or $POLAR_ENV_FILE) for every key the config leaves out; the run
+    registers its log with the stack, for the dashboard's Training page."""
     from services.trainer.cli import main as train_main
 
-    raise typer.Exit(train_main(str(config)))
+    stack = _stack(topology, state_dir)
+    conn = stack.connection(user="trainer")  # the stack's own NATS user for trainers
+
+    def register(cfg) -> None:
+        if stack.state is not None:  # a running `polar up` stack: its dashboard reads it
+            _register_run(stack.state_dir, cfg)
+
+    raise typer.Exit(train_main(str(config), conn, on_start=register))
+
+
+def _register_run(where: Path, cfg) -> None:
+    import time
+
+    from services.cli.context import TrainerRecord, register_trainer
+
+    record = TrainerRecord(
+        run_id=cfg.run_id,
+        log_path=str(cfg.log_file.resolve()),
+        checkpoint_dir=str(Path(cfg.checkpoint_dir).resolve()),
+        pid=os.getpid(),
+        started_at=time.time(),
+    )
+    try:
+        register_trainer(where, record)
+    except OSError as exc:
+        _log(f"could not register the run with the stack in {where}: {exc}")
 
 
 @app.command()

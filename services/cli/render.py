@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,23 @@ def sessions_table(counts: dict[str, int] | None, title: str = "sessions by stat
     return t
 
 
+def tasks_table(report: StatusReport, now: float) -> Table | str:
+    if report.tasks is None:
+        return ""
+    if not report.tasks:
+        return "tasks: none"
+    more = f", {report.tasks_not_shown} more active" if report.tasks_not_shown else ""
+    t = Table(title=f"tasks (active, then the latest finished{more})")
+    for col in ("task", "status", "submitted", "sessions by state"):
+        t.add_column(col, no_wrap=col != "sessions by state")
+    for row in report.tasks:
+        age = max(0.0, now - row.submitted_at)
+        ago = f"{age:.0f}s ago" if age < 120 else f"{age / 60:.0f}m ago"
+        counts = " ".join(f"{k}={v}" for k, v in taskfile.ordered_counts(row.counts)) or "-"
+        t.add_row(row.task_id, row.status, ago, counts)
+    return t
+
+
 def print_status(console: Console, report: StatusReport) -> None:
     console.print(f"NATS {redact(report.nats_url)}   Redis {redact(report.redis_url)}")
     console.print(f"stack record: {report.stack_record or 'none (not started by polar up)'}")
@@ -141,6 +159,7 @@ def print_status(console: Console, report: StatusReport) -> None:
         nodes_table(report),
         streams_table(report),
         sessions_table(report.sessions),
+        tasks_table(report, time.time()),
     ):
         if part != "":
             console.print(part)

@@ -1,4 +1,5 @@
-"""``polar status``: services and their health, nodes, stream backlogs, sessions by state.
+"""``polar status``: services and their health, nodes, stream backlogs, sessions by state,
+tasks (every active one, up to ``SHOWN_ACTIVE``, and the ``SHOWN_RECENT`` latest finished).
 
 Each part is gathered on its own: an unreachable server makes its part an error line,
 never the whole command fail.
@@ -43,6 +44,14 @@ class ConsumerRow(msgspec.Struct, kw_only=True):
     redelivered: int
 
 
+class TaskRow(msgspec.Struct, kw_only=True):
+    task_id: str
+    status: str  # the registry's: active until the scheduler finishes it
+    submitted_at: float
+    counts: dict[str, int] = {}  # its sessions by state
+    active: bool = True
+
+
 class StreamRow(msgspec.Struct, kw_only=True):
     name: str
     messages: int | None  # None: the stream does not exist yet
@@ -58,6 +67,8 @@ class StatusReport(msgspec.Struct, kw_only=True):
     nodes: list[NodeRow] | None = None
     streams: list[StreamRow] | None = None
     sessions: dict[str, int] | None = None
+    tasks: list[TaskRow] | None = None  # active first, then the latest finished
+    tasks_not_shown: int = 0  # active ones past SHOWN_ACTIVE
     errors: list[str] = []
 
 
@@ -146,8 +157,33 @@ async def _registry_part(report: StatusReport) -> None:
     try:
         report.sessions = await registry.state_counts()
         report.nodes = node_rows(await registry.redis.hgetall(S.KEY_NODES), time.time())
+        report.tasks, report.tasks_not_shown = await task_rows(registry)
     finally:
         await registry.close()
+
+
+SHOWN_ACTIVE, SHOWN_RECENT = 20, 10
+
+
+async def task_rows(registry) -> tuple[list[TaskRow], int]:
+    """The active tasks (the oldest ``SHOWN_ACTIVE``) and the ``SHOWN_RECENT`` latest
+    finished ones, each with its sessions by state; and how many active were left out."""
+    active = set(await registry.active_tasks())
+    known = await registry.task_ids()
+    pipe = registry.redis.pipeline(transaction=False)
+    for tid in known:
+        pipe.hmget(S.key_task(tid), "status", "submitted_at")
+    rows = [
+        TaskRow(task_id=tid, status=st.decode(), submitted_at=float(at or 0), active=tid in active)
+        for tid, (st, at) in zip(known, await pipe.execute(), strict=True)
+        if st is not None  # expired between the scan and the read
+    ]
+    live = sorted((r for r in rows if r.active), key=lambda r: r.submitted_at)
+    done = sorted((r for r in rows if not r.active), key=lambda r: -r.submitted_at)
+    shown = live[:SHOWN_ACTIVE] + done[:SHOWN_RECENT]
+    for row in shown:
+        row.counts = await registry.task_counts(row.task_id)
+    return shown, max(0, len(live) - SHOWN_ACTIVE)
 
 
 async def gather(stack: Stack) -> StatusReport:

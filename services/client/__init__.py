@@ -1,4 +1,5 @@
-"""The trainer-side client: ``TrajectoryClient`` (see ``services.client.client``)."""
+"""The trainer-side client: ``TrajectoryClient`` (see ``services.client.client``), and
+where the stack is (``services.client.connection``)."""
 
 from services.client.client import (
     DEFAULT_GROUP_TIMEOUT,
@@ -7,5 +8,14 @@ from services.client.client import (
     Group,
     TrajectoryClient,
 )
+from services.client.connection import Connection, from_environment
 
-__all__ = ["DEFAULT_GROUP_TIMEOUT", "Delivered", "Dropped", "Group", "TrajectoryClient"]
+__all__ = [
+    "DEFAULT_GROUP_TIMEOUT",
+    "Connection",
+    "Delivered",
+    "Dropped",
+    "Group",
+    "TrajectoryClient",
+    "from_environment",
+]

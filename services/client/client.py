@@ -30,15 +30,15 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-import nats
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from schemas import ContractError, Trajectory, decode
 from schemas import subjects as S
+from services.client import connection
 from services.client.groups import GroupBuffer, Key, expected_size
-from services.common.bus import Bus
+from services.common.bus import Bus, connect
 from services.common.tasks import cancel_and_wait
 
 COMMITTED_MEMORY = 100_000  # keys remembered after commit, to drop late duplicates
@@ -91,7 +91,7 @@ class Group:
 class TrajectoryClient:
     def __init__(
         self,
-        nats_url: str,
+        nats_url: str | None = None,
         *,
         durable: str = "trainer",
         task_ids: Iterable[str] | None = None,
@@ -102,8 +102,13 @@ class TrajectoryClient:
         group_timeout: float | None = DEFAULT_GROUP_TIMEOUT,
         on_partial: Partial = "yield",
         start: Literal["all", "new"] = "all",
+        inactive_threshold: float | None = None,
     ) -> None:
-        """``start``: where a new durable begins: every stored trajectory (``"all"``) or
+        """``nats_url``: None takes the stack's from the environment (``$POLAR_ENV_FILE``,
+        the file ``polar up`` writes, or ``$POLAR_NATS_URL``: ``services.client.connection``).
+        ``inactive_threshold``: seconds the durable may go without this or another client
+        before the server deletes it (None: kept until ``delete_consumer``).
+        ``start``: where a new durable begins: every stored trajectory (``"all"``) or
         only those published after it is created (``"new"``: a trainer that submits its
         own tasks once connected). ``group_timeout``: seconds a group may go without a
         new member before it is settled by ``on_partial`` (``"yield"``: handed out with
@@ -115,7 +120,8 @@ class TrajectoryClient:
             raise ValueError(f"group_timeout must be > 0 seconds or None, not {group_timeout}")
         self.group_timeout, self.on_partial, self.start = group_timeout, on_partial, start
         self.dropped = Dropped()
-        self.nats_url, self.durable = nats_url, durable
+        self.nats_url, self.durable = connection.nats_url(nats_url), durable
+        self.inactive_threshold = inactive_threshold
         self.task_ids = list(task_ids) if task_ids else None
         self.ack_wait, self.batch, self.max_ack_pending = ack_wait, batch, max_ack_pending
         self.poll_seconds = poll_seconds
@@ -135,6 +141,7 @@ class TrajectoryClient:
             ack_wait=self.ack_wait,
             max_deliver=-1,  # a trajectory is never given up on
             max_ack_pending=self.max_ack_pending,
+            inactive_threshold=self.inactive_threshold,
         )
         subjects = [S.trajectories(t) for t in self.task_ids or []]
         if len(subjects) == 1:
@@ -146,7 +153,8 @@ class TrajectoryClient:
         return cfg
 
     async def connect(self) -> TrajectoryClient:
-        nc = await nats.connect(self.nats_url, name=f"polar-client-{self.durable}")
+        # refused credentials raise CredentialsRefused at once, saying what to do
+        nc = await connect(self.nats_url, f"polar-client-{self.durable}")
         self.bus = Bus(nc, nc.jetstream(timeout=10))
         await self.bus.js.add_consumer(S.STREAM_TRAJECTORIES, self.consumer_config())
         self._sub = await self.bus.js.pull_subscribe_bind(self.durable, S.STREAM_TRAJECTORIES)

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import nats
 from nats.aio.client import Client as NATS
@@ -80,30 +81,90 @@ STREAMS: tuple[StreamConfig, ...] = (
 )
 
 
+class CredentialsRefused(RuntimeError):
+    """NATS refused the client's credentials (or wants some and none were given): no
+    retry can help, so the client stops with this instead of retrying forever. (Not an
+    OSError: nothing that retries an unreachable server retries this.)"""
+
+
+class GaveUp(ConnectionError):
+    """No server of the URL answered within the first connection's time limit."""
+
+
+# what a client whose credentials are refused does about it (a `polar up` stack keeps its
+# credentials across restarts; `polar credentials rotate` changes them)
+REFUSED_HINT = (
+    "connect with the stack's own: `-t topology.yaml` / `--state-dir` of the stack, or "
+    "the URLs in its <state_dir>/polar.env (`polar credentials show` prints them)"
+)
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    """The server refused the client's credentials (nats-py raises a plain Error with
+    the server's ``-ERR 'Authorization Violation'`` text on the first connect)."""
+    return isinstance(exc, nats.errors.AuthorizationError) or (
+        isinstance(exc, nats.errors.Error) and "authorization" in str(exc).lower()
+    )
+
+
+def refused(url: str, exc: BaseException) -> CredentialsRefused:
+    servers = nats_servers(url)
+    where, user = redact(", ".join(servers)), urlsplit(servers[0]).username
+    if user:
+        why = (
+            f"refused the credentials for user {unquote(user)!r} ({exc}): the stack's "
+            "credentials changed (`polar credentials rotate`) or this is not its URL;"
+        )
+    else:
+        why = f"wants credentials and none were given ({exc}):"
+    return CredentialsRefused(f"NATS at {where} {why} {REFUSED_HINT}")
+
+
 async def connect(url: str, name: str, *, connect_timeout: float = 60.0) -> NATS:
     """Connect to any of the URL's servers (comma-separated: a cluster), retrying the
-    first connection too, then reconnect forever, across the cluster's servers."""
-    servers = nats_servers(url)
+    first connection for up to ``connect_timeout`` seconds (then ``ConnectionError``),
+    then reconnect forever, across the cluster's servers. Refused credentials on the
+    first connection raise ``CredentialsRefused`` at once (nats-py would retry them
+    forever)."""
     deadline = asyncio.get_running_loop().time() + connect_timeout
-    delay = 0.1
-    while True:
-        try:
-            return await nats.connect(
-                servers,
-                name=name,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                connect_timeout=2,
-                ping_interval=10,
-                error_cb=_log_error,
-                disconnected_cb=_log_disconnect,
-            )
-        except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                raise ConnectionError(f"cannot reach NATS at {redact(url)}: {exc}") from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    nc = NATS()
+    connecting = True
+
+    async def on_error(exc: Exception) -> None:
+        # nats-py awaits this inside its first-connect loop (which retries forever):
+        # raising here ends that loop (and may come back here: pass it on as it is)
+        if isinstance(exc, GaveUp | CredentialsRefused):
+            raise exc
+        if connecting and is_auth_error(exc):
+            raise refused(url, exc)
+        if connecting and asyncio.get_running_loop().time() > deadline:
+            raise GaveUp(f"cannot reach NATS at {redact(url)}: {exc}")
+        await _log_error(exc)
+
+    try:
+        await nc.connect(
+            nats_servers(url),
+            name=name,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            connect_timeout=2,
+            ping_interval=10,
+            error_cb=on_error,
+            disconnected_cb=_log_disconnect,
+        )
+    except BaseException:
+        await _close_quietly(nc)
+        raise
+    connecting = False
+    return nc
+
+
+async def _close_quietly(nc: NATS) -> None:
+    try:
+        await nc.close()
+    except Exception:  # noqa: BLE001 - a connection that never opened: nothing to close
+        pass
 
 
 async def _log_error(exc: Exception) -> None:

@@ -1,11 +1,26 @@
-"""The ops surface every service process serves: ``/healthz`` and Prometheus ``/metrics``."""
+"""The ops surface every service process serves (``/healthz`` and Prometheus ``/metrics``),
+and the API docs a service with an HTTP API serves (``/schema``, offline)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
-from litestar import Response, get
+from litestar import Response, Router, get
 from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    Operation,
+    Reference,
+    RequestBody,
+    SecurityScheme,
+)
+from litestar.static_files import create_static_files_router
+from swagger_ui_bundle import swagger_ui_path
 
 from services.common.metrics import render
 
@@ -36,9 +51,10 @@ def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
     return [healthz, metrics]
 
 
-def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
+def serve(target: str, host: str, port: int, *, factory: bool = True, respawn: bool = True) -> None:
     """Run an ASGI app (``module:callable``) under granian, one worker (the proxy has a
-    server of its own: ``proxy.io.native``; ``infra.serve`` picks)."""
+    server of its own: ``proxy.io.native``; ``infra.serve`` picks). ``respawn``: a worker
+    that dies is started again (a process that ends itself on purpose says False)."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
@@ -54,7 +70,7 @@ def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
         # a worker that dies (a plugin that kills its process, the OOM killer) is started
         # again by the server's own process, as a supervisor would: the message it held
         # comes back and, dying again and again, is quarantined (services/common/quarantine.py)
-        respawn_failed_workers=True,
+        respawn_failed_workers=respawn,
         respawn_interval=1.0,
     ).serve()
 
@@ -67,3 +83,82 @@ def _fastest_loop(loops):
     except ImportError:
         return loops.asyncio
     return loops.uvloop
+
+
+# -- API docs: /schema (Swagger UI from the swagger-ui-bundle package, no CDN) -------------
+DOCS_ASSETS = "/schema/assets"  # swagger-ui's dist, served by the app itself
+BEARER = [{"bearer": []}]  # a route's ``security=``: it needs ``Authorization: Bearer``
+_JSON = "application/json"
+
+
+def api_docs(title: str, version: str, schemas: Mapping[str, dict]) -> tuple[OpenAPIConfig, Router]:
+    """The OpenAPI config (Swagger UI at ``/schema``, the document at
+    ``/schema/openapi.json`` and ``.yaml``) and the route that serves the page's assets:
+    every URL the page loads is the app's own, so it works with no network. ``schemas``
+    (JSON Schema by name, e.g. msgspec's ``schema_components``) join the components, for
+    ``Reference("#/components/schemas/<name>")`` in an ``operation``."""
+    swagger = SwaggerRenderPlugin(
+        path=["/", "/swagger"],
+        js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+        css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+        standalone_preset_js_url=f"{DOCS_ASSETS}/swagger-ui-standalone-preset.js",
+        favicon=f"<link rel='icon' type='image/png' href='{DOCS_ASSETS}/favicon-32x32.png'>",
+    )
+    config = OpenAPIConfig(
+        title=title,
+        version=version,
+        render_plugins=[swagger, JsonRenderPlugin(), YamlRenderPlugin()],
+        components=_WithSchemas(
+            security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")},
+            extra_schemas=dict(schemas),
+        ),
+    )
+    assets = create_static_files_router(DOCS_ASSETS, [swagger_ui_path], name="schema-assets")
+    return config, assets
+
+
+@dataclass
+class _WithSchemas(Components):
+    """Components with schemas of our own: litestar replaces ``schemas`` with the ones it
+    generates from handler annotations, so ours are added when the document is written."""
+
+    extra_schemas: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def _exclude_fields(self) -> set[str]:
+        return {"extra_schemas"}
+
+    def to_schema(self) -> dict:
+        out = super().to_schema()
+        out["schemas"] = {**out.get("schemas", {}), **self.extra_schemas}
+        return out
+
+
+def ref(name: str) -> Reference:
+    return Reference(ref=f"#/components/schemas/{name}")
+
+
+def operation(
+    *, body: str | None = None, responses: Mapping[int, tuple[str, str]]
+) -> type[Operation]:
+    """An ``operation_class`` for a route whose handler reads its raw body and returns a
+    plain ``Response`` (nothing for litestar to infer): the request body and each status's
+    response (description, component name) as the document states them."""
+    request_body = None
+    if body is not None:
+        content = {_JSON: OpenAPIMediaType(schema=ref(body))}
+        request_body = RequestBody(content=content, required=True)
+    documented = {
+        str(status): OpenAPIResponse(
+            description=why, content={_JSON: OpenAPIMediaType(schema=ref(name))}
+        )
+        for status, (why, name) in responses.items()
+    }
+
+    @dataclass
+    class Documented(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = request_body
+            self.responses = documented
+
+    return Documented

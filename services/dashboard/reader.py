@@ -41,8 +41,9 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.builder.completions import read_completions
+from services.cli.context import registered_trainer
 from services.cli.status import node_rows, stream_rows
-from services.common.bus import Bus
+from services.common.bus import Bus, CredentialsRefused
 from services.common.redact import Scrubber, known_secrets, redact
 from services.common.registry import Registry, TaskRecord
 from services.common.tasks import cancel_and_wait
@@ -127,7 +128,10 @@ class StackReader:
                 self.bus = await Bus.open(self.cfg.nats_url, "polar-dashboard", declare=False)
             except (ConnectionError, OSError) as exc:
                 self.nats_error = f"cannot reach NATS at {redact(self.cfg.nats_url)}: {exc}"
-                continue
+                await asyncio.sleep(1.0)
+            except CredentialsRefused as exc:  # the stack's credentials changed: say so
+                self.nats_error = str(exc)
+                await asyncio.sleep(5.0)
         self.nats_error = None
         nc = self.bus.nc
         self._subs.append(await nc.subscribe(S.SESSIONS_FINISHED, cb=self._on_finished))
@@ -293,7 +297,7 @@ class StackReader:
             self.streams = None
             self.nats_error = f"NATS at {redact(self.cfg.nats_url)} is not connected (reconnecting)"
         self.engines = await asyncio.gather(*(self._engine(b) for b in self.backends()))
-        if self.cfg.trainer_log:
+        if self.trainer_log_path():
             self.trainer = await self.trainer_run()
 
     def backends(self) -> list[dict[str, Any]]:
@@ -418,11 +422,20 @@ class StackReader:
         except RuntimeError:
             return None
 
+    def trainer_log_path(self) -> str | None:
+        """The training page's log: the stack's trainer service's (``polar up`` names it),
+        else the one a foreground ``polar train`` registered with the stack's state dir."""
+        if self.cfg.trainer_log:
+            return self.cfg.trainer_log
+        registered = registered_trainer(self.cfg.state_dir)
+        return registered.log_path if registered is not None else None
+
     def trainer_log(self) -> list[bytes] | None:
-        if not self.cfg.trainer_log:
+        path = self.trainer_log_path()
+        if not path:
             return None
         try:
-            return Path(self.cfg.trainer_log).read_bytes().splitlines()
+            return Path(path).read_bytes().splitlines()
         except OSError:
             return []
 
@@ -444,10 +457,11 @@ class StackReader:
         """The trainer log's (size, mtime) and the trainer service's run state: they
         change as each step is logged and as the run ends, so the live stream tells the
         training page to re-read; None: no log (yet)."""
-        if not self.cfg.trainer_log:
+        path = self.trainer_log_path()
+        if not path:
             return None
         try:
-            st = Path(self.cfg.trainer_log).stat()
+            st = Path(path).stat()
         except OSError:
             return None
         run = self.trainer or {}

@@ -1,14 +1,22 @@
 """``polar train CONFIG``: one training run in the foreground; exit status 0 when done,
-1 for a configuration error, 3 when the run failed (e.g. the logprob mismatch check)."""
+1 for a configuration error or a stack it cannot sign in to, 3 when the run failed (e.g.
+the logprob mismatch check).
+
+Where the stack is (NATS, Redis, the proxy, the admin token) comes from the config, and
+for every key it leaves out from ``connection``: the stack ``polar train -t`` names
+(``services/cli``), else the environment (``services.client.connection``)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from services.client.connection import Connection, EnvFileError, from_environment
+from services.common.bus import CredentialsRefused, GaveUp
 from services.trainer.checkpoint import TrainerState, step_name
-from services.trainer.config import ConfigError, TrainerConfig, load_config
+from services.trainer.config import ConfigError, TrainerConfig, load_config, stack_defaults
 from services.trainer.loop import run_training
 
 FAILED_EXIT = 3
@@ -40,15 +48,24 @@ def done_line(state: TrainerState, cfg: TrainerConfig) -> str:
     return line
 
 
-def main(path: str) -> int:
+def main(
+    path: str,
+    connection: Connection | None = None,
+    on_start: Callable[[TrainerConfig], None] | None = None,
+) -> int:
+    """``on_start``: called with the config before the run starts (``polar train``
+    registers the run with its stack there)."""
     try:
-        cfg = load_config(path)
-    except ConfigError as exc:
+        conn = from_environment() if connection is None else connection
+        cfg = load_config(path, stack_defaults(conn))
+    except (ConfigError, EnvFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if on_start is not None:
+        on_start(cfg)
     try:
         state = asyncio.run(run_training(cfg, _print))
-    except ConfigError as exc:
+    except (ConfigError, CredentialsRefused, GaveUp) as exc:  # before its first step
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - a failed run is an exit status, with the reason

@@ -6,6 +6,7 @@ Unknown keys are errors (a typo must not silently fall back to a default).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -13,6 +14,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from services.client.connection import Connection
 from services.common.settings import ServiceSettings
 from services.trainer.toolparse import DEFAULT_RULE, ToolParseRule
 
@@ -79,6 +81,10 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     rollout_ahead: Annotated[int, Meta(ge=0)] = 0  # tasks in flight beyond the step's own
     partial_after_seconds: Positive | None = 300.0  # a group missing members is used after this
     ack_wait_seconds: Positive = 60.0  # a dead trainer's uncommitted groups come back after this
+    # the run's durable consumer on POLAR_TRAJECTORIES: a run that finishes deletes it; one
+    # that dies leaves it for a resume, and the server drops it after this many seconds
+    # without a trainer (a later resume starts a new one from the stream's start)
+    consumer_inactive_seconds: Positive | None = 7 * 24 * 3600.0
     sync_every: Annotated[int, Meta(ge=1)] = 1
     keep_checkpoints: Annotated[int, Meta(ge=1)] = 3
     # also keep the step of the best held-out accuracy, named by <checkpoint_dir>/BEST
@@ -132,9 +138,20 @@ def parse_config(data: object, where: str = "config", *, strict: bool = True) ->
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def load_config(path: str | Path) -> TrainerConfig:
+STACK_KEYS = ("nats_url", "redis_url", "proxy_url", "admin_token")  # what a stack tells it
+
+
+def stack_defaults(conn: Connection) -> dict[str, str]:
+    """The config keys a stack fills when the config leaves them out: where NATS, Redis and
+    the proxy are, with the credentials (``polar train -t topology.yaml``, or the
+    environment file ``polar up`` writes)."""
+    return {k: v for k in STACK_KEYS if (v := getattr(conn, k)) is not None}
+
+
+def load_config(path: str | Path, defaults: Mapping[str, object] | None = None) -> TrainerConfig:
     """A JSON file (``.json``) or YAML; relative paths in it stay relative to the working
-    directory. YAML reads ``1e-4`` as a string (YAML 1.1 floats need a dot), so YAML
+    directory. ``defaults``: values for keys the file leaves out (``stack_defaults``).
+    YAML reads ``1e-4`` as a string (YAML 1.1 floats need a dot), so YAML
     values are converted leniently (numbers from strings); JSON ones strictly."""
     p = Path(path)
     try:
@@ -143,11 +160,14 @@ def load_config(path: str | Path) -> TrainerConfig:
         raise ConfigError(f"cannot read {p}: {exc.strerror}") from None
     if p.suffix.lower() == ".json":
         try:
-            return parse_config(json.loads(raw), str(p))
+            data = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p}: not JSON: {exc}") from None
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not YAML: {exc}") from None
-    return parse_config(data, str(p), strict=False)
+    else:
+        try:
+            data = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not YAML: {exc}") from None
+    if defaults and isinstance(data, dict):
+        data = {**defaults, **data}
+    return parse_config(data, str(p), strict=p.suffix.lower() == ".json")

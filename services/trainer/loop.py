@@ -155,27 +155,50 @@ class Trainer:
         if not self.resumed:
             await self._check_new_run()
         self.client = await TrajectoryClient(
-            cfg.nats_url, durable=f"trainer-{cfg.run_id}", ack_wait=cfg.ack_wait_seconds
+            cfg.nats_url,
+            durable=self.durable,
+            ack_wait=cfg.ack_wait_seconds,
+            inactive_threshold=cfg.consumer_inactive_seconds,
         ).connect()
         self.submitter = await Submitter(self.bus, f"{cfg.run_id}-").start()
         self.http = httpx.AsyncClient(trust_env=False)
         self.reader = asyncio.create_task(self._read(), name="trainer-reader")
 
+    @property
+    def durable(self) -> str:
+        return f"trainer-{self.cfg.run_id}"
+
     async def _check_new_run(self) -> None:
         """A fresh run must not reuse a run id the bus knows: its task ids would be
         deduplicated against the old run's and their groups are already acked, so the
-        run would wait forever."""
-        durable = f"trainer-{self.cfg.run_id}"
-        try:
-            await self.bus.js.consumer_info(S.STREAM_TRAJECTORIES, durable)
-        except NotFoundError:
+        run would wait forever. The bus knows it by the run's consumer (a run that died),
+        or by its first task's trajectories (a run that finished deleted its consumer)."""
+        if await self._consumer_exists():
+            why = f"consumer {self.durable} exists"
+        elif await self._has_trajectories(task_id(self.cfg.run_id, "train", 0, 0)):
+            why = "its trajectories are in the stream"
+        else:
             return
         await self.bus.close()
         raise ConfigError(
-            f"run_id {self.cfg.run_id!r} was used before on this bus (consumer {durable} "
-            f"exists) but {self.root} has no checkpoint: give a new run_id, or the old "
-            "run's checkpoint_dir to resume it"
+            f"run_id {self.cfg.run_id!r} was used before on this bus ({why}) but "
+            f"{self.root} has no checkpoint: give a new run_id, or the old run's "
+            "checkpoint_dir to resume it"
         )
+
+    async def _consumer_exists(self) -> bool:
+        try:
+            await self.bus.js.consumer_info(S.STREAM_TRAJECTORIES, self.durable)
+        except NotFoundError:
+            return False
+        return True
+
+    async def _has_trajectories(self, tid: str) -> bool:
+        try:
+            await self.bus.js.get_last_msg(S.STREAM_TRAJECTORIES, S.trajectories(tid))
+        except NotFoundError:
+            return False
+        return True
 
     async def _close(self) -> None:
         self.reader.cancel()
@@ -186,7 +209,10 @@ class Trainer:
                 await self.submitter.cancel(list(self.state.in_flight), "trainer run ended")
         with contextlib.suppress(Exception):
             await self.submitter.stop()
-        await self.client.close()
+        if self.done:  # finished for good: its consumer would hold a backlog forever
+            with contextlib.suppress(Exception):
+                await self.client.delete_consumer()
+        await self.client.close(release=not self.done)
         await self.bus.close()
         await self.http.aclose()
 
@@ -470,6 +496,9 @@ class Trainer:
             await asyncio.to_thread(
                 metrics.plot, ck.read_log(self.cfg.log_file), self.cfg.plot_file
             )
+            # the run's end, in its log: the dashboard's Training page says "done" for a
+            # foreground `polar train` too (a served trainer's /healthz says it as well)
+            metrics.append_log(self.cfg.log_file, [{"type": "done", "step": self.state.step}])
             self.done = True
             return self.state
         except MismatchError as exc:

@@ -14,14 +14,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_polar(*args: str, timeout: float, columns: int = 400) -> subprocess.CompletedProcess[str]:
+def run_polar(
+    *args: str, timeout: float, columns: int = 400, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``polar ARGS``: none of the test process's own ``POLAR_*`` variables (a stack's
-    credentials are its own), output wide enough for one line per table row."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    credentials are its own), output wide enough for one line per table row. ``polar up``
+    writes no ``nats`` CLI context (it would replace the developer's own ``polar`` one)
+    unless ``env`` names one; ``env`` is set over the rest."""
+    own = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
     return subprocess.run(
         [sys.executable, "-m", "services.cli.main", *args],
         cwd=ROOT,
-        env={**env, "COLUMNS": str(columns), "NO_PROXY": "127.0.0.1,localhost"},
+        env={
+            **own,
+            "COLUMNS": str(columns),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "POLAR_NATS_CONTEXT": "",
+            **(env or {}),
+        },
         capture_output=True,
         text=True,
         timeout=timeout,

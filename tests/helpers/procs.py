@@ -41,10 +41,13 @@ class ServiceProcess:
 
     def _start_once(self, timeout: float) -> ServiceProcess:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
-        native = any(k.target == self.target and k.native for k in SERVICES.values())
+        kind = next((k for k in SERVICES.values() if k.target == self.target), None)
+        native = kind is not None and kind.native
+        respawn = kind is None or kind.respawn
         code = (  # served as `polar serve` serves it
             "from infra.serve import serve_app; "
-            f"serve_app({self.target!r}, '127.0.0.1', {self.port}, native={native})"
+            f"serve_app({self.target!r}, '127.0.0.1', {self.port}, native={native}, "
+            f"respawn={respawn})"
         )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:

@@ -102,7 +102,7 @@ def test_submit_over_http_and_wait_for_the_results_table(polar, tmp_path):
     r = polar("submit", str(task), "--via", "http", "--wait", "--timeout", "30")
     assert r.returncode == 3, r.stdout + r.stderr  # no session completed
     assert "accepted: task cli-http, 2 session(s)" in r.stdout
-    assert "task cli-http: completed" in r.stdout
+    assert "task cli-http: failed" in r.stdout  # every session ERROR (issue 38.11)
     for sid in ("cli-http-0000", "cli-http-0001"):
         row = next(line for line in r.stdout.splitlines() if sid in line)
         assert "ERROR" in row and "deadline passed" in row
@@ -118,7 +118,7 @@ def test_submit_yaml_over_the_bus_and_wait(polar, tmp_path):
     assert r.returncode == 3, r.stdout + r.stderr  # every session ended ERROR
     assert "no session completed (3 ERROR)" in r.stderr
     task_id = r.stdout.split("accepted: task ", 1)[1].split(",", 1)[0]
-    assert f"task {task_id}: completed" in r.stdout
+    assert f"task {task_id}: failed" in r.stdout
     assert sum(f"{task_id}-000{i}" in r.stdout for i in range(3)) == 3
     assert "3/3" in r.stdout  # the progress bar's last frame
     same = write(

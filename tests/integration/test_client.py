@@ -212,6 +212,23 @@ async def test_drop_policy_commits_short_groups_untrained_and_counts_them(bus, c
     assert [g async for g in again.groups(num_samples=1, stop_when_idle=True)] == []
 
 
+async def test_a_durable_left_by_a_client_that_is_gone_is_dropped_by_the_server(bus, nats_url):
+    """A trainer that dies (or a run that ends without deleting its consumer) must not
+    leave a durable whose pending count grows forever (issue 38.4): with an
+    ``inactive_threshold`` the server drops it once no client is bound for that long."""
+    c = TrajectoryClient(nats_url, durable="idle-one", task_ids=["idle"], inactive_threshold=1.0)
+    await c.connect()
+    info = await bus.js.consumer_info(S.STREAM_TRAJECTORIES, "idle-one")
+    assert info.config.inactive_threshold == 1.0
+    await c.close()  # gone without deleting its durable
+
+    async def dropped() -> None:
+        while "idle-one" in {i.name for i in await bus.js.consumers_info(S.STREAM_TRAJECTORIES)}:
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(dropped(), 30)
+
+
 def test_bad_partial_policies_are_refused():
     with pytest.raises(ValueError, match="on_partial"):
         TrajectoryClient("nats://x", on_partial="wait")

@@ -18,9 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+import yaml
 
 from infra import devstack, localservers
+from schemas import subjects as S
+from services.cli.context import registered_trainer
 from services.client import TrajectoryClient
+from services.common.bus import Bus
 from services.engine.weights import load_tensors
 from services.trainer import checkpoint as ck
 from services.trainer.batch import GroupCounts, group_samples
@@ -29,6 +33,7 @@ from services.trainer.config import parse_config
 from services.trainer.loop import FAULT_ENV, settings_of
 from services.trainer.policy import Policy, train_step
 from services.trainer.sync import SyncError, push_weights
+from tests.helpers.polar_cli import run_polar
 from tests.helpers.procs import ServiceProcess
 from tests.helpers.trainer_stack import (
     admin_headers,
@@ -298,9 +303,17 @@ async def test_kill_9_mid_run_resumes_with_no_group_trained_twice_and_none_lost(
     submitted = {f"crash-t{i}" for i in range(state.next_task)}
     assert set(state.trained) | set(state.in_flight) == submitted  # none lost
     assert not set(state.trained) & set(state.in_flight)
-    # what is still in flight was never acked: the same durable gets it once it completes
+    # the run finished: its durable went with it (no backlog left to grow); what is still
+    # in flight stays in the stream, for whoever reads those tasks (a longer run resumed
+    # from this checkpoint_dir gets it with a new durable)
+    bus = await Bus.open(operator_nats(topo), "test-crash-consumers", declare=False)
+    names = {c.name for c in await bus.js.consumers_info(S.STREAM_TRAJECTORIES)}
+    await bus.close()
+    assert "trainer-crash" not in names
     leftover = set(state.in_flight)
-    async with TrajectoryClient(operator_nats(topo), durable="trainer-crash", ack_wait=5) as client:
+    async with TrajectoryClient(
+        operator_nats(topo), durable="crash-leftover", task_ids=sorted(leftover), ack_wait=5
+    ) as client:
         got = set()
 
         async def drain():
@@ -310,6 +323,7 @@ async def test_kill_9_mid_run_resumes_with_no_group_trained_twice_and_none_lost(
                     return
 
         await asyncio.wait_for(drain(), 120)
+        await client.delete_consumer()
     assert leftover <= got and not (got & set(state.trained))
 
 
@@ -327,3 +341,50 @@ async def test_a_served_run_that_fails_the_mismatch_check_ends_its_process(stack
     assert code != 0
     log = ck.read_log(out / "ckpt" / "log.jsonl")
     assert [r["type"] for r in log] == ["error"] and "mismatch" in log[0]["error"]
+
+
+async def test_polar_train_takes_the_stack_from_its_state_dir_and_leaves_no_consumer(stack):
+    """`polar train --state-dir` (or -t) needs nothing copied from credentials.json; the
+    run registers its log with the stack (the dashboard's Training page) and, finished,
+    deletes its durable consumer: no backlog growing forever in `polar status` (issue
+    38.2, 38.4). Its run id stays taken: the stream still holds its trajectories."""
+    topo, model_dir, proxy_url, state_dir = stack
+    out = state_dir / "cli-run"
+    raw = trainer_config(
+        topo, model_dir, proxy_url, out, run_id="clirun", steps=1, groups_per_step=1, group_size=2
+    )
+    for key in ("nats_url", "redis_url", "admin_token", "proxy_url"):
+        del raw[key]  # the stack's, from its state dir
+    config = out / "train.yaml"
+    config.write_text(yaml.safe_dump(raw))
+
+    def polar(*args: str):
+        return run_polar(*args, "--state-dir", str(state_dir), timeout=300)
+
+    r = await asyncio.to_thread(polar, "train", str(config))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "done: 1 steps" in r.stdout
+    record = registered_trainer(state_dir)
+    assert record is not None and record.run_id == "clirun"
+    assert Path(record.log_path) == (out / "ckpt" / "log.jsonl").resolve()
+    # the stack's dashboard finds the foreground run's log, which ends with its "done"
+    from services.dashboard.config import DashboardConfig
+    from services.dashboard.reader import StackReader
+    from services.dashboard.training import parse_jsonl, run_state
+
+    reader = StackReader(DashboardConfig(state_dir=str(state_dir)))
+    try:
+        assert reader.trainer_log_path() == record.log_path
+        assert run_state(parse_jsonl(reader.trainer_log()), None)["state"] == "done"
+    finally:
+        await reader.stop()
+
+    status = await asyncio.to_thread(polar, "status", "--json")
+    report = json.loads(status.stdout)
+    consumers = {c["name"] for s in report["streams"] for c in s["consumers"]}
+    assert "trainer-clirun" not in consumers, consumers
+
+    config.write_text(yaml.safe_dump({**raw, "checkpoint_dir": str(out / "fresh")}))
+    again = await asyncio.to_thread(polar, "train", str(config))
+    assert again.returncode == 1
+    assert "run_id 'clirun' was used before on this bus (its trajectories" in again.stderr

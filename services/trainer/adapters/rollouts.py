@@ -10,7 +10,7 @@ arrived for ``group_timeout`` seconds. Groups are committed only when the traine
 so (``commit_pending``, after its optimizer step), so a trainer that dies first gets
 them again.
 
-    rollouts = PolarRollouts(nats_url, template).start()
+    rollouts = PolarRollouts(nats_url, template).start()  # nats_url None: the environment's
     groups = rollouts.run(["2+2=?", "3+5=?"], num_samples=4)   # one Group per prompt
     ...train...
     rollouts.commit_pending()
@@ -30,9 +30,11 @@ import orjson
 
 from schemas import TaskRejected, decode
 from schemas import subjects as S
-from services.client import Group, TrajectoryClient
+from services.client import Group, TrajectoryClient, connection
 from services.common.bus import Bus
 from services.common.tasks import cancel_and_wait
+
+INACTIVE_SECONDS = 24 * 3600.0  # a durable it named itself, left by a process that died
 
 
 class RolloutError(RuntimeError):
@@ -76,7 +78,7 @@ def task_request(
 class PolarRollouts:
     def __init__(
         self,
-        nats_url: str,
+        nats_url: str | None,
         template: dict[str, Any],
         *,
         durable: str | None = None,
@@ -87,9 +89,14 @@ class PolarRollouts:
         """``template``: a TaskRequest without instruction and num_samples (the prompt
         and group size fill them). ``group_timeout``: a group quiet that long comes back
         short (``complete=False``). ``collect_timeout``: how long ``collect`` waits in
-        all before it raises (None: as long as it takes)."""
-        self.nats_url, self.template = nats_url, dict(template)
+        all before it raises (None: as long as it takes). ``nats_url`` None: the stack's
+        from the environment (``$POLAR_ENV_FILE``, the file ``polar up`` writes, or
+        ``$POLAR_NATS_URL``). Without a ``durable`` of its own, the one it makes is
+        deleted at ``close`` (no later process can resume it) and dropped by the server
+        after ``INACTIVE_SECONDS`` without a client (a process that died)."""
+        self.nats_url, self.template = connection.nats_url(nats_url), dict(template)
         self.prefix = prefix or f"polar-{uuid.uuid4().hex[:8]}"
+        self.own_durable = durable is None
         self.durable = durable or f"{self.prefix}-trainer"
         self.group_timeout, self.collect_timeout = group_timeout, collect_timeout
         self.submitted: set[str] = set()
@@ -138,6 +145,7 @@ class PolarRollouts:
             start="new",
             group_timeout=self.group_timeout,
             poll_seconds=0.2,
+            inactive_threshold=INACTIVE_SECONDS if self.own_durable else None,
         )
         await self._client.connect()
         self._pump = asyncio.create_task(self._take_groups())
@@ -149,6 +157,9 @@ class PolarRollouts:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         if self._client is not None:
+            if self.own_durable:  # nobody can resume a durable named at random
+                with contextlib.suppress(Exception):
+                    await self._client.delete_consumer()
             await self._client.close()
         if self._bus is not None:
             await self._bus.close()

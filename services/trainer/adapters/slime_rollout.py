@@ -27,7 +27,8 @@ A session whose tool calls did not parse is handled by the rule Polar's trainer 
 ``metadata`` says how many failed (``polar_tool_parse_failures``).
 
 Config, read from slime's ``args`` (add them with slime's custom-argument hook) or the
-environment: ``polar_nats_url`` / ``POLAR_NATS_URL``, ``polar_task_template`` /
+environment: ``polar_nats_url`` / ``POLAR_NATS_URL`` (else ``$POLAR_ENV_FILE``'s, the file
+``polar up`` writes: ``services.client.connection``), ``polar_task_template`` /
 ``POLAR_TASK_TEMPLATE`` (a TaskRequest JSON or YAML file without ``instruction``),
 ``polar_prefetch`` / ``POLAR_PREFETCH`` (default: ``rollout_batch_size``),
 ``polar_tool_parse_failures`` / ``POLAR_TOOL_PARSE_FAILURES`` (default ``zero_reward``).
@@ -211,7 +212,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     global _rollout
     sample_cls, output_cls = _slime_types()
     if _rollout is None:
-        nats_url = _setting(args, "polar_nats_url", "nats://127.0.0.1:4222")
+        nats_url = _setting(args, "polar_nats_url")  # None: $POLAR_ENV_FILE's, or the default
         template_path = _setting(args, "polar_task_template")
         if not template_path:
             raise RolloutError("set polar_task_template (or $POLAR_TASK_TEMPLATE): a task file")
