@@ -101,6 +101,11 @@ lint:
     ruff check .
     ruff format --check .
 
+# Write docs/reference/ (task fields, harness environment and presets) from the code;
+# `--check` says which page is out of date (tests/unit/test_reference_docs.py runs it).
+docs-reference *ARGS:
+    {{py}} -m infra.docgen {{ARGS}}
+
 fmt:
     ruff check --fix .
     ruff format .

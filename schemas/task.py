@@ -6,6 +6,11 @@ Every field but ``instruction`` has a default, so a person can ``nats pub`` a ta
                                   "num_samples": 4, "agent": {"command": "./agent.sh"}}'
 """
 
+# This docstring, the classes' and the comments on the fields are the task reference
+# (docs/reference/task.md, written by `python -m infra.docgen`; a test keeps it current):
+# a comment on a field's line, or on the lines just above it, documents the field; one
+# above a named type (`Id`) documents every field of that type.
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -36,10 +41,13 @@ class _Spec(Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 # -- prepare actions (run during INIT, in order) --------------------------------------
 class UploadFile(_Spec, tag="upload_file", tag_field="action"):
+    """Write one file into the runtime: inline text (``content``) or a file of the node's
+    (``src``)."""
+
     dest: str  # path inside the runtime, relative to the workdir unless absolute
     content: str | None = None  # inline text
     src: str | None = None  # path on the node
-    mode: int = 0o644
+    mode: int = 0o644  # the file's permission bits (JSON has no octal: 420 is 0o644)
 
     def __post_init__(self) -> None:
         if (self.content is None) == (self.src is None):
@@ -47,16 +55,22 @@ class UploadFile(_Spec, tag="upload_file", tag_field="action"):
 
 
 class UploadDir(_Spec, tag="upload_dir", tag_field="action"):
+    """Copy a directory of the node's into the runtime."""
+
     src: str  # directory on the node
-    dest: str = "."
+    dest: str = "."  # where in the runtime, relative to the workdir unless absolute
 
 
 class ExecAction(_Spec, tag="exec", tag_field="action"):
-    command: str | list[str]
-    cwd: str | None = None
-    env: dict[str, str] = {}
-    timeout_seconds: Seconds = 600.0
-    retries: Annotated[int, Meta(ge=0, le=20)] = 0
+    """Run a command in the runtime. A command that fails every attempt ends the prepare
+    steps there, and the session fails its INIT with the step's log."""
+
+    command: str | list[str]  # a shell line, or an argv
+    cwd: str | None = None  # where it runs; null: the workdir
+    env: dict[str, str] = {}  # added to the runtime's environment for this command
+    timeout_seconds: Seconds = 600.0  # past it, the command's whole process tree is killed
+    retries: Annotated[int, Meta(ge=0, le=20)] = 0  # more attempts after a failed one
+    # the wait before the first retry, doubled before each next one (at most 300 s)
     backoff_seconds: Annotated[float, Meta(ge=0, le=600)] = 1.0
     # this step gets the node's network even where the session's is isolated (an install
     # in INIT); the harness never does. Local runtimes: a container's network is its own.
@@ -67,10 +81,13 @@ PrepareAction = UploadFile | UploadDir | ExecAction
 
 
 class Resources(_Spec):
-    cpus: Annotated[float, Meta(gt=0, le=1024)] | None = None
-    memory_mb: Annotated[int, Meta(gt=0)] | None = None
+    """Limits of a container runtime (docker, apptainer); the local runtime sets none."""
+
+    cpus: Annotated[float, Meta(gt=0, le=1024)] | None = None  # CPUs (fractions allowed)
+    memory_mb: Annotated[int, Meta(gt=0)] | None = None  # memory limit in MiB
 
 
+# a container's network mode: none, the engine's bridge, or the node's own
 Network = Literal["none", "bridge", "host"]
 # auto: isolated (`none`: the sandbox's own loopback and the proxy bridge, which passes
 # only the session's own routes) where the sandbox is bubblewrap; the node's network
@@ -81,50 +98,60 @@ LocalNetwork = Literal["auto", "none", "host"]
 
 # -- runtimes (discriminated by `backend`) ---------------------------------------------
 class LocalRuntime(_Spec, tag="local", tag_field="backend"):
+    """The harness runs as a process of the node, in a bubblewrap sandbox where there is
+    one, with its own workdir and HOME."""
+
     # auto: bubblewrap for every harness that runs something (the CLIs, shell, a custom
     # class) where it is installed, with a loud warning where not; none for noop
     # (services/runtimes/factory.py `with_default_sandbox`)
     sandbox: Literal["auto", "none", "bwrap"] = "auto"
     network: LocalNetwork = "auto"
-    prepare: list[PrepareAction] = []
-    env: dict[str, str] = {}
-    resources: Resources = Resources()
+    prepare: list[PrepareAction] = []  # steps run in order during INIT, before the harness
+    env: dict[str, str] = {}  # the harness's environment, over Polar's (agent.env wins)
+    resources: Resources = Resources()  # not applied by the local runtime
 
 
 class DockerRuntime(_Spec, tag="docker", tag_field="backend"):
-    image: str
+    """A container per session, from an image (docker or podman's Docker API)."""
+
+    image: str  # the image to run, e.g. "python:3.12-slim"
     network: Network = "bridge"
-    prepare: list[PrepareAction] = []
-    env: dict[str, str] = {}
-    resources: Resources = Resources()
+    prepare: list[PrepareAction] = []  # steps run in order during INIT, before the harness
+    env: dict[str, str] = {}  # the harness's environment, over Polar's (agent.env wins)
+    resources: Resources = Resources()  # CPU and memory limits
     mounts: list[str] = []  # "host:container[:ro]"
-    workdir: str = "/workspace"
+    workdir: str = "/workspace"  # the workdir inside the container
 
 
 class ApptainerRuntime(_Spec, tag="apptainer", tag_field="backend"):
+    """An Apptainer (Singularity) container per session, for clusters without Docker."""
+
     image: str  # .sif path or docker:// reference
     network: Network = "host"
-    prepare: list[PrepareAction] = []
-    env: dict[str, str] = {}
-    resources: Resources = Resources()
-    binds: list[str] = []
-    workdir: str = "/workspace"
+    prepare: list[PrepareAction] = []  # steps run in order during INIT, before the harness
+    env: dict[str, str] = {}  # the harness's environment, over Polar's (agent.env wins)
+    resources: Resources = Resources()  # CPU and memory limits
+    binds: list[str] = []  # "host:container[:ro]", as apptainer's --bind takes them
+    workdir: str = "/workspace"  # the workdir inside the container
 
 
 RuntimeSpec = LocalRuntime | DockerRuntime | ApptainerRuntime
 
 
 class AgentSpec(_Spec):
+    """The agent: which harness runs it and how (docs/reference/harnesses.md)."""
+
     harness: str = "shell"  # a preset name or "module:Class"
     command: str | list[str] | None = None  # the shell harness's command
     model: str = "polar"  # the model name the harness is told to use
     version: str | None = None  # CLI version override for presets
     protocol: str | None = None  # for CLIs that speak several APIs
+    # appended to an argv `command` (shell); a preset puts them between its options and the prompt
     args: list[str] = []
-    env: dict[str, str] = {}
-    settings: dict[str, object] = {}
+    env: dict[str, str] = {}  # applied last, over Polar's variables and runtime.env
+    settings: dict[str, object] = {}  # a preset's settings (docs/reference/harnesses.md)
     output_files: list[str] = []  # workdir files collected as artifacts after the run
-    # The workdir's diff (a git baseline in INIT, ``git diff`` after the run): None takes it
+    # The workdir's diff (a git baseline in INIT, ``git diff`` after the run): null takes it
     # when the evaluator may read the workspace (services/node/artifacts.py `takes_diff`);
     # true/false always/never (e.g. true to see it on the dashboard under session_completed).
     collect_diff: bool | None = None
@@ -135,35 +162,49 @@ class AgentSpec(_Spec):
 
 
 class BuilderSpec(_Spec):
+    """How a session's model calls become its trajectory's traces."""
+
     name: str = "prefix_merging"  # or "module:Class"
-    config: dict[str, object] = {}
+    config: dict[str, object] = {}  # the builder's own settings
 
 
 class EvaluatorSpec(_Spec):
+    """What scores a session: its reward."""
+
     name: str = "session_completed"  # or "module:Class"
-    config: dict[str, object] = {}
+    config: dict[str, object] = {}  # the evaluator's own settings (see its section below)
+    # live: the session's own runtime, as the agent left it; fresh: a new one from the
+    # task's runtime spec, the agent's output applied to it
     runtime: Literal["live", "fresh"] = "live"
-    prewarm: bool = False
-    timeout_seconds: Seconds = 600.0
+    prewarm: bool = False  # a fresh runtime is started and prepared while the agent runs
+    timeout_seconds: Seconds = 600.0  # past it, the evaluation is an error
 
 
 class TaskRequest(_Spec):
-    instruction: str
+    """A task: one instruction, run ``num_samples`` times, each run a session."""
+
+    instruction: str  # the prompt, given to the agent ($POLAR_INSTRUCTION for a shell agent)
+    # null: the scheduler names it (on the bus, the same JSON again within the scheduler's
+    # submit_dedupe_seconds is the same task)
     task_id: Id | None = None
-    num_samples: Annotated[int, Meta(ge=1, le=MAX_SAMPLES)] = 1
-    priority: Annotated[int, Meta(ge=-1000, le=1000)] = 0
-    timeout_seconds: Seconds = 3600.0
+    num_samples: Annotated[int, Meta(ge=1, le=MAX_SAMPLES)] = 1  # sessions: a GRPO group
+    priority: Annotated[int, Meta(ge=-1000, le=1000)] = 0  # higher starts first
+    timeout_seconds: Seconds = 3600.0  # each session's whole life must end within it
+    # the agent's run alone; null: timeout_seconds
     agent_timeout_seconds: Seconds | None = None
     max_retries: Annotated[int, Meta(ge=0, le=10)] = 0  # for any failure of an attempt
     # more, for faults of the system only (a holder lost, the bus or registry unreachable)
     infra_retries: Annotated[int, Meta(ge=0, le=10)] = 2
-    early_stop: Annotated[int, Meta(ge=1)] | None = None  # stop after N usable sessions
-    runtime: RuntimeSpec = field(default_factory=LocalRuntime)
+    # stop after N usable sessions: once N are COMPLETED, the live rest are cancelled
+    early_stop: Annotated[int, Meta(ge=1)] | None = None
+    runtime: RuntimeSpec = field(default_factory=LocalRuntime)  # where each session runs
     agent: AgentSpec = AgentSpec(harness="noop")  # no agent: the noop harness
-    builder: BuilderSpec = BuilderSpec()
-    evaluator: EvaluatorSpec = EvaluatorSpec()
+    builder: BuilderSpec = BuilderSpec()  # how the model calls become traces
+    evaluator: EvaluatorSpec = EvaluatorSpec()  # what gives each session its reward
+    # the TaskResult is POSTed here when the task ends (retried), as well as published on
+    # polar.tasks.<task_id>.result
     callback_url: Annotated[str, Meta(pattern=r"^https?://")] | None = None
-    metadata: dict[str, object] = {}
+    metadata: dict[str, object] = {}  # the caller's own: kept with the spec, unread by Polar
 
     def __post_init__(self) -> None:
         if not self.instruction.strip():

@@ -1,7 +1,8 @@
 """Scheduler service: ``polar serve scheduler``.
 
 Consumes ``polar.tasks.submit`` and ``polar.tasks.cancel``, tracks sessions to their end
-through terminal state events, publishes TaskResults; HTTP API with OpenAPI at /schema.
+through terminal state events, publishes TaskResults; HTTP API with its OpenAPI document
+at /schema/openapi.json and Swagger UI at /schema (served offline; shapes: ``api.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
-from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath
 
 from schemas import TERMINAL_STATES, encode
@@ -20,9 +20,10 @@ from services.common import auth
 from services.common.bus import work_consumer
 from services.common.consumer import Consumer
 from services.common.host import Declared, Every, ServiceHost, service_app
+from services.common.http import BEARER, api_docs, operation
 from services.common.redact import redact_env
 from services.common.settings import load
-from services.scheduler import logic
+from services.scheduler import api, logic
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.handlers import Scheduler
 
@@ -99,7 +100,12 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 @post(
-    "/tasks", status_code=201, summary="Submit a task (TaskRequest JSON)", opt={"role": auth.ADMIN}
+    "/tasks",
+    status_code=201,
+    summary="Submit a task (TaskRequest JSON)",
+    opt={"role": auth.ADMIN},
+    security=BEARER,
+    operation_class=operation(body="TaskRequest", responses=api.SUBMIT),
 )
 async def submit_task(request: Request) -> Response:
     sched = _sched(request)
@@ -120,6 +126,8 @@ async def submit_task(request: Request) -> Response:
     "/tasks/{task_id:str}",
     summary="A task: spec (env values redacted), counts by state, sessions, result",
     opt={"role": auth.READ},
+    security=BEARER,
+    operation_class=operation(responses=api.TASK),
 )
 async def get_task(request: Request, task_id: FromPath[str]) -> Response:
     reg = _sched(request).registry
@@ -156,6 +164,8 @@ async def get_task(request: Request, task_id: FromPath[str]) -> Response:
     status_code=200,
     summary="Cancel a task's live sessions",
     opt={"role": auth.ADMIN},
+    security=BEARER,
+    operation_class=operation(responses=api.CANCEL),
 )
 async def cancel_task(request: Request, task_id: FromPath[str]) -> Response:
     cancelled = await _sched(request).cancel_task(task_id, "cancelled over HTTP")
@@ -164,7 +174,13 @@ async def cancel_task(request: Request, task_id: FromPath[str]) -> Response:
     return Response({"task_id": task_id, "cancelled_sessions": cancelled})
 
 
-@get("/sessions/{session_id:str}", summary="One session's registry record", opt={"role": auth.READ})
+@get(
+    "/sessions/{session_id:str}",
+    summary="One session's registry record",
+    opt={"role": auth.READ},
+    security=BEARER,
+    operation_class=operation(responses=api.SESSION),
+)
 async def get_session(request: Request, session_id: FromPath[str]) -> Response:
     session = await _sched(request).registry.get_session(session_id)
     if session is None:
@@ -175,6 +191,7 @@ async def get_session(request: Request, session_id: FromPath[str]) -> Response:
 
 def create_app(config: SchedulerConfig | None = None) -> Litestar:
     cfg = config or load(SchedulerConfig)
+    docs, docs_assets = api_docs("Polar scheduler", "1", api.components())
 
     async def build(host: ServiceHost) -> Declared:
         sched = Scheduler(host.bus, host.registry, cfg)
@@ -188,9 +205,9 @@ def create_app(config: SchedulerConfig | None = None) -> Litestar:
         "scheduler",
         cfg,
         build,
-        routes=[submit_task, get_task, cancel_task, get_session],
+        routes=[submit_task, get_task, cancel_task, get_session, docs_assets],
         guards=[credential_guard(cfg)],
         exception_handlers={NotAuthorizedException: _refused, HTTPException: _http_error},
-        openapi_config=OpenAPIConfig(title="Polar scheduler", version="1"),
+        openapi_config=docs,
         request_max_body_size=cfg.max_task_bytes,  # a 413 past it (_http_error)
     )

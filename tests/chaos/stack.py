@@ -152,8 +152,9 @@ class Stack:
             self.procs[fault].kill()
             await asyncio.sleep(down_s)
             # restarted while this round's Valkey or NATS fault has its server down, a
-            # service exits at start-up (it says why): started again, as a supervisor would
-            await asyncio.to_thread(self.start, fault, 8)
+            # service exits at start-up (it says why): started again, as a supervisor would,
+            # for as long as another fault of the round may keep its server down
+            await asyncio.to_thread(self.start, fault, 8 + 2 * int(down_s))
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         """The end of a service's log (what a failing assertion shows)."""

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 
+import jsonschema
 import orjson
 import pytest
 from litestar.testing import AsyncTestClient
@@ -170,24 +171,45 @@ async def test_poison_cancel_goes_to_dead_letter(bus, scheduler):
     await sub.unsubscribe()
 
 
+def answers_as_documented(doc: dict, path: str, method: str, response) -> None:
+    """The answer validates against the schema the OpenAPI document gives its status
+    (no key the document does not name): the document and the handlers agree."""
+    op = doc["paths"][path][method]
+    schema = op["responses"][str(response.status_code)]["content"]["application/json"]["schema"]
+    validator = jsonschema.Draft202012Validator({**schema, "components": doc["components"]})
+    validator.validate(response.json())
+
+
 async def test_http_api(nats_url, redis_url, monkeypatch, bus, redis_client, tmp_path):
     cfg = SchedulerConfig(nats_url=nats_url, redis_url=redis_url, admin_token="adm-http-api")
     async with AsyncTestClient(create_app(cfg)) as client:
         client.headers["authorization"] = "Bearer adm-http-api"
+        doc = (await client.get("/schema/openapi.json")).json()
         r = await client.post("/tasks", content=task_json("sch-http", 2))
         assert r.status_code == 201, r.text
+        answers_as_documented(doc, "/tasks", "post", r)
         assert r.json()["session_ids"] == ["sch-http-0000", "sch-http-0001"]
         bad = await client.post("/tasks", content=task_json("sch-http2", 2, surprise=1))
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "$.surprise"
+        answers_as_documented(doc, "/tasks", "post", bad)
         conflict = await client.post("/tasks", content=task_json("sch-http", 3))
         assert conflict.status_code == 409
+        answers_as_documented(doc, "/tasks", "post", conflict)
         got = await client.get("/tasks/sch-http")
         assert got.json()["counts"] == {"REGISTERED": 2} and got.json()["result"] is None
+        answers_as_documented(doc, "/tasks/{task_id}", "get", got)
         s = await client.get("/sessions/sch-http-0001")
         assert s.json()["state"] == "REGISTERED" and "token" not in s.json()
-        assert (await client.get("/sessions/nope")).status_code == 404
+        answers_as_documented(doc, "/sessions/{session_id}", "get", s)
+        missing = await client.get("/sessions/nope")
+        assert missing.status_code == 404
+        answers_as_documented(doc, "/sessions/{session_id}", "get", missing)
+        refused = await client.get("/tasks/sch-http", headers={"authorization": "Bearer no"})
+        assert refused.status_code == 401
+        answers_as_documented(doc, "/tasks/{task_id}", "get", refused)
         d = await client.delete("/tasks/sch-http")
         assert d.json()["cancelled_sessions"] == 2
+        answers_as_documented(doc, "/tasks/{task_id}", "delete", d)
         reg = Registry(redis_client, publish=lambda s, p, m: bus.publish(s, p, msg_id=m))
         await deliver(bus, reg, tmp_path)  # each cancelled session's trajectory, then final
         for _ in range(300):  # the app's consumer reads the results: 30 s for a loaded CPU
@@ -196,15 +218,16 @@ async def test_http_api(nats_url, redis_url, monkeypatch, bus, redis_client, tmp
                 break
             await asyncio.sleep(0.1)
         assert got["status"] == "cancelled" and got["result"]["status"] == "cancelled"
+        answers_as_documented(doc, "/tasks/{task_id}", "get", await client.get("/tasks/sch-http"))
         assert (await client.delete("/tasks/nope")).status_code == 404
         assert (await client.get("/healthz")).json()["ok"] is True
         assert b"polar_messages_total" in (await client.get("/metrics")).content
-        schema = (await client.get("/schema/openapi.json")).json()
-        assert {"/tasks", "/tasks/{task_id}", "/sessions/{session_id}"} <= set(schema["paths"])
+        assert {"/tasks", "/tasks/{task_id}", "/sessions/{session_id}"} <= set(doc["paths"])
         # the API's error shape, the limit named (it was litestar's own: {"status_code":
         # 413, "detail": "Request Entity Too Large"}, issue 33)
         huge = await client.post("/tasks", content=b"{" + b" " * 900 * 1024 + b"}")
         assert huge.status_code == 413, huge.text
+        answers_as_documented(doc, "/tasks", "post", huge)
         limit = cfg.max_task_bytes
         assert huge.json() == {"error": {"message": f"the task is larger than the limit of "
                                          f"{limit} bytes (max_task_bytes)", "field": None}}  # fmt: skip

@@ -3,12 +3,16 @@
 The executor gives every harness the same environment (``HarnessContext.env``): a base
 URL per protocol family pointing at the session's proxy route, the session token as API
 key, the model name, ids and directories, then the task's and the agent spec's env.
+``SESSION_ENV`` is that environment, each variable with what it holds: the one source of
+both the harness's environment and its reference (docs/reference/harnesses.md).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from schemas import AgentSpec, Outcome
 from services.node.harnesses.failure import failure_line
@@ -46,30 +50,59 @@ class HarnessContext:
         return self.session_base  # google-genai appends /v1beta/models/...
 
     def env(self) -> dict[str, str]:
-        base = {
-            "HOME": self.home,
-            "SESSION_ID": self.session_id,
-            "TASK_ID": self.task_id,
-            "POLAR_SESSION_ID": self.session_id,
-            "POLAR_TASK_ID": self.task_id,
-            "POLAR_ATTEMPT": str(self.attempt),
-            "POLAR_INSTRUCTION": self.instruction,
-            "POLAR_MODEL": self.agent.model,
-            "POLAR_WORKDIR": self.workdir,
-            "POLAR_LOG_DIR": self.log_dir,
-            "POLAR_ARTIFACT_DIR": self.artifact_dir,
-            "POLAR_PROXY_URL": self.session_base,
-            "OPENAI_BASE_URL": self.openai_base_url,
-            "OPENAI_API_KEY": self.token,
-            "OPENAI_MODEL": self.agent.model,
-            "ANTHROPIC_BASE_URL": self.anthropic_base_url,
-            "ANTHROPIC_API_KEY": self.token,
-            "ANTHROPIC_MODEL": self.agent.model,
-            "GOOGLE_GEMINI_BASE_URL": self.gemini_base_url,
-            "GEMINI_API_KEY": self.token,
-            "NO_PROXY": "127.0.0.1,localhost",
-        }
+        """``SESSION_ENV``, then the task's ``runtime.env``, then ``agent.env`` (the last
+        one to name a variable wins)."""
+        base = {var.name: var.value(self) for var in SESSION_ENV}
         return {**base, **self.task_env, **self.agent.env}
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: Callable[[HarnessContext], str]
+    doc: str  # what it holds, for the reference
+
+
+SESSION_ENV: tuple[EnvVar, ...] = (
+    EnvVar("HOME", attrgetter("home"),
+           "the session's own home, fresh for each session: a CLI preset writes its config here"),
+    EnvVar("SESSION_ID", attrgetter("session_id"), "the session's id, as `POLAR_SESSION_ID`"),
+    EnvVar("TASK_ID", attrgetter("task_id"), "the task's id, as `POLAR_TASK_ID`"),
+    EnvVar("POLAR_SESSION_ID", attrgetter("session_id"),
+           "the session's id: `<task_id>-<sample index, 4 digits>`"),
+    EnvVar("POLAR_TASK_ID", attrgetter("task_id"),
+           "the task's `task_id` (the scheduler's own when the task named none)"),
+    EnvVar("POLAR_ATTEMPT", lambda ctx: str(ctx.attempt),
+           "the attempt: 0, then 1, 2, … when the session runs again "
+           "(`max_retries`, `infra_retries`)"),
+    EnvVar("POLAR_INSTRUCTION", attrgetter("instruction"), "the task's `instruction`: the prompt"),
+    EnvVar("POLAR_MODEL", attrgetter("agent.model"),
+           "`agent.model`: the model name to ask the proxy for"),
+    EnvVar("POLAR_WORKDIR", attrgetter("workdir"),
+           "the working directory, the run's cwd: where `prepare` put the task's files"),
+    EnvVar("POLAR_LOG_DIR", attrgetter("log_dir"),
+           "`$HOME/.polar/logs`: what is written here is collected with the session's logs"),
+    EnvVar("POLAR_ARTIFACT_DIR", attrgetter("artifact_dir"),
+           "`$HOME/.polar/artifacts`: a path for the harness's own use; nothing collects it "
+           "(the workdir files named in `agent.output_files` are collected)"),
+    EnvVar("POLAR_PROXY_URL", attrgetter("session_base"),
+           "the session's proxy route, `<proxy>/s/<session token>`: every protocol is below it"),
+    EnvVar("OPENAI_BASE_URL", attrgetter("openai_base_url"),
+           "`$POLAR_PROXY_URL/v1`: OpenAI Chat Completions (`/chat/completions`), "
+           "Responses (`/responses`), `/models`"),
+    EnvVar("OPENAI_API_KEY", attrgetter("token"),
+           "the session token: the key every protocol of the session's route takes"),
+    EnvVar("OPENAI_MODEL", attrgetter("agent.model"), "`agent.model`"),
+    EnvVar("ANTHROPIC_BASE_URL", attrgetter("anthropic_base_url"),
+           "`$POLAR_PROXY_URL`: Anthropic Messages (clients append `/v1/messages`)"),
+    EnvVar("ANTHROPIC_API_KEY", attrgetter("token"), "the session token"),
+    EnvVar("ANTHROPIC_MODEL", attrgetter("agent.model"), "`agent.model`"),
+    EnvVar("GOOGLE_GEMINI_BASE_URL", attrgetter("gemini_base_url"),
+           "`$POLAR_PROXY_URL`: Gemini (clients append `/v1beta/models/<model>:generateContent`)"),
+    EnvVar("GEMINI_API_KEY", attrgetter("token"), "the session token"),
+    EnvVar("NO_PROXY", lambda ctx: "127.0.0.1,localhost",
+           "`127.0.0.1,localhost`: the node's HTTP proxy, if any, is not used to reach Polar's"),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,8 @@ A preset subclass names its package, pinned version, executable and protocols, a
 what differs: the session's env vars, config files (relative to the session's HOME), the
 command line. The agent spec overrides the version (``agent.version``), the model name,
 the protocol (``agent.protocol``: the CLI's own name for it, or Polar's), extra args
-(``agent.args``) and env (``agent.env``, applied last). ``agent.settings``:
-
-- ``install_dir``: pre-installed CLIs (see ``install.py``);
-- ``proxy_url``: the proxy as the harness reaches it (a gateway in between);
-- ``config``: merged into the preset's JSON config file (Gemini, Qwen, opencode, pi's
-  ``models.json``);
-- ``install_timeout_seconds``.
+(``agent.args``) and env (``agent.env``, applied last). ``agent.settings``: the keys of
+``SETTINGS`` below, each with what it does (the harness reference is written from it).
 """
 
 from __future__ import annotations
@@ -28,6 +23,19 @@ from services.node.harnesses.base import Harness, HarnessContext, HarnessRun
 from services.node.harnesses.npm import InstallError, NpmPackage, resolve_version
 
 RECORD = ".polar/logs/harness.json"  # relative to HOME; collected with the session's logs
+# ``agent.settings`` keys the CLI presets read, and what each does: the one source of the
+# reference (docs/reference/harnesses.md); a test finds every key the presets read here.
+SETTINGS = {
+    "config": "merged into the preset's own configuration (its section says which file or "
+    "variable, if any): objects merge key by key, anything else replaces, so a list is "
+    "given whole",
+    "proxy_url": "the proxy as the CLI reaches it (a gateway in between): the session's "
+    "base URLs are built on it",
+    "install_dir": "a directory of CLIs installed ahead of time in the cache layout "
+    "(`python -m services.node.harnesses.preinstall`), e.g. a read-only mount into a "
+    "container: checked, nothing installed",
+    "install_timeout_seconds": "how long INIT may spend installing the CLI (default 900)",
+}
 COMMON_ENV = {
     "NO_UPDATE_NOTIFIER": "1",
     "NPM_CONFIG_UPDATE_NOTIFIER": "false",
@@ -52,6 +60,8 @@ class CliHarness(Harness):
     bin: str = ""
     node_min: tuple[int, int] = (0, 0)  # Node (major, minor) the CLI needs; (0, 0): any
     variants: tuple[Variant, ...] = ()  # the first is the default
+    # an ``agent.settings.config`` a user needs to know of, shown (merged) in the reference
+    config_example: dict | None = None
 
     # -- what presets override ------------------------------------------------------------
     def package_for(self, version: str) -> str:

@@ -46,6 +46,9 @@ class PiHarness(CliHarness):
     default_version = "1.6.0"
     bin = "pi"
     own_paths = (".pi",)
+    # pi asks for 16384 output tokens unless a model's maxTokens says otherwise; the
+    # models list replaces the preset's, so it names the model (agent.model) again
+    config_example = {"providers": {PROVIDER: {"models": [{"id": "polar", "maxTokens": 4096}]}}}
     variants = (
         Variant("openai-completions", "openai_chat"),
         Variant("openai-responses", "openai_responses"),
