@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import msgspec
@@ -54,6 +54,7 @@ from services.dashboard.index import ENDED, FAILED, SessionIndex, SessionRow, la
 from services.pool.backpressure import queue_length
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 TASK_BATCH = 500  # task records read per pipeline at start
 REDIS_CLIENT_NAME = "polar-dashboard"
@@ -349,36 +350,31 @@ class StackReader:
         key = (session_id, attempt)
         if (hit := self.trajectories.get(key)) is not None:
             return hit
+        traj = await self._stored(S.trajectory_object(session_id, attempt), Trajectory)
+        if final and traj is not None:
+            self.trajectories.put(key, traj)
+        return traj
+
+    async def _stored(self, name: str, kind: type[T]) -> T | None:
+        """An object-store entry decoded; None when absent, unreadable or NATS is away
+        (shown as "not built" / "no artifacts")."""
         if self.bus is None or not self.bus.nc.is_connected:
             return None
         try:
-            store = await self.bus.js.object_store(S.OBJECT_STORE)
-            raw = (await store.get(S.trajectory_object(session_id, attempt))).data
-            traj = decode(raw, Trajectory)
+            return decode((await (await self.bus.blobs()).get(name)).data, kind)
         except (ObjectNotFoundError, NotFoundError, ContractError):
             return None
-        except Exception:  # noqa: BLE001 - a read that fails shows as "not built"
-            log.warning("trajectory %s/%s unreadable", session_id, attempt, exc_info=True)
+        except Exception:  # noqa: BLE001 - a read that fails shows as missing
+            log.warning("object %s unreadable", name, exc_info=True)
             return None
-        if final:
-            self.trajectories.put(key, traj)
-        return traj
 
     async def run_artifacts(self, session_id: str, attempt: int) -> Artifacts | None:
         """A finished run's artifacts: as the bus carried them, else (a restarted
         dashboard, an evicted entry) the copy the builder stored beside its trajectory."""
         if (hit := self.artifacts.get(session_id)) is not None:
             return hit
-        if self.bus is None or not self.bus.nc.is_connected:
-            return None
-        try:
-            store = await self.bus.blobs()
-            raw = (await store.get(S.artifacts_object(session_id, attempt))).data
-            art = decode(raw, Artifacts)
-        except (ObjectNotFoundError, NotFoundError, ContractError):
-            return None
-        except Exception:  # noqa: BLE001 - a read that fails shows as "no artifacts"
-            log.warning("artifacts %s/%s unreadable", session_id, attempt, exc_info=True)
+        art = await self._stored(S.artifacts_object(session_id, attempt), Artifacts)
+        if art is None:
             return None
         self.artifacts.put(session_id, art)
         self._note_run(session_id)
