@@ -103,7 +103,7 @@ async def inject(stack: Stack, bus: Bus, redis, row: Row, stage: ST | None, r: i
         await publish(bus, task_id, task(task_id, RETRY_CALLS_S))
         row.caught["submitted"] += 1
         await asyncio.sleep(DOWN_S or 0.0)
-        await asyncio.to_thread(stack.start, "scheduler")
+        await asyncio.to_thread(stack.start, "scheduler", 8 + 2 * int(DOWN_S or 0))
     else:
         await publish(bus, task_id, task(task_id, RETRY_CALLS_S))
         row.caught[await wait_for_state(redis, task_id, stage)] += 1
