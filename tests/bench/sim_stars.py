@@ -1,7 +1,8 @@
 """The learning demo's recipe in process: held-out accuracy against *steps*, no stack.
 
-The same model (``services.demo.warmstart``), the same warm start, the same task split
-and training-line sampler (``services.demo.stars``), the same advantages
+The same model (``services.demo.warmstart``), the same warm start, the same task family
+(``--task``, default stars: its split and training sampler, ``services.demo.family``),
+the same advantages
 (``services.trainer.batch.group_samples`` rule: one group per prompt) and the same
 ``services.trainer.policy.train_step``; only the sampling is done here (the model's own
 forward at temperature 1, up to 4 tokens, like the engine) instead of through the
@@ -15,9 +16,13 @@ batch sampled ``lag`` versions earlier, as the demo's pipeline does.
     # a sweep: the demo's lag, stop 60 steps after 0.6 held, warm starts kept across runs
     python tests/bench/sim_stars.py --seeds 0 1 2 3 --steps 250 --eval-every 10 --lag 2 \
         --hold 60 --cache /tmp/warm --questions 32   # --hidden 128: a wider model
+    # a family of your own (a file, or module:Class); --partial-credit 0.5 to shape it
+    python tests/bench/sim_stars.py --task examples/own_task/family.py --seeds 0 1
 
 The reward is the demo's: ``exact_answer`` with the Recipe's ``partial_credit`` (a near
-miss earns part of a reward) unless ``--partial-credit 0``.
+miss earns part of a reward) for an ordered family (stars) unless ``--partial-credit 0``,
+exact for an unordered one unless ``--partial-credit W`` (which shapes it anyway: how a
+family of unordered classes is pulled onto one answer, docs/training.md).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ import torch
 
 from evaluators.exact_answer import near_miss
 from services.common.tokenization.tokenizer import ChatTokenizer
-from services.demo import stars
+from services.demo import family as families
+from services.demo.family import Item, TaskFamily, load_family
 from services.demo.run import Recipe
 from services.demo.warmstart import DIMS, Prompts, create_model, warm_start
 from services.trainer.batch import Sample
@@ -93,13 +99,15 @@ def text_of(tok, ids: list[int], end: int) -> str:
     return tok.tokenizer.decode([t for t in ids if t != end])
 
 
-def heldout_accuracy(policy: Policy, prompts: Prompts, lines: list[str]) -> float:
-    outs, _ = generate(policy.model(), [prompts.prompt(x) for x in lines], prompts.end, 0, None)
-    right = sum(
-        text_of(prompts.tok, o, prompts.end).strip() == stars.answer(x)
-        for o, x in zip(outs, lines, strict=True)
+def heldout_accuracy(policy: Policy, prompts: Prompts, items: list[Item]) -> float:
+    outs, _ = generate(
+        policy.model(), [prompts.prompt(x.question) for x in items], prompts.end, 0, None
     )
-    return right / len(lines)
+    right = sum(
+        text_of(prompts.tok, o, prompts.end).strip() == x.answer
+        for o, x in zip(outs, items, strict=True)
+    )
+    return right / len(items)
 
 
 def settings(objective: str = "grpo", eps_high: float = 0.2) -> StepSettings:
@@ -119,31 +127,31 @@ def settings(objective: str = "grpo", eps_high: float = 0.2) -> StepSettings:
     )
 
 
-def reward(text: str, line: str, credit: tuple[float, int] | None) -> float:
+def reward(text: str, item: Item, credit: tuple[float, int] | None) -> float:
     """``exact_answer``'s reward for one answer (its near-miss credit when given)."""
-    if text.strip() == stars.answer(line):
+    if text.strip() == item.answer:
         return 1.0
-    return near_miss(text, stars.answer(line), credit) if credit else 0.0
+    return near_miss(text, item.answer, credit) if credit else 0.0
 
 
 def batch(
-    policy, prompts, lines, group, version, gen, objective, temperature, credit
+    policy, prompts, items, group, version, gen, objective, temperature, credit
 ) -> list[Sample]:
-    flat = [x for x in lines for _ in range(group)]
+    flat = [x for x in items for _ in range(group)]
     outs, lps = generate(
-        policy.model(), [prompts.prompt(x) for x in flat], prompts.end, temperature, gen
+        policy.model(), [prompts.prompt(x.question) for x in flat], prompts.end, temperature, gen
     )
     rewards = [
         reward(text_of(prompts.tok, o, prompts.end), x, credit)
         for o, x in zip(outs, flat, strict=True)
     ]
     samples = []
-    for q, line in enumerate(lines):
+    for q, item in enumerate(items):
         rs = rewards[q * group : (q + 1) * group]
         advs = advantages(rs, objective)
         for j in range(group):
             k = q * group + j
-            p = prompts.prompt(line)
+            p = prompts.prompt(item.question)
             samples.append(
                 Sample(
                     task_id="sim",
@@ -161,8 +169,15 @@ def batch(
     return samples
 
 
+def warm_key(family: TaskFamily, seed: int, dims: dict, sft: tuple[int, int, float]) -> str:
+    """What a warm start depends on: the task (its name, answers and training questions),
+    the seed, the widths and the SFT settings (steps, batch, lr)."""
+    return f"warm-{families.key(family)}-{seed}-d{dims['hidden_size']}-{sft[0]}x{sft[1]}-{sft[2]:g}"
+
+
 def run_seed(seed: int, args, work: Path) -> dict:
     recipe = Recipe(seed=seed)
+    family = load_family(args.task)
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     dims = DIMS
@@ -173,25 +188,25 @@ def run_seed(seed: int, args, work: Path) -> dict:
         args.sft_batch or recipe.sft_batch,
         args.sft_lr or recipe.sft_lr,
     )
-    # the warm start depends only on the seed, the widths and the SFT settings: a cache
-    # dir (--cache) lets a sweep of RL recipes skip it after the first run of a seed
-    key = f"warm{seed}-d{dims['hidden_size']}-{sft[0]}x{sft[1]}-{sft[2]:g}"
+    # the warm start depends only on the task, the seed, the widths and the SFT settings:
+    # a cache dir (--cache) lets a sweep of RL recipes skip it after a seed's first run
+    key = warm_key(family, seed, dims, sft)
     cached = args.cache / key if args.cache else None
     if cached and (cached / "config.json").exists():
         model_dir, ws_seconds = cached, 0.0
     else:
         base = create_model(work / f"init{seed}", seed, dims=dims)
         out = cached or work / key
-        ws = warm_start(base, out, seed=seed, steps=sft[0], batch=sft[1], lr=sft[2])
+        ws = warm_start(base, out, seed=seed, steps=sft[0], batch=sft[1], lr=sft[2], family=family)
         model_dir, ws_seconds = ws.model_dir, ws.seconds
     torch.manual_seed(seed)
     policy = Policy(model_dir, lr=args.lr or recipe.lr, device="cpu")
     prompts = Prompts(ChatTokenizer.load(model_dir))
-    train, heldout = stars.split()
+    train, heldout = family.train(), family.heldout()
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     s = settings(args.objective, args.eps_high or recipe.clip_eps_high)
-    credit = recipe.partial_credit if args.partial_credit is None else None
+    credit = recipe.partial_credit if args.partial_credit is None and family.ordered else None
     if args.partial_credit:
         credit = (args.partial_credit, args.credit_window)
     questions = args.questions or recipe.questions
@@ -206,10 +221,10 @@ def run_seed(seed: int, args, work: Path) -> dict:
                 break
         if step == args.steps:
             break
-        lines = stars.training_lines(rng, questions, train)
+        items = family.sample(rng, questions, train)
         pending.append(
             batch(
-                policy, prompts, lines, group, step, gen, args.objective, args.temperature, credit
+                policy, prompts, items, group, step, gen, args.objective, args.temperature, credit
             )
         )
         if len(pending) <= args.lag:
@@ -247,6 +262,7 @@ def _held(curve, target: float, hold: int, floor: float) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--task", default="stars", help="the family: a name, a file, module:Class")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--questions", type=int, default=0)

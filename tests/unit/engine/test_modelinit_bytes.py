@@ -44,3 +44,21 @@ def test_init_scale_narrows_the_weights(tmp_path):
     )
     for name in ("lm_head.weight", "model.layers.0.mlp.up_proj.weight"):
         assert abs(float(flat[name].std() / wide[name].std()) - 0.05) < 0.005
+
+
+def test_polar_model_init_writes_the_demos_byte_vocabulary_model(tmp_path):
+    """`polar model init DIR --preset demo` is the learning demo's model, byte for byte, so
+    a user's own run can start from it (issue 38.5)."""
+    from typer.testing import CliRunner
+
+    from services.cli import main
+    from services.demo.warmstart import create_model
+
+    r = CliRunner().invoke(main.app, ["model", "init", str(tmp_path / "cli"), "--preset", "demo"])
+    assert r.exit_code == 0, r.output
+    create_model(tmp_path / "demo", seed=0)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "demo" / name).read_bytes()
+    assert json.loads((tmp_path / "cli" / "config.json").read_text())["vocab_size"] == 265
+    r = CliRunner().invoke(main.app, ["model", "init", str(tmp_path / "x"), "--preset", "huge"])
+    assert r.exit_code != 0 and "--preset must be one of tiny, demo, demo-vllm" in r.output
