@@ -125,9 +125,7 @@ async def test_network_none_reaches_only_the_proxy_through_the_bridge(servers, t
     assert other_hits == []
 
 
-async def test_the_default_network_is_isolated_and_a_step_may_ask_for_the_nodes(
-    servers, tmp_path
-):
+async def test_the_default_network_is_isolated_and_a_step_may_ask_for_the_nodes(servers, tmp_path):
     """A local runtime that names no network (``auto``) under bubblewrap is isolated as
     ``none`` is (it was ``host`` before issue 33: every port of the node in reach); a
     command run with ``network=True`` (a prepare step that installs) gets the node's."""
