@@ -78,6 +78,10 @@ test-cluster *ARGS:
 test-chaos *ARGS: setup
     POLAR_CHAOS_ROUNDS=${POLAR_CHAOS_ROUNDS:-5} POLAR_CHAOS_NATS_OUTAGES=${POLAR_CHAOS_NATS_OUTAGES:-30,120} {{py}} -m pytest -q -s -rfEs tests/chaos {{ARGS}}
 
+# Every example at its smoke size (`just test` runs those without image builds or training).
+test-examples *ARGS: setup
+    POLAR_EXAMPLES=all {{py}} -m pytest -q -rfEs tests/integration/test_examples.py {{ARGS}}
+
 # The real CLIs over every protocol each supports (`just test` runs every CLI and protocol once).
 test-harness *ARGS: setup
     POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rfEs tests/integration/test_harness_presets.py {{ARGS}}

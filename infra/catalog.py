@@ -34,10 +34,6 @@ class ServiceKind(NamedTuple):
     proxy_url: bool = False  # given the stack's proxy URL
     work_dir: bool = False  # given a work_dir under the state dir
     opt_in: bool = False  # runs only when the topology's `services` names it
-    # a worker that dies is started again by its server (a plugin that killed it: its
-    # message comes back and is quarantined); not the trainer, whose failed run ends its
-    # process on purpose, for the operator (or a supervisor) to see
-    respawn: bool = True
 
 
 SERVICES: dict[str, ServiceKind] = {
@@ -73,9 +69,7 @@ SERVICES: dict[str, ServiceKind] = {
     ),
     # the RL loop: tasks out, groups in, policy-gradient steps, weights to the engines
     # (not in the default topology: it needs a task source and a model to train)
-    "trainer": ServiceKind(
-        "services.trainer.main:create_app", 8150, opt_in=True, proxy_url=True, respawn=False
-    ),
+    "trainer": ServiceKind("services.trainer.main:create_app", 8150, opt_in=True, proxy_url=True),
     # what people look at: tasks, sessions, model calls, tokens, rewards, live (read-only
     # but for cancel); `polar up` tells it the state dir, tokenizer and trainer log
     "dashboard": ServiceKind("services.dashboard.main:create_app", 8160, takes=TOPOLOGY_FIELDS),

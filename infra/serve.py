@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def serve_app(target: str, host: str, port: int, *, native: bool, respawn: bool = True) -> None:
+def serve_app(target: str, host: str, port: int, *, native: bool) -> None:
     """``target`` (a catalog row's ``module:create_app``): one the catalog marks
     ``native`` (the proxy) on ``proxy.io.native``'s HTTP/1.1 server, which runs on its
     own event loop with no server threads; every other service under granian (ASGI)."""
@@ -14,4 +14,4 @@ def serve_app(target: str, host: str, port: int, *, native: bool, respawn: bool 
     else:
         from services.common.http import serve
 
-        serve(target, host, port, respawn=respawn)
+        serve(target, host, port)

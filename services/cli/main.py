@@ -319,7 +319,7 @@ def serve(
     os.environ["POLAR_CONFIG"] = json.dumps(config)  # the factory reads its settings here
     from infra.serve import serve_app
 
-    serve_app(kind.target, config["host"], config["port"], native=kind.native, respawn=kind.respawn)
+    serve_app(kind.target, config["host"], config["port"], native=kind.native)
 
 
 def _serve_config(service: str, topology: Path | None, host: str | None, port: int | None) -> dict:

@@ -32,8 +32,8 @@ from services.common.metrics import HANDLER_SECONDS, INFLIGHT, MESSAGES
 from services.common.quarantine import QUARANTINE_AFTER, Trial, Trials, Verdict
 
 log = logging.getLogger(__name__)
-# granian's crash-loop window (a worker dead within 5.5 s of its respawn ends the server),
-# with a margin: the age of this process before it runs a message that killed one before
+# the age a process reaches before it runs a message that killed one before: beyond
+# supervisors' crash-loop windows (granian's: a worker dead within 5.5 s of its respawn)
 SUSPECT_AFTER_S = 7.0
 
 
@@ -227,10 +227,9 @@ class Consumer:
 
     async def _run(self, msg: Msg, trial: Trial) -> None:
         if trial.verdict.deaths:
-            # A suspect runs only once this process is SUSPECT_AFTER_S old: granian takes a
-            # worker that dies sooner after its respawn for a crash loop and exits for good
-            # (the evaluator did, at its third death of four), where it should respawn it
-            # and let the quarantine end the message. Kept in progress meanwhile.
+            # A suspect runs only once this process is SUSPECT_AFTER_S old: a supervisor
+            # that restarts it (granian's own respawn, systemd) may take a process dead
+            # sooner for a crash loop and stop restarting it. Kept in progress meanwhile.
             await asyncio.sleep(max(0.0, SUSPECT_AFTER_S - process_age()))
         if trial.verdict.action != "alone":
             return await self._run_handler(msg)

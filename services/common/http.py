@@ -51,10 +51,13 @@ def ops_routes(service: str, health: HealthCheck) -> list[HTTPRouteHandler]:
     return [healthz, metrics]
 
 
-def serve(target: str, host: str, port: int, *, factory: bool = True, respawn: bool = True) -> None:
+def serve(target: str, host: str, port: int, *, factory: bool = True) -> None:
     """Run an ASGI app (``module:callable``) under granian, one worker (the proxy has a
-    server of its own: ``proxy.io.native``; ``infra.serve`` picks). ``respawn``: a worker
-    that dies is started again (a process that ends itself on purpose says False)."""
+    server of its own: ``proxy.io.native``; ``infra.serve`` picks). A worker that dies
+    ends the server, for its supervisor to restart: granian's own respawn ends the whole
+    server when a worker dies within 5.5 s of its respawn, which a second poison message
+    does, while the quarantine (services/common/quarantine.py) counts deaths across
+    restarts of the process."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
@@ -67,11 +70,6 @@ def serve(target: str, host: str, port: int, *, factory: bool = True, respawn: b
         factory=factory,
         loop=_fastest_loop(Loops),
         log_access=False,
-        # a worker that dies (a plugin that kills its process, the OOM killer) is started
-        # again by the server's own process, as a supervisor would: the message it held
-        # comes back and, dying again and again, is quarantined (services/common/quarantine.py)
-        respawn_failed_workers=respawn,
-        respawn_interval=1.0,
     ).serve()
 
 

@@ -41,13 +41,10 @@ class ServiceProcess:
 
     def _start_once(self, timeout: float) -> ServiceProcess:
         env = {**os.environ, "POLAR_CONFIG": json.dumps(self.config)}
-        kind = next((k for k in SERVICES.values() if k.target == self.target), None)
-        native = kind is not None and kind.native
-        respawn = kind is None or kind.respawn
+        native = any(k.target == self.target and k.native for k in SERVICES.values())
         code = (  # served as `polar serve` serves it
             "from infra.serve import serve_app; "
-            f"serve_app({self.target!r}, '127.0.0.1', {self.port}, native={native}, "
-            f"respawn={respawn})"
+            f"serve_app({self.target!r}, '127.0.0.1', {self.port}, native={native})"
         )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:

@@ -82,6 +82,7 @@ async def test_timeout_kills_the_tree_and_keeps_the_completions(fresh_servers, t
             timeout_seconds=120,
             runtime={
                 "backend": "local",
+                "network": "host",  # the harness publishes its records to NATS itself
                 "prepare": [
                     {"action": "upload_file", "dest": "publish.py", "content": PUBLISH},
                     {"action": "upload_file", "dest": "records.jsonl", "content": records()},

@@ -275,7 +275,11 @@ async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
         assert p["sessions"] == [p["own_runtime"]]  # not the other session's directory
         # empty, but for the interpreter and this package's bridge bound back read-only
         python = {Path(sys.base_prefix).parts[2], Path(sys.prefix).parts[2]}
-        assert set(p["/root"]) <= python and p["/home"] in ([], None), p["/root"]
+        # and the CLI cache, bound back read-only (~/.cache/polar/harness-cache: `polar up`
+        # shares the user's, issue 38.9); the rest of ~/.cache stays hidden
+        cache = Path.home() / ".cache"
+        exposed = python | ({cache.name} if cache.parent == Path("/root") else set())
+        assert set(p["/root"]) <= exposed and p["/home"] in ([], None), p["/root"]
         assert p["/work"] in ([], None) or set(p["/work"]) <= python | {CHECKOUT}, p["/work"]
         assert p["shadow"] in ("", "PermissionError")  # /dev/null, on a nodev mount
         assert p["credentials"] is False and p["checkout"] is False
