@@ -128,6 +128,17 @@ class Stack:
         proc = ServiceProcess(TARGETS[name], cfg, self.root / "logs")
         self.procs[name] = proc.start(60, restarts=restarts)
 
+    async def supervise(self, name: str, restarts: list[float]) -> None:
+        """Start ``name`` again whenever its process ends, as systemd or Kubernetes would
+        (each restart's time in ``restarts``); until cancelled."""
+        while True:
+            proc = self.procs[name].proc
+            if proc is not None and proc.poll() is not None:
+                restarts.append(time.monotonic())
+                with contextlib.suppress(Exception):  # died again on its way up: next look
+                    await asyncio.to_thread(self.start, name, 8)
+            await asyncio.sleep(0.2)
+
     async def kill_and_restart(self, fault: str, down_s: float | None = None) -> None:
         """kill -9 ``fault``'s process and start it again after ``down_s`` (default: at
         once, Valkey after ``VALKEY_OUTAGE_S``), on its same port and directory."""

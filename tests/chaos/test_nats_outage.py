@@ -9,9 +9,12 @@ the outbox), then nats-server comes back on its same port and store. Every sessi
 end within ``BOUND_S`` of the outage's end, with exactly one trajectory, none ERROR
 (every fault here is the system's and retried away), and the outbox empty.
 
-`just test` runs a 30 s outage; `POLAR_CHAOS_NATS_OUTAGES=30,120 just test-chaos` both. A
-poison plugin is tests/integration/test_quarantine.py's: it needs a supervisor that
-restarts the process it kills, as that test is.
+A poison plugin rides along: one task's evaluator ends the evaluator's process each time
+it runs. The evaluator runs under a supervisor (restarted when its process ends, as
+systemd or Kubernetes would), and the quarantine stops the poison after 4 deaths: its
+sessions end with the reason while the rest is served.
+
+`just test` runs a 30 s outage; `POLAR_CHAOS_NATS_OUTAGES=30,120 just test-chaos` both.
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ ST = SessionState
 OUTAGES = [float(s) for s in os.environ.get("POLAR_CHAOS_NATS_OUTAGES", "30").split(",")]
 BOUND_S = 90.0  # every session final within this of NATS's return
 TASKS_BEFORE = 3  # on the bus, caught mid-run by the outage
+POISON = "tests.helpers.killer_plugins:ExitsProcess"  # an evaluator that ends its process
 
 
 async def outage(stack: Stack, bus: Bus, redis, seconds: float, n: int, report: list) -> list[str]:
     retry_s = seconds + 60.0
     ids = [f"outage{n}-bus{i}" for i in range(TASKS_BEFORE)]
+    poison = f"outage{n}-poison"
+    await publish(bus, poison, task(poison, retry_s, evaluator={"name": POISON}))
     for task_id in ids:
         await publish(bus, task_id, task(task_id, retry_s))
         await asyncio.sleep(0.7)  # spread over the stages: the last one just submitted
@@ -59,7 +65,7 @@ async def outage(stack: Stack, bus: Bus, redis, seconds: float, n: int, report: 
     await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
     await asyncio.to_thread(stack._start_nats)
     back = time.monotonic()
-    ids.append(http_id)
+    ids += [http_id, poison]
     final = {s.value for s in TERMINAL_STATES}
     pending, settled = set(ids), {}
     while pending and time.monotonic() < back + BOUND_S:
@@ -79,12 +85,14 @@ async def test_nats_outages_mid_run_leave_nothing_stuck(tmp_path, chaos_report):
     stack = Stack(tmp_path)
     stack.start_servers()
     redis = aioredis.from_url(stack.client_redis_url, socket_timeout=2)
-    bus = None
+    bus = supervisor = None
     report: list = []
     try:
         for name in ("proxy", *(t for t in TARGETS if t != "proxy")):
             await asyncio.to_thread(stack.start, name)
         bus = await Bus.open(stack.client_nats_url, "outage-test")
+        restarts: list[float] = []
+        supervisor = asyncio.create_task(stack.supervise("evaluator", restarts))
         for n, seconds in enumerate(OUTAGES):
             await outage(stack, bus, redis, seconds, n, report)
         await asyncio.sleep(1.0)  # a duplicate would have been published by now
@@ -116,11 +124,23 @@ async def test_nats_outages_mid_run_leave_nothing_stuck(tmp_path, chaos_report):
                 break
             await asyncio.sleep(0.5)
         lines.append(f"outbox left: {await redis.zcard(S.KEY_OUTBOX_DUE)}")
+        supervisor.cancel()
+        for n in range(len(OUTAGES)):  # the poison's sessions ended, quarantined
+            for i in range(SESSIONS):
+                row = await redis.hgetall(S.key_session(f"outage{n}-poison-{i:04d}"))
+                why = row.get(b"eval_reason", b"").decode()
+                lines.append(f"poison session {n}/{i}: {why[:100]}")
+                if not why.startswith("quarantined: the evaluator's process died"):
+                    print(row, stack.log_tail("evaluator", 80), sep="\n")
+                    raise AssertionError(f"poison session {n}/{i} not quarantined: {row}")
+        lines.append(f"the evaluator restarted {len(restarts)} times by its supervisor")
         chaos_report.extend(lines)
         print("\n".join(lines))
         assert not failures, failures
         assert await redis.zcard(S.KEY_OUTBOX_DUE) == 0
     finally:
+        if supervisor is not None:
+            supervisor.cancel()
         if bus is not None:
             with contextlib.suppress(Exception):
                 await bus.close()
