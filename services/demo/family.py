@@ -34,6 +34,7 @@ import inspect
 import json
 import random
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ class Item:
     answer: str  # the right answer, exactly (one of the family's answers)
 
 
-class TaskFamily:
+class TaskFamily(ABC):
     """Subclass it: set ``name``, ``description`` and ``answers``; return the items from
     ``train`` and ``heldout``. ``sample`` may be overridden (default: answers uniform)."""
 
@@ -65,11 +66,13 @@ class TaskFamily:
     # integers whose distance means closeness: near-miss credit (the shaped reward) fits
     ordered: bool = False
 
+    @abstractmethod
     def train(self) -> list[Item]:
-        raise NotImplementedError(f"{type(self).__name__}.train(): the training items")
+        """The training items."""
 
+    @abstractmethod
     def heldout(self) -> list[Item]:
-        raise NotImplementedError(f"{type(self).__name__}.heldout(): the held-out items")
+        """The held-out items, never trained on."""
 
     def sample(self, rng: random.Random, n: int, train: list[Item]) -> list[Item]:
         """``n`` distinct training items, their answers uniform over the answers that
@@ -103,6 +106,9 @@ def load_family(spec: str | TaskFamily) -> TaskFamily:
     if obj is None:
         raise FamilyError(f"--task {spec!r}: {module.__name__} has no {attr!r}")
     if inspect.isclass(obj) and issubclass(obj, TaskFamily):
+        if inspect.isabstract(obj):  # a user's class that lacks train() or heldout()
+            missing = ", ".join(sorted(obj.__abstractmethods__))
+            raise FamilyError(f"--task {spec!r}: {obj.__name__} does not define {missing}")
         obj = obj()
     if not isinstance(obj, TaskFamily):
         raise FamilyError(

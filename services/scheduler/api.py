@@ -67,7 +67,7 @@ _TYPES = (TaskRequest, Accepted, Error, TaskView, Cancelled, Session)
 def _any_json(tp: type) -> dict:
     if tp is object:  # dict[str, object]: settings, config, metadata
         return {"description": "any JSON value"}
-    raise NotImplementedError
+    raise NotImplementedError  # msgspec's schema_hook protocol: no schema for this type
 
 
 def components() -> dict[str, dict]:

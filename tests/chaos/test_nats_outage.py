@@ -36,7 +36,9 @@ from tests.chaos.stack import SESSIONS, TARGETS, Stack, delivered, publish, stat
 pytestmark = pytest.mark.asyncio
 ST = SessionState
 OUTAGES = [float(s) for s in os.environ.get("POLAR_CHAOS_NATS_OUTAGES", "30").split(",")]
-BOUND_S = 90.0  # every session final within this of NATS's return
+# every session final within this of NATS's return: a bound for a hang (the loop ends as
+# soon as all are final; 26.7 s was the slowest seen), not a margin on a loaded machine
+BOUND_S = 300.0
 TASKS_BEFORE = 3  # on the bus, caught mid-run by the outage
 POISON = "tests.helpers.killer_plugins:ExitsProcess"  # an evaluator that ends its process
 
@@ -80,7 +82,7 @@ async def outage(stack: Stack, bus: Bus, redis, seconds: float, n: int, report: 
     return ids
 
 
-@pytest.mark.timeout(180 + sum(OUTAGES) * 2)
+@pytest.mark.timeout(180 + sum(OUTAGES) * 2 + BOUND_S)
 async def test_nats_outages_mid_run_leave_nothing_stuck(tmp_path, chaos_report):
     stack = Stack(tmp_path)
     stack.start_servers()

@@ -184,3 +184,16 @@ def test_the_warm_start_cache_is_keyed_by_the_task():
     b = warm_key(load_family(str(QUIZ)), 0, DIMS, sft)
     assert a != b and "stars" in a and "most_common_digit" in b
     assert a == warm_key(load_family("stars"), 0, DIMS, sft)
+
+
+def test_a_family_without_its_items_is_refused_naming_what_it_lacks(tmp_path):
+    from services.demo.family import FamilyError, load_family
+
+    path = tmp_path / "half.py"
+    path.write_text(
+        "from services.demo.family import TaskFamily\n\n"
+        "class Half(TaskFamily):\n    name = 'half'\n    answers = ('a', 'b')\n\n"
+        "    def train(self):\n        return []\n"
+    )
+    with pytest.raises(FamilyError, match="Half does not define heldout"):
+        load_family(f"{path}:Half")
