@@ -36,8 +36,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets its own width; redirected output gets no 80-column cut (rich's
+    default there cut the demo's table to `held-o…` and wrapped sentences mid-line)."""
+    stream = sys.stderr if stderr else sys.stdout
+    tty = stream.isatty()
+    return Console(stderr=stderr, width=None if tty else 160, soft_wrap=not tty)
+
+
+out = _console()
+err = _console(stderr=True)
 
 Via = Literal["bus", "http"]
 

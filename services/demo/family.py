@@ -259,10 +259,12 @@ def template(
     split_name: str,
     python: str = sys.executable,
     partial_credit: dict[str, Any] | None = None,
+    sandbox: str = "auto",
 ) -> dict[str, Any]:
     """A task template (a TaskRequest without id and sample count, as JSON data) asking
     each of ``items`` once per session; ``partial_credit`` (``exact_answer``'s) shapes
-    the training reward, and the held-out set is scored without it."""
+    the training reward, and the held-out set is scored without it. ``sandbox`` is the
+    local runtime's (the demo names it: ``run.demo_sandbox``)."""
     scoring: dict[str, Any] = {"answers": {i.question: i.answer for i in items}}
     if partial_credit is not None:
         scoring["partial_credit"] = partial_credit
@@ -272,6 +274,7 @@ def template(
         "agent_timeout_seconds": 120,
         "runtime": {
             "backend": "local",
+            "sandbox": sandbox,
             "prepare": [{"action": "upload_file", "src": str(AGENT), "dest": "quiz_agent.py"}],
         },
         "agent": {
@@ -297,6 +300,7 @@ def training_templates(
     questions: int = 32,
     temperature: float = 1.0,
     partial_credit: dict[str, Any] | None = None,
+    sandbox: str = "auto",
 ) -> list[dict[str, Any]]:
     """``tasks`` training templates of ``questions`` distinct training items each (the
     trainer's task source cycles through them: ``tasks.generator`` with these args)."""
@@ -310,19 +314,22 @@ def training_templates(
             temperature=temperature,
             split_name="train",
             partial_credit=partial_credit,
+            sandbox=sandbox,
         )
         for _ in range(tasks)
     ]
 
 
-def heldout_templates(family: str | TaskFamily = DEFAULT, questions: int = 36) -> list[dict]:
+def heldout_templates(
+    family: str | TaskFamily = DEFAULT, questions: int = 36, sandbox: str = "auto"
+) -> list[dict]:
     """The fixed held-out set as greedy templates of at most ``questions`` items each, all
     the same size where the set allows (the trainer's accuracy is the mean of the
     sessions' scores: a short last session would weigh its few questions more)."""
     fam = load_family(family)
     items = fam.heldout()
     return [
-        template(fam, chunk, temperature=0.0, split_name="heldout")
+        template(fam, chunk, temperature=0.0, split_name="heldout", sandbox=sandbox)
         for chunk in even_chunks(items, questions)
     ]
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ import orjson
 from rich.console import Console
 
 from infra import credentials, devstack
+from infra.stackstate import StackState
 from infra.topology import Topology, parse_topology
 from infra.vllm import VLLMServer
 from services.demo.family import (
@@ -90,7 +92,9 @@ class Recipe:
 def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, limit: float):
     family = load_family(recipe.task)
     heldout = state / "heldout.jsonl"
-    heldout.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in heldout_templates(family)))
+    sandbox = demo_sandbox()
+    templates = heldout_templates(family, sandbox=sandbox)
+    heldout.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in templates))
     credit = reward_credit(family, recipe.reward, recipe.partial_credit)
     proxy_port = topo.services["proxy"].port
     creds = credentials.load(state)  # the stack's: the trainer signs in as itself
@@ -108,6 +112,7 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
                 "tasks": 512,
                 "questions": recipe.questions,
                 "partial_credit": _credit(credit),
+                "sandbox": sandbox,
             },
             "heldout_path": str(heldout),
         },
@@ -132,6 +137,36 @@ def trainer_config(recipe: Recipe, topo: Topology, state: Path, model: Path, lim
         "keep_checkpoints": 2,
         "eval": {"every": recipe.eval_every, "at_start": True, "at_end": True, "priority": 10},
     }
+
+
+def demo_sandbox() -> str:
+    """bubblewrap where it is installed, else none. The demo's agent (quiz_agent.py, ours)
+    runs no model-written code, so without bubblewrap the demo says once what it runs in
+    (``sandbox_line``) rather than each service logging the NO SANDBOX warning meant for
+    harnesses that do (four of them before `just setup` had run, issue 38.13)."""
+    return "bwrap" if shutil.which("bwrap") else "none"
+
+
+def sandbox_line(sandbox: str) -> str:
+    if sandbox == "bwrap":
+        return "sandbox: bubblewrap (each session in its own, network isolated)"
+    return (
+        "sandbox: none, bubblewrap is not installed (`just setup` installs it); the demo's "
+        "agent runs no model-written code, an agent harness of yours would need it"
+    )
+
+
+def servers_line(state: StackState) -> str | None:
+    """What the stack started for itself (a user's machine has no NATS or Valkey)."""
+    own = {p.name: p for p in state.procs if p.name in ("nats", "redis") and p.started}
+    parts = [
+        f"{label} on 127.0.0.1:{own[name].port}"
+        for name, label in (("nats", "NATS JetStream (nats-server)"), ("redis", "Valkey"))
+        if name in own
+    ]
+    if not parts:
+        return None
+    return f"started its own {' and '.join(parts)}: they stop with the demo"
 
 
 def _credit(spec: tuple[float, int] | None) -> dict | None:
@@ -167,9 +202,12 @@ def prepare(
         if vllm is not None:
             vllm.wait()
             console.print(f"vLLM ({vllm.url}) up in {vllm.started_s:.1f}s")
-        devstack.up(topo)
+        stack = devstack.up(topo)
         up_s = time.monotonic() - t0
         ws = sft.result()
+    line = servers_line(stack)
+    if line:
+        console.print(line, highlight=False)
     console.print(
         f"stack up in {up_s:.1f}s; format warm start: {ws.steps} steps in {ws.seconds:.1f}s "
         f"(loss {ws.final_loss:.2f})"
@@ -190,6 +228,7 @@ def run(console: Console, recipe: Recipe = Recipe(), out: Path | None = None) ->
         f"seed {recipe.seed}; state in {state}",
         highlight=False,
     )
+    console.print(sandbox_line(demo_sandbox()), highlight=False)
     vllm = _vllm(recipe, state)
     try:
         return _run_stack(console, recipe, state, started, vllm)
