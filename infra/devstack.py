@@ -77,8 +77,9 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
     running = _existing(state_dir, log)
     if running is not None:
         return running
-    topo = wiring.with_server_ports(topo, localservers.free_port)
-    plans = wiring.with_ports(plan_services(topo), localservers.free_port)
+    ports = localservers.StickyPorts(state_dir)
+    topo = wiring.with_server_ports(topo, ports)
+    plans = wiring.with_ports(plan_services(topo), ports)
     plans = wiring.wire(plans, topo, state_dir)
     problems = wiring.cannot_work(plans)
     if problems:  # before anything starts: nothing to stop, nothing half up
@@ -115,6 +116,7 @@ def up(topo: Topology, *, log: Log = _quiet) -> StackState:
         deadline = time.monotonic() + topo.startup_timeout_seconds
         _wait_healthy(spawned, wiring.connect_host(topo.host), deadline, state_dir, log)
         write_env_file(state_dir, client_connection(topo, plans, creds, state_dir))
+        ports.save()
     except BaseException:
         log("start failed: stopping what was started")
         down(state_dir)

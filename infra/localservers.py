@@ -68,6 +68,44 @@ def free_port() -> int:
     raise ServerStartError(f"no free port in {PORT_RANGE_ENV}={low}-{high}")
 
 
+class StickyPorts:
+    """``free_port`` by name, the same across restarts of one stack: a name gets the port
+    it had at the last start when that port is free now, else a new one. A client still
+    running when the stack went down (a `polar train` reconnecting, the nats CLI context,
+    a dashboard tab) finds it again where it was; with new ports at each `polar up` a
+    trainer retried a dead port until it failed (issue 38's must-show)."""
+
+    FILE = "ports.json"
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / self.FILE
+        try:
+            kept = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            kept = {}
+        self.kept: dict[str, int] = {
+            k: v for k, v in kept.items() if isinstance(k, str) and isinstance(v, int)
+        } if isinstance(kept, dict) else {}  # fmt: skip
+        self.chosen: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        port = self.kept.get(name)
+        taken = set(self.chosen.values())
+        # a port its own server left in TIME_WAIT (clients were connected) is still free
+        if port is None or port in taken or not _bindable(port, reuse=True):
+            port = free_port()
+        else:
+            _handed.append(port)
+        self.chosen[name] = port
+        return port
+
+    def save(self) -> None:
+        """Remember this start's choices (with the earlier ones not used this time)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = {**self.kept, **self.chosen}
+        self.path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+
+
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 PREFERRED_PORTS = (20000, 29999)  # below Linux's default ephemeral range (32768-60999)
 
@@ -111,8 +149,12 @@ def port_range(value: str | None) -> tuple[int, int] | None:
     return low, high
 
 
-def _bindable(port: int) -> bool:
+def _bindable(port: int, reuse: bool = False) -> bool:
+    """``reuse``: as a server binds (SO_REUSEADDR; nats-server, Valkey and granian do), so
+    connections of a stopped server still in TIME_WAIT do not count as taking the port."""
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

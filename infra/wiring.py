@@ -6,7 +6,9 @@ sent to whatever listens at a default port:
 
 - NATS and Redis: a URL with an explicit port 0 gets a free port, and every service is
   given the resulting URL (``with_server_ports``);
-- each service instance with ``port: 0`` gets a free port (``with_ports``);
+- each service instance with ``port: 0`` gets a free port (``with_ports``); ``polar up``
+  picks the port each had at the stack's last start where it is free
+  (``localservers.StickyPorts``), so clients still running find the stack again;
 - then ``wire``: pools, executors, evaluators and the trainer (``ServiceKind.proxy_url``)
   get the stack's proxy URL, the first three (``ServiceKind.work_dir``) a ``work_dir``
   under the state dir, the evaluator every node's name (it reaches their runtimes in
@@ -39,7 +41,9 @@ from infra.credentials import Credentials
 from infra.topology import ServicePlan, Topology, node_specs
 from proxy.config import ProxyConfig
 
-PickPort = Callable[[], int]
+# a free port for the named thing ("nats", "redis", a service instance): named, so that a
+# restart of the same stack can give each the port it had (localservers.StickyPorts)
+PickPort = Callable[[str], int]
 MODEL, PROXY, TRAINER, DASHBOARD = "model", "proxy", "trainer", "dashboard"
 EVALUATOR = "evaluator"
 
@@ -69,7 +73,7 @@ def with_server_ports(topo: Topology, pick: PickPort) -> Topology:
     """The topology with a free port in each of ``nats_url`` / ``redis_url`` that asks
     for port 0."""
     changes = {
-        field: with_port(url, pick())
+        field: with_port(url, pick(field.removesuffix("_url")))
         for field in ("nats_url", "redis_url")
         if explicit_port(url := getattr(topo, field)) == 0
     }
@@ -81,7 +85,7 @@ def with_ports(plans: list[ServicePlan], pick: PickPort) -> list[ServicePlan]:
     out = []
     for p in plans:
         if p.port == 0:
-            port = pick()
+            port = pick(p.name)
             p = msgspec.structs.replace(p, port=port, config={**p.config, "port": port})
         out.append(p)
     return out

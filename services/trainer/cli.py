@@ -15,11 +15,12 @@ from pathlib import Path
 
 from services.client.connection import Connection, EnvFileError, from_environment
 from services.common.bus import CredentialsRefused, GaveUp
-from services.trainer.checkpoint import TrainerState, step_name
+from services.trainer.checkpoint import TrainerState, latest, step_name
 from services.trainer.config import ConfigError, TrainerConfig, load_config, stack_defaults
 from services.trainer.loop import run_training
 
 FAILED_EXIT = 3
+INTERRUPTED_EXIT = 130  # a shell's code for a Ctrl-C
 
 
 def _print(rec: dict) -> None:
@@ -32,12 +33,33 @@ def _print(rec: dict) -> None:
             f"sync {rec['sync_s']:.2f}s",
             flush=True,
         )
+    elif rec["type"] == "resume":
+        print(resume_line(rec), flush=True)
     elif rec["type"] == "eval":
         best = " (best so far)" if rec.get("best") else ""
         print(
             f"eval at step {rec['step']}: held-out accuracy {rec['accuracy']:.3f}{best}",
             flush=True,
         )
+
+
+def resume_line(rec: dict) -> str:
+    """The first thing a rerun of the same command says: where it goes on from."""
+    line = f"resumed from {rec['checkpoint']} (step {rec['step']}, {rec['trained_groups']} groups trained"
+    if rec.get("in_flight"):
+        line += f", {rec['in_flight']} groups still in flight"
+    return line + ")"
+
+
+def interrupted_line(cfg: TrainerConfig) -> str:
+    found = latest(Path(cfg.checkpoint_dir))
+    if found is None:
+        return "interrupted before the first checkpoint: the same command starts the run anew"
+    ckpt, state = found
+    return (
+        f"interrupted; the last checkpoint is {ckpt.name} (step {state.step} of "
+        f"{cfg.steps}): the same command resumes from it"
+    )
 
 
 def done_line(state: TrainerState, cfg: TrainerConfig) -> str:
@@ -65,6 +87,9 @@ def main(
         on_start(cfg)
     try:
         state = asyncio.run(run_training(cfg, _print))
+    except KeyboardInterrupt:  # asyncio.run cancelled the run: its connections are closed
+        print(interrupted_line(cfg), file=sys.stderr)
+        return INTERRUPTED_EXIT
     except (ConfigError, CredentialsRefused, GaveUp) as exc:  # before its first step
         print(f"error: {exc}", file=sys.stderr)
         return 1

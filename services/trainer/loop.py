@@ -212,9 +212,17 @@ class Trainer:
         if self.done:  # finished for good: its consumer would hold a backlog forever
             with contextlib.suppress(Exception):
                 await self.client.delete_consumer()
-        await self.client.close(release=not self.done)
-        await self.bus.close()
-        await self.http.aclose()
+        # a stack that went down meanwhile must not turn the run's result (a finished
+        # run's checkpoint and log are written) into a failure at the goodbye
+        for close in (
+            lambda: self.client.close(release=not self.done),
+            self.bus.close,
+            self.http.aclose,
+        ):
+            try:
+                await close()
+            except Exception as exc:  # noqa: BLE001 - logged; the others still close
+                log.warning("closing the trainer's connections: %s: %s", type(exc).__name__, exc)
 
     # -- groups in --------------------------------------------------------------------
     async def _read(self) -> None:

@@ -259,3 +259,36 @@ def test_rotation_is_explicit_and_a_client_with_the_old_ones_is_told_what_to_do(
     assert "refused the credentials for user 'cli'" in asyncio.run(refused())
     report = json.loads(polar("status", "--json"))  # the CLI reads the new ones
     assert report["errors"] == []
+
+
+# -- port 0: the same ports again after a restart ----------------------------------------
+def test_a_restart_gives_port_0_the_same_ports_and_a_running_client_reconnects(tmp_path):
+    """`port: 0` is a free port chosen at `polar up`; a restart of the same stack picks the
+    one it had, so a client left running (a `polar train` across `polar down` / `polar
+    up`) reconnects instead of retrying a port nothing will listen on again."""
+    cli = Polar(tmp_path)
+    cli.topology.write_text(
+        f"nats_url: nats://127.0.0.1:0\nredis_url: redis://127.0.0.1:0/0\n"
+        f"state_dir: {cli.state}\n{only_scheduler(0)}"
+    )
+    cli("up")
+    try:
+        first = read_env_file(cli.env_file)
+        asyncio.run(_survives_a_restart(cli, first["POLAR_NATS_URL"]))
+        assert read_env_file(cli.env_file) == first  # URLs and credentials alike
+    finally:
+        cli.run("down")
+
+
+async def _survives_a_restart(cli: Polar, nats_url: str) -> None:
+    bus = await asyncio.wait_for(Bus.open(nats_url, "test-running", declare=False), FAST)
+    try:
+        await asyncio.to_thread(cli, "down")
+        await asyncio.to_thread(cli, "up")
+        got = await bus.nc.subscribe("polar.test.after-restart", max_msgs=1)
+        await bus.nc.publish("polar.test.after-restart", b"back")
+        # bounds a hang only: the reconnect is nats-py's own (every 2 s)
+        msg = await got.next_msg(timeout=60)
+        assert msg.data == b"back"
+    finally:
+        await bus.close()

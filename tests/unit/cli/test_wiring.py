@@ -11,7 +11,7 @@ STATE = Path("/srv/polar-state")
 
 def ports_from(first: int):
     counter = itertools.count(first)
-    return lambda: next(counter)
+    return lambda name: next(counter)
 
 
 def planned(raw: str, first_free: int = 40000):
