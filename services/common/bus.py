@@ -16,6 +16,8 @@ from urllib.parse import unquote, urlsplit
 
 import nats
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -26,7 +28,12 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    NotFoundError,
+    ObjectNotFoundError,
+    ServiceUnavailableError,
+)
 from nats.js.object_store import ObjectStore
 
 from schemas import subjects as S
@@ -231,6 +238,41 @@ async def ensure_streams(
         await js.update_stream(wanted)
 
 
+# How long a starting service waits for JetStream to take its stream declarations: a
+# cluster that is still electing its meta leader answers 503 or nothing, and on a loaded
+# machine an R3 stream's creation outlasts the API's 10 s timeout (a scheduler in the
+# multi-host test exited at start that way); a service that exits then only restarts.
+JETSTREAM_READY_WAIT_S = 180.0
+NOT_READY = (NatsTimeoutError, ServiceUnavailableError, NoRespondersError)
+
+
+async def declare_when_ready(
+    js: JetStreamContext,
+    *,
+    replicas: int = 1,
+    retention: Retention = Retention(),
+    wait_s: float = JETSTREAM_READY_WAIT_S,
+    on_wait=None,
+) -> None:
+    """``ensure_streams``, again (idempotent) while JetStream is not ready, up to
+    ``wait_s``; ``on_wait(exc)`` is told of each wait (tests wait on it)."""
+    loop = asyncio.get_running_loop()
+    deadline, pause = loop.time() + wait_s, 0.25
+    while True:
+        try:
+            await ensure_streams(js, replicas=replicas, retention=retention)
+            return
+        except NOT_READY as exc:
+            if loop.time() + pause > deadline:
+                raise
+            why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            log.warning("JetStream is not ready (%s): declaring the streams again", why)
+            if on_wait is not None:
+                on_wait(exc)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 5.0)
+
+
 def work_consumer(
     durable: str,
     subject: str,
@@ -292,7 +334,7 @@ class Bus:
         nc = await connect(url, name)
         js = nc.jetstream(timeout=10)
         if declare:
-            await ensure_streams(js, replicas=replicas, retention=retention)
+            await declare_when_ready(js, replicas=replicas, retention=retention)
         bus = cls(nc, js)
         lean = JetStreamPublisher(
             url, name=f"{name}-send", fallback=bus.publish, fallback_above=CLAIM_THRESHOLD
