@@ -28,6 +28,7 @@ from services.runtimes.base import Process, Runtime, Sink
 from services.runtimes.docker_exec import (
     REAPER_ENTRYPOINT,
     DockerProcess,
+    attached_argv,
     deadline_argv,
     stdin_argv,
     sweep_argv,
@@ -255,9 +256,10 @@ class DockerSandboxRuntime(Runtime):
             "exec",
             api.exec_create,
             container.id,
-            argv,
+            attached_argv(argv),
             environment=env,
             workdir=cwd,
+            stdin=True,  # for the handshake only (docker_exec.attached_argv)
             _kind=SandboxExecError,
         )
         proc = DockerProcess(api, container.id, created["Id"], f"{TAG_EXEC}={exec_id}")
