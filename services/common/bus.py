@@ -246,6 +246,14 @@ JETSTREAM_READY_WAIT_S = 180.0
 NOT_READY = (NatsTimeoutError, ServiceUnavailableError, NoRespondersError)
 
 
+def _not_ready_reason(exc: Exception) -> str:
+    if isinstance(exc, ServiceUnavailableError):  # nats-py's text is "code=None ..." here
+        return "503: JetStream is starting, electing its leader or not enabled"
+    if isinstance(exc, NoRespondersError):
+        return "no responders: JetStream is not enabled on this server (yet)"
+    return "the JetStream API timed out"
+
+
 async def declare_when_ready(
     js: JetStreamContext,
     *,
@@ -265,7 +273,7 @@ async def declare_when_ready(
         except NOT_READY as exc:
             if loop.time() + pause > deadline:
                 raise
-            why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            why = _not_ready_reason(exc)
             log.warning("JetStream is not ready (%s): declaring the streams again", why)
             if on_wait is not None:
                 on_wait(exc)
