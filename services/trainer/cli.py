@@ -54,7 +54,7 @@ def resume_line(rec: dict) -> str:
 def interrupted_line(cfg: TrainerConfig) -> str:
     found = latest(Path(cfg.checkpoint_dir))
     if found is None:
-        return "interrupted before the first checkpoint: the same command starts the run anew"
+        return "interrupted before the first checkpoint: nothing to resume from"
     ckpt, state = found
     return (
         f"interrupted; the last checkpoint is {ckpt.name} (step {state.step} of "
