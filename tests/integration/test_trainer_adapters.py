@@ -11,7 +11,6 @@ import dataclasses
 import enum
 import json
 import os
-import sys
 import tempfile
 from argparse import Namespace
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from examples.trl_grpo.run import task_template
 from infra import devstack, localservers
 from infra.topology import parse_topology
 from schemas import Outcome
@@ -27,7 +27,6 @@ from tests.helpers.trainer_stack import admin_headers, operator_nats, stack_cred
 from tests.unit.engine.tiny import tiny_model_dir
 
 pytestmark = [pytest.mark.timeout(900)]
-AGENTS = Path(__file__).resolve().parents[1] / "fixtures" / "agents"
 SERVICES = ("model", "proxy", "scheduler", "pool", "executor", "builder", "evaluator")
 
 
@@ -55,33 +54,13 @@ services:
 
 
 def digits_task(answer_tokens: int = 8) -> dict:
-    """The task template: the one-shot agent answers, the command evaluator scores the
-    answer's digit fraction in the live sandbox."""
-    python = sys.executable
-    return {
-        "timeout_seconds": 300,
-        "agent_timeout_seconds": 120,
-        "runtime": {
-            "backend": "local",
-            "env": {"PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin"},
-            "prepare": [
-                {"action": "upload_file", "src": str(AGENTS / "one_shot.py"), "dest": "agent.py"},
-                {"action": "upload_file", "src": str(AGENTS / "digits_score.py"), "dest": "s.py"},
-            ],
-        },
-        "agent": {
-            "harness": "shell",
-            "command": f"{python} agent.py",
-            "model": "polar-tiny",
-            "env": {"ANSWER_TOKENS": str(answer_tokens)},
-        },
-        "builder": {"name": "prefix_merging"},
-        "evaluator": {
-            "name": "command",
-            "runtime": "live",
-            "config": {"command": f"{python} s.py"},
-        },
-    }
+    """examples/trl_grpo's task template (its one-shot agent answers, the command
+    evaluator scores the answer's digit fraction in the live sandbox) on this stack's
+    model, with ``answer_tokens`` per answer."""
+    template = task_template()
+    env = {"ANSWER_TOKENS": str(answer_tokens)}
+    template["agent"] = {**template["agent"], "model": "polar-tiny", "env": env}
+    return template
 
 
 @pytest.fixture(scope="module")
