@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from examples.trl_grpo.run import task_template
+from examples.trl_grpo.run import task_template, trl_setup
 from infra import devstack, localservers
 from infra.topology import parse_topology
 from schemas import Outcome
@@ -101,33 +101,15 @@ def test_trl_grpo_trainer_learns_through_polar(stack, tmp_path):
     """Real GRPOTrainer steps: TRL's prompts become Polar tasks, Polar's sessions come
     back as prompt/completion ids + logprobs + env_mask, the reward is Polar's evaluator's,
     and after each step the weights go to the engine; the reward rises."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from services.trainer.adapters.trl_grpo import WeightSync, polar_reward, rollout_func
 
     topo, model_dir = stack
     steps = int(os.environ.get("POLAR_TRL_STEPS", "24"))
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    prompts = [f"Write digits, round {i}." for i in range(4)]
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "trl"),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_steps=steps,
-        learning_rate=float(os.environ.get("POLAR_TRL_LR", "5e-4")),
-        beta=0.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        dataloader_num_workers=0,
-    )
+    lr = float(os.environ.get("POLAR_TRL_LR", "5e-4"))
+    model, tok, config, dataset = trl_setup(model_dir, tmp_path, steps, lr)  # the example's
     seen: list[dict] = []
     with PolarRollouts(operator_nats(topo), digits_task(), collect_timeout=300) as rollouts:
         inner = rollout_func(rollouts)
@@ -145,7 +127,7 @@ def test_trl_grpo_trainer_learns_through_polar(stack, tmp_path):
             model=model,
             reward_funcs=[polar_reward],
             args=config,
-            train_dataset=Dataset.from_list([{"prompt": p} for p in prompts * 50]),
+            train_dataset=dataset,
             processing_class=tok,
             rollout_func=rollout,
             callbacks=[sync],
