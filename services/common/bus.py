@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -260,7 +261,7 @@ async def declare_when_ready(
     replicas: int = 1,
     retention: Retention = Retention(),
     wait_s: float = JETSTREAM_READY_WAIT_S,
-    on_wait=None,
+    on_wait: Callable[[Exception], None] | None = None,
 ) -> None:
     """``ensure_streams``, again (idempotent) while JetStream is not ready, up to
     ``wait_s``; ``on_wait(exc)`` is told of each wait (tests wait on it)."""
