@@ -74,6 +74,11 @@ async def generate(request: Request) -> Response:
     sources = [body.image_data] if isinstance(body.image_data, str) else body.image_data or []
     if sources and batch:
         raise protocol.ProtocolError("image_data is for one prompt, not a batch")
+    if body.return_routed_experts and state.engine.model.config.moe is None:
+        raise protocol.ProtocolError(
+            f"model {state.served_model_name} is not a mixture of experts: "
+            "return_routed_experts needs an MoE model"
+        )
     images = [await _images(state, ids, sources) for ids in prompts]
     requests = [
         GenerationRequest(
@@ -82,6 +87,7 @@ async def generate(request: Request) -> Response:
             params=params,
             forced_ids=state.forced_for(None, ids),
             images=im,
+            return_routed_experts=body.return_routed_experts,
         )
         for ids, rid, im in zip(prompts, rids, images, strict=True)
     ]
@@ -203,7 +209,10 @@ async def models(request: Request) -> Response:
 
 @get(["/model_info", "/get_model_info"])
 async def model_info(request: Request) -> Response:
+    """SGLang's fields; an MoE model adds its routing shape (``moe_layers``,
+    ``num_experts``, ``top_k``): what sizes ``meta_info.routed_experts``."""
     state = _state(request)
+    moe = state.engine.model.config.moe
     return _json(
         {
             "model_path": state.model_path,
@@ -215,6 +224,7 @@ async def model_info(request: Request) -> Response:
             "architectures": state.model_info.get("architectures"),
             "served_model_name": state.served_model_name,
             "max_context_length": state.engine.context_limit,
+            **(moe.shape if moe is not None else {}),
         }
     )
 
@@ -298,6 +308,8 @@ def _compatible(old, new) -> str | None:
     for name in fields:
         if getattr(old, name) != getattr(new, name):
             return f"{name} differs ({getattr(old, name)} -> {getattr(new, name)})"
+    if old.moe != new.moe:  # the routing rows' shape (and the forward) would change
+        return f"the mixture of experts differs ({old.moe} -> {new.moe})"
     return None
 
 

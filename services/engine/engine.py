@@ -13,6 +13,11 @@ queued and running request at once, reporting the tokens it has and the version 
 them; ``pause("in_place")`` freezes them with their caches; ``pause("retract")`` drops their
 caches so they are recomputed on continue. Requests frozen across a swap continue on the
 new weights (caches recomputed, so reported logprobs stay exact) and list both versions.
+
+MoE routing: each sequence's KV cache holds the experts of every position it computed
+(``model.py``), a reused prefix's included; a request that asks for them gets the rows of
+the cache its last token was sampled from. A cache recomputed after a swap has the new
+weights' rows for every position, as it has their keys and values.
 """
 
 from __future__ import annotations
@@ -111,6 +116,8 @@ class Engine:
             raise RequestRejected(f"prompt has token ids outside the vocabulary [0, {vocab})")
         if request.images is not None and self.model.config.vision is None:
             raise RequestRejected("this model reads no images (it has no vision_config)")
+        if request.return_routed_experts and self.model.config.moe is None:
+            raise RequestRejected("this model is not a mixture of experts: it routes nothing")
         future: Future[GenerationResult] = Future()
         seq = Sequence(request, lambda result: _resolve(future, result))
         with self._cv:
@@ -315,7 +322,18 @@ class Engine:
 
     def _deliver(self, done: list[Sequence]) -> None:
         for seq in done:
-            seq.on_done(seq.result(self.decode, self.version))
+            seq.on_done(seq.result(self.decode, self.version, self._routed_experts(seq)))
+
+    def _routed_experts(self, seq: Sequence) -> torch.Tensor | None:
+        """The rows a request asked for: its cache's, for positions [0, prompt + output - 1);
+        None when the cache does not hold them all (it ended before computing them: an
+        abort, a request for no tokens), as clients take every row or none. A view: the
+        cache is never written once retired."""
+        if not seq.request.return_routed_experts or seq.cache is None:
+            return None
+        rows = seq.cache.routed()
+        want = len(seq.request.prompt_ids) + len(seq.output_ids) - 1
+        return rows[:want] if rows is not None and rows.shape[0] >= want else None
 
     def _abort(self, rid: str | None, message: str) -> int:
         victims = [

@@ -7,6 +7,12 @@ prompt tail after a cached prefix, or one decode token). Linear layers run over 
 at once; attention runs per sequence against that sequence's own cache, so a sequence's
 numbers do not depend on what else is in the batch and no padding or mask is ever shared.
 
+A Qwen3-MoE model (``config.moe``) replaces the MLP of its sparse layers by a softmax
+router over SwiGLU experts (top-k, renormalised when ``norm_topk_prob``), as transformers'
+Qwen3MoeSparseMoeBlock computes it; every cached forward records the experts each token
+was routed to in the sequence's ``KVCache`` (``routed``), so the rows of a reused prefix
+come with its keys and values.
+
 A vision model (``config.vision``) also reads images: ``encode_images`` turns pixels into
 patch embeddings (``vision.py``) and every entry point takes, per sequence, the
 ``SequenceImages`` whose rows replace the token embeddings at the images' pad positions.
@@ -19,18 +25,29 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from services.engine.modelconfig import ModelConfig, ModelLoadError
+from services.engine.modelconfig import ModelConfig, ModelLoadError, MoeConfig
 from services.engine.vision import SequenceImages, VisionEncoder
 
 
 class KVCache:
     """Keys and values of one sequence, per layer ([kv_heads, capacity, head_dim] each),
-    growing by doubling."""
+    growing by doubling. An MoE model's cache also holds, per position, the experts its
+    forward routed the token to (``routing``: (MoE layers, top_k) ids per position)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 64):
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int = 64,
+        routing: tuple[int, int] | None = None,
+    ):
         self.length = 0
         self._k = [torch.empty(kv_heads, capacity, head_dim) for _ in range(layers)]
         self._v = [torch.empty(kv_heads, capacity, head_dim) for _ in range(layers)]
+        self._routing = (
+            None if routing is None else torch.empty(capacity, *routing, dtype=torch.int32)
+        )
 
     @property
     def capacity(self) -> int:
@@ -45,6 +62,10 @@ class KVCache:
                 grown = torch.empty(old.shape[0], cap, old.shape[2])
                 grown[:, :n] = old[:, :n]
                 store[i] = grown
+        if self._routing is not None:
+            old = self._routing
+            self._routing = torch.empty(cap, *old.shape[1:], dtype=old.dtype)
+            self._routing[:n] = old[:n]
 
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
@@ -61,16 +82,28 @@ class KVCache:
             self._v[layer][:, n : n + t] = v.transpose(0, 1)
         return self._k[layer][:, : n + t], self._v[layer][:, : n + t]
 
+    def write_routing(self, rows: torch.Tensor) -> None:
+        """Store the experts of the positions being computed (after the committed length)."""
+        self._routing[self.length : self.length + rows.shape[0]] = rows
+
+    def routed(self) -> torch.Tensor | None:
+        """The committed positions' experts [length, MoE layers, top_k] (int32, a view:
+        callers must not write to it); None for a dense model."""
+        return None if self._routing is None else self._routing[: self.length]
+
     def commit(self, tokens: int) -> None:
         self.length += tokens
 
     def truncated_copy(self, length: int) -> KVCache:
         """A new cache holding the first ``length`` positions (prefix-cache reuse)."""
         heads, _, dim = self._k[0].shape
-        copy = KVCache(len(self._k), heads, dim, capacity=max(64, length + 64))
+        routing = None if self._routing is None else tuple(self._routing.shape[1:])
+        copy = KVCache(len(self._k), heads, dim, capacity=max(64, length + 64), routing=routing)
         for src, dst in ((self._k, copy._k), (self._v, copy._v)):
             for i in range(len(src)):
                 dst[i][:, :length] = src[i][:, :length]
+        if routing is not None:  # the prefix's rows travel with its keys and values
+            copy._routing[:length] = self._routing[:length]
         copy.length = length
         return copy
 
@@ -237,11 +270,77 @@ def _image_rows(
     return torch.cat(rows), torch.cat(embeds)
 
 
+class _Experts:
+    """An MoE layer's router and experts, stored transposed for ``mm``: ``router`` [hidden,
+    experts], ``gate_up`` [experts, hidden, 2 * inter] (gate | up), ``down`` [experts,
+    inter, hidden]. Reads transformers' per-expert names (what ``save_pretrained`` writes)
+    or its fused 3-D ``experts.gate_up_proj`` / ``experts.down_proj``."""
+
+    def __init__(self, get, p: str, moe: MoeConfig, hidden: int):
+        self.moe = moe
+        e, inter = moe.num_experts, moe.intermediate_size
+        router = get(f"{p}mlp.gate.weight")
+        fused = get(f"{p}mlp.experts.gate_up_proj", optional=True)
+        if fused is not None:
+            gate_up, down = fused, get(f"{p}mlp.experts.down_proj")  # [e, 2i, h], [e, h, i]
+        else:
+            names = [f"{p}mlp.experts.{j}." for j in range(e)]
+            gate_up = torch.stack(
+                [torch.cat([get(n + "gate_proj.weight"), get(n + "up_proj.weight")]) for n in names]
+            )
+            down = torch.stack([get(n + "down_proj.weight") for n in names])
+        want = {
+            "router": (e, hidden),
+            "gate_up": (e, 2 * inter, hidden),
+            "down": (e, hidden, inter),
+        }
+        for name, tensor in (("router", router), ("gate_up", gate_up), ("down", down)):
+            if tuple(tensor.shape) != want[name]:
+                raise ModelLoadError(
+                    f"{p}mlp: {name} weights have shape {tuple(tensor.shape)}, "
+                    f"the config says {want[name]}"
+                )
+        self.router = router.t().contiguous()
+        self.gate_up = gate_up.transpose(1, 2).contiguous()
+        self.down = down.transpose(1, 2).contiguous()
+
+    def __call__(self, x: torch.Tensor, routed: list[torch.Tensor] | None) -> torch.Tensor:
+        """The sparse block over rows ``x`` [n, hidden]; appends the chosen experts [n,
+        top_k] (highest weight first) to ``routed``. Transformers' math: softmax in float32
+        over all experts, top-k, optional renormalisation, weighted sum of SwiGLU outputs."""
+        moe, inter = self.moe, self.moe.intermediate_size
+        probs = torch.softmax(torch.mm(x, self.router), dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, moe.top_k, dim=-1)
+        if moe.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if routed is not None:
+            routed.append(experts)
+        # group the (token, slot) pairs by expert: one sort, one host sync, one mm pair each
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=moe.num_experts).tolist()
+        rows = order // moe.top_k
+        inputs = x[rows]
+        scales = weights.flatten()[order, None].to(x.dtype)
+        out = torch.zeros_like(x)
+        start = 0
+        for e, count in enumerate(counts):
+            if not count:
+                continue
+            end = start + count
+            gate_up = torch.mm(inputs[start:end], self.gate_up[e])
+            y = torch.mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], self.down[e])
+            out.index_add_(0, rows[start:end], y * scales[start:end])
+            start = end
+        return out
+
+
 class _Layer:
     """One decoder layer's weights, fused for few large ops: q|k|v and gate|up are single
-    matrices, all stored transposed for ``addmm``."""
+    matrices, all stored transposed for ``addmm``. An MoE layer has ``experts`` instead of
+    gate|up and down."""
 
-    def __init__(self, get, p: str, config: ModelConfig):
+    def __init__(self, get, p: str, config: ModelConfig, moe: MoeConfig | None = None):
         names = ("q", "k", "v")
         weights = [get(f"{p}self_attn.{n}_proj.weight") for n in names]
         biases = [get(f"{p}self_attn.{n}_proj.bias", optional=True) for n in names]
@@ -251,11 +350,14 @@ class _Layer:
         self.o_bias = get(f"{p}self_attn.o_proj.bias", optional=True)
         self.q_norm = get(f"{p}self_attn.q_norm.weight", optional=True)
         self.k_norm = get(f"{p}self_attn.k_norm.weight", optional=True)
+        self.ln1 = get(f"{p}input_layernorm.weight")
+        self.ln2 = get(f"{p}post_attention_layernorm.weight")
+        self.experts = None if moe is None else _Experts(get, p, moe, config.hidden_size)
+        if moe is not None:
+            return
         gate, up = get(f"{p}mlp.gate_proj.weight"), get(f"{p}mlp.up_proj.weight")
         self.gate_up = torch.cat([gate, up], dim=0).t().contiguous()
         self.down = get(f"{p}mlp.down_proj.weight").t().contiguous()
-        self.ln1 = get(f"{p}input_layernorm.weight")
-        self.ln2 = get(f"{p}post_attention_layernorm.weight")
         self.inter = gate.shape[0]
 
 
@@ -292,8 +394,10 @@ class CausalLM:
         self.norm = get("model.norm.weight")
         head = None if config.tie_word_embeddings else get("lm_head.weight", optional=True)
         self.lm_head_t = (self.embed if head is None else head).t().contiguous()
+        sparse = set(config.moe.layers) if config.moe is not None else set()
         self.layers = [
-            _Layer(get, f"model.layers.{i}.", config) for i in range(config.num_hidden_layers)
+            _Layer(get, f"model.layers.{i}.", config, config.moe if i in sparse else None)
+            for i in range(config.num_hidden_layers)
         ]
         half = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
         self.inv_freq = (1.0 / (config.rope_theta**half)).to(self.embed.device)
@@ -335,10 +439,12 @@ class CausalLM:
         positions: torch.Tensor,
         attend: Attend,
         images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        routed: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The decoder stack over a ragged batch's tokens (one row each); ``attend`` is how
         each sequence's queries meet its keys (through a KV cache, or its own tokens);
-        ``images`` (rows, embeddings) replace those rows' token embeddings."""
+        ``images`` (rows, embeddings) replace those rows' token embeddings; ``routed``
+        receives each MoE layer's chosen experts [rows, top_k], in layer order."""
         eps = self.config.rms_norm_eps
         x = F.embedding(ids, self.embed)
         if images is not None:
@@ -347,6 +453,9 @@ class CausalLM:
         rope = self._rope(positions)
         for i, layer in enumerate(self.layers):
             x = x + self._attention(i, _rms_norm(x, layer.ln1, eps), rope, attend)
+            if layer.experts is not None:
+                x = x + layer.experts(_rms_norm(x, layer.ln2, eps), routed)
+                continue
             gate_up = torch.mm(_rms_norm(x, layer.ln2, eps), layer.gate_up)
             x = x + torch.mm(
                 F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :], layer.down
@@ -368,7 +477,8 @@ class CausalLM:
         sequence's ``images`` whose positions fall in this chunk are put in place.
 
         Returns, per sequence, the logits of its last new token ([vocab]), or of every new
-        token ([t, vocab]) when ``all_logits``. Caches are committed on return.
+        token ([t, vocab]) when ``all_logits``. Caches are committed on return, an MoE
+        model's with the experts each new token was routed to.
         """
         bounds = _bounds([len(t) for t in token_chunks])
         pairs = list(zip(caches, [e - s for s, e in bounds], strict=True))
@@ -389,7 +499,12 @@ class CausalLM:
             keep = (at >= done) & (at < done + end - start)
             return keep, start + at[keep] - done
 
-        x = self._hidden(ids, positions, attend, _image_rows(images, in_chunk))
+        routed: list[torch.Tensor] | None = [] if self.config.moe is not None else None
+        x = self._hidden(ids, positions, attend, _image_rows(images, in_chunk), routed)
+        if routed:
+            rows = torch.stack(routed, dim=1).to(torch.int32)  # [tokens, MoE layers, top_k]
+            for (start, end), cache in zip(bounds, caches, strict=True):
+                cache.write_routing(rows[start:end])
         for cache, t in pairs:
             cache.commit(t)
         if not all_logits:
@@ -483,7 +598,8 @@ class CausalLM:
 
     def new_cache(self) -> KVCache:
         c = self.config
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+        routing = None if c.moe is None else (len(c.moe.layers), c.moe.top_k)
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, routing=routing)
 
     def teacher_forced_logprobs(
         self, ids: list[int], start: int, images: SequenceImages | None = None

@@ -1,4 +1,5 @@
-"""The subset of a Hugging Face ``config.json`` the embedded engine needs (Llama/Qwen families).
+"""The subset of a Hugging Face ``config.json`` the embedded engine needs (Llama/Qwen
+families, and Qwen3-MoE's mixture-of-experts layers).
 
 Only architectures whose forward pass ``model.py`` implements are accepted; anything else
 is a ModelLoadError with the reason, never a silently wrong forward.
@@ -16,6 +17,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
 
@@ -52,6 +54,52 @@ def parse_vision(raw: dict) -> VisionConfig:
     return cfg
 
 
+class MoeConfig(Struct, frozen=True, kw_only=True):
+    """A Qwen3-MoE model's sparse layers: a softmax router over ``num_experts`` SwiGLU
+    experts of width ``intermediate_size``, ``top_k`` of them per token."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    layers: tuple[int, ...]  # the decoder layers that are MoE, in model order
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """What /model_info reports (SGLang clients size routing arrays with it)."""
+        return {
+            "moe_layers": len(self.layers),
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+        }
+
+
+def parse_moe(raw: dict, num_layers: int) -> MoeConfig:
+    """Qwen3-MoE's keys, with transformers' defaults: a layer is MoE unless it is in
+    ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid (as Qwen3MoeDecoderLayer
+    decides). Transformers writes ``num_local_experts``; Qwen's own files ``num_experts``."""
+    experts = int(raw.get("num_experts", raw.get("num_local_experts", 128)))
+    top_k = int(raw.get("num_experts_per_tok", 8))
+    step = int(raw.get("decoder_sparse_step", 1))
+    dense = set(raw.get("mlp_only_layers") or [])
+    if experts == 0:  # transformers makes every layer dense then
+        return MoeConfig(
+            num_experts=0, top_k=top_k, intermediate_size=0, norm_topk_prob=False, layers=()
+        )
+    if not 0 < top_k <= experts or step < 1:
+        raise ModelLoadError(
+            f"MoE config: top {top_k} of {experts} experts, decoder_sparse_step {step}"
+        )
+    layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+    return MoeConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(raw.get("moe_intermediate_size", 768)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        layers=layers,
+    )
+
+
 class ModelConfig(Struct, frozen=True, kw_only=True):
     architecture: str
     model_type: str
@@ -68,6 +116,7 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
     tie_word_embeddings: bool
     eos_token_id: list[int]
     vision: VisionConfig | None = None  # a vision model's image encoder
+    moe: MoeConfig | None = None  # a mixture-of-experts model's sparse layers
 
 
 def _rope_theta(raw: dict) -> float:
@@ -90,14 +139,21 @@ def parse_config(raw: dict) -> ModelConfig:
         )
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
+    layers = int(raw["num_hidden_layers"])
     eos = raw.get("eos_token_id")
+    moe = parse_moe(raw, layers) if arch == "Qwen3MoeForCausalLM" else None
+    if moe is not None and not moe.layers:
+        moe = None  # every layer dense: served (and reported) as a dense model
     return ModelConfig(
         architecture=arch,
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(raw["vocab_size"]),
         hidden_size=hidden,
-        intermediate_size=int(raw["intermediate_size"]),
-        num_hidden_layers=int(raw["num_hidden_layers"]),
+        # an all-MoE config may leave the dense width out
+        intermediate_size=int(
+            raw["intermediate_size"] if moe is None else raw.get("intermediate_size", 0)
+        ),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(raw.get("head_dim") or hidden // heads),
@@ -107,6 +163,7 @@ def parse_config(raw: dict) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
         vision=parse_vision(raw["vision_config"]) if raw.get("vision_config") else None,
+        moe=moe,
     )
 
 

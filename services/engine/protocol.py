@@ -5,6 +5,7 @@ results -> response bodies. Field names follow SGLang's ``GenerateReqInput``,
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 from typing import Any
@@ -29,6 +30,8 @@ class GenerateBody(Struct, kw_only=True):
     sampling_params: dict[str, Any] | None = None
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
+    # an MoE model's expert ids per position: meta_info.routed_experts (SGLang's)
+    return_routed_experts: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
 
@@ -193,7 +196,15 @@ def meta_info(
             [lp, tid, tokenizer.token_text(tid) if with_text else None]
             for lp, tid in zip(result.output_logprobs, result.output_ids, strict=True)
         ]
+    if result.routed_experts is not None:
+        info["routed_experts"] = routed_experts_b64(result.routed_experts)
     return info
+
+
+def routed_experts_b64(rows) -> str:
+    """SGLang's wire form of routing rows: base64 of little-endian int32, C order (clients
+    decode with ``np.frombuffer(b64decode(s), np.int32).reshape(-1, layers, top_k)``)."""
+    return base64.b64encode(rows.numpy().astype("<i4", copy=False).tobytes()).decode("ascii")
 
 
 def generate_response(

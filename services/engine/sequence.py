@@ -28,6 +28,7 @@ class GenerationRequest(Struct, frozen=True, kw_only=True):
     params: SamplingParams
     forced_ids: list[int] | None = None  # scripted policy: emit exactly these tokens
     images: RequestImages | None = None
+    return_routed_experts: bool = False  # an MoE model's routing rows in the result
 
 
 class GenerationResult(Struct, frozen=True, kw_only=True):
@@ -35,7 +36,11 @@ class GenerationResult(Struct, frozen=True, kw_only=True):
     ``{"type": "stop", "matched": id|str}``, ``{"type": "length", "length": n}`` or
     ``{"type": "abort", "message": ...}``. ``weight_version`` is the version that produced
     the last token; ``weight_versions[i]`` produced tokens from ``weight_version_starts[i]``
-    on (more than one entry only when weights changed while the request was paused)."""
+    on (more than one entry only when weights changed while the request was paused).
+    ``routed_experts`` (asked for with ``return_routed_experts``): int32 [rows, MoE layers,
+    top_k], the experts the forward routed positions ``[0, len(prompt) + len(output) - 1)``
+    of prompt + output to, as held with the KV cache the last token was sampled from; None
+    when not asked for, or when the request ended before computing them all (an abort)."""
 
     rid: str
     prompt_ids: list[int]
@@ -49,6 +54,7 @@ class GenerationResult(Struct, frozen=True, kw_only=True):
     cached_tokens: int
     queue_seconds: float
     e2e_seconds: float
+    routed_experts: Any = None  # a torch.Tensor when asked for
 
 
 class Sequence:
@@ -131,7 +137,9 @@ class Sequence:
     def abort(self, message: str) -> None:
         self.finish = {"type": "abort", "message": message}
 
-    def result(self, decode: Decode, current_version: str) -> GenerationResult:
+    def result(
+        self, decode: Decode, current_version: str, routed_experts: Any = None
+    ) -> GenerationResult:
         text = decode(self.output_ids, self.params.skip_special_tokens)
         text = trim_at_stop(text, self.matched_stop, self.params)
         versions = self.versions or [(current_version, 0)]
@@ -149,4 +157,5 @@ class Sequence:
             cached_tokens=self.cached_tokens,
             queue_seconds=(self.admitted or now) - self.arrived,
             e2e_seconds=now - self.arrived,
+            routed_experts=routed_experts,
         )
