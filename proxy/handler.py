@@ -42,6 +42,7 @@ from proxy.io.serving import serving_loop
 from proxy.memory import MemoryGiveBack
 from proxy.modes import MODES, OffLoop, rejected
 from proxy.promptbound import PromptBound
+from proxy.routing import RoutingCapture
 from proxy.tito import KEEP_SAMPLED, PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
 from services.common.jspub import DuplicateMessage, JetStreamPublisher
@@ -73,9 +74,12 @@ class CompletionHandler:
         history: str = KEEP_SAMPLED,
         context_tokens: int | None = None,
         memory: MemoryGiveBack | None = None,
+        routing: RoutingCapture | None = None,
     ) -> None:
         self.off_loop = OffLoop()
-        self.upstream = MODES[mode](backend, tokenizer, images, history, self.off_loop)
+        self.upstream = MODES[mode](
+            backend, tokenizer, images, history, self.off_loop, routing=routing
+        )
         # a prompt whose text cannot fit ``context_tokens`` is refused before templating
         self.bound = PromptBound.of(tokenizer, context_tokens)
         self.memory = memory or MemoryGiveBack()
@@ -262,8 +266,19 @@ class CompletionHandler:
         except Exception as exc:  # a bug: recorded all the same, then the harness's 500
             failed = exc
         finish = turn.finish_reason if turn is not None else None
+        routed, routing_state = None, None
+        if self.upstream.routing is not None:  # MoE, routing asked
+            routed, routing_state = await self.upstream.store_routing(ctx, seq, plan, gen)
         record = capture.build_record(
-            ctx, seq, plan, gen, queue_ms=queue_ms, finish=finish, reply=message, tool_parse=health
+            ctx,
+            seq,
+            plan,
+            gen,
+            queue_ms=queue_ms,
+            finish=finish,
+            reply=message,
+            tool_parse=health,
+            routing=routed,
         )
         committing = number.start_commit(record)  # the longer wait: first
         try:
@@ -277,6 +292,7 @@ class CompletionHandler:
                 prompt=plan.packed_prompt(),
                 output=pack(gen.output_ids),
                 base=plan.base.seq if plan.base is not None else None,
+                routing=routing_state,
             )
             drop = superseded(session.states, plan.base)
             stored, remembering = self.store.remember(ctx.session_id, ctx.attempt, state, drop)

@@ -38,6 +38,7 @@ from proxy.images import ImageStore
 from proxy.io.resp import Resp
 from proxy.io.serving import Answer, CallRequest, OperatorRoute, ProxyApp, Reply
 from proxy.io.spin import POLL
+from proxy.routing import RoutingCapture, moe_shape
 from proxy.sessions import SessionResolver
 from schemas import UpstreamMode
 from services.common import auth
@@ -226,6 +227,32 @@ def context_tokens(
     return tok.context_tokens if tok is not None else None
 
 
+def routing_capture(cfg: ProxyConfig, mode: UpstreamMode, blobs) -> RoutingCapture | None:
+    """MoE routing capture as configured; a configuration that cannot capture it refuses
+    the start (a trainer replaying routing must not find it missing hours later)."""
+    shape = moe_shape(cfg.tokenizer_dir())
+    if not cfg.routed_experts:
+        if shape is not None and mode == UpstreamMode.TOKEN:
+            log.info(
+                "the model is a mixture of %d experts (top-%d): set routed_experts: true "
+                "(and start the engine with --enable-return-routed-experts) to record its "
+                "routing for R3",
+                shape.experts,
+                shape.top_k,
+            )
+        return None
+    if mode != UpstreamMode.TOKEN:
+        raise ValueError("routed_experts needs token mode: chat mode records no routing")
+    if shape is None:
+        raise ValueError(
+            f"routed_experts is on, but {cfg.tokenizer_dir() or 'no model_dir'}: its "
+            "config.json names no experts (num_experts / num_local_experts / "
+            "n_routed_experts and num_experts_per_tok)"
+        )
+    log.info("recording MoE routing: %d experts, top-%d", shape.experts, shape.top_k)
+    return RoutingCapture(shape, blobs)
+
+
 def create_app(config: ProxyConfig | None = None) -> ProxyApp:
     cfg = config or load(ProxyConfig)
     host = ServiceHost("proxy", cfg)
@@ -250,6 +277,7 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
             )
             caps = await probe_until_up(backend, cfg.probe_timeout_seconds, ids)
         late.tokenizer = tokenizer.get()  # after the probe: an embedded engine writes its dir
+        routing = routing_capture(cfg, mode, host.bus.blobs)
         backend.start()
         state["backend"] = backend
         store = SessionStore(Resp.from_url(cfg.redis_url))  # its own pipelined connection
@@ -273,6 +301,7 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
             images=ImageStore(host.bus.blobs),
             history=cfg.history,
             context_tokens=context_tokens(cfg, caps, late.tokenizer),
+            routing=routing,
         )
         if late.handler.bound is not None:
             log.info(late.handler.bound.describe())

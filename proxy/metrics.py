@@ -36,6 +36,23 @@ STATE_WRITE_FAILURES = CounterFamily(
     "re-renders its prompt instead of extending it)",
     ["protocol"],
 )
+# MoE expert routing (proxy/routing.py): calls that carried it, by what the record stores
+ROUTING = CounterFamily(
+    "polar_proxy_routing_calls_total",
+    "Token-mode calls whose engine returned expert routing, by how they stored it (delta: "
+    "rows past the base's; full: every row; missing: asked, none came back)",
+    ["result"],
+)
+ROUTING_ROWS = CounterFamily(
+    "polar_proxy_routing_rows_total",
+    "Routing rows (positions) the engine returned and the records stored",
+    ["kind"],
+)
+ROUTING_NOT_STORED = CounterFamily(
+    "polar_proxy_routing_not_stored_total",
+    "Calls answered and captured without their routing: the object store refused the rows",
+    [],
+)
 DRIFT = CounterFamily(
     "polar_proxy_prompt_breaks_total",
     "Prompts that did not extend the previous call, by reason",

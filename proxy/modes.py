@@ -13,17 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import random
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from proxy.backends.base import ChatRequest, Generation, SamplingParams, TokenRequest
+from proxy import metrics
+from proxy.backends.base import ChatRequest, Generation, RoutingAsk, SamplingParams, TokenRequest
 from proxy.capture import CallContext
 from proxy.conversation import AssistantTurn, ToolCall, Usage
 from proxy.errors import ProtocolError
 from proxy.images import ImageStore, place, place_sampled
 from proxy.io.serving import after_reply
+from proxy.routing import RoutingCapture, RoutingState
 from proxy.tito import (
     HISTORY_POLICIES,
     KEEP_SAMPLED,
@@ -36,12 +39,15 @@ from proxy.tito import (
     unpack,
 )
 from schemas import UpstreamMode
-from schemas.completion import ToolParse, ToolParseFailure
+from schemas.completion import ToolParse, ToolParseFailure, common_prefix_length
+from schemas.routing import RoutedExperts
 from services.common.tokenization import ChatTokenizer, ParsedReply, TemplateRenderError
 from services.common.tokenization.lru import SizedLRU
 
 if TYPE_CHECKING:
     from proxy.handler import _Request
+
+log = logging.getLogger(__name__)
 
 HEAD_CACHE_CHARS = 64_000_000  # ~64 MB of rendered conversations
 # Shorter conversations render in tens of µs: not worth rendering ahead for a next call
@@ -91,6 +97,7 @@ class TokenMode:
         images: ImageStore | None = None,
         history: str = KEEP_SAMPLED,
         off_loop: OffLoop | None = None,
+        routing: RoutingCapture | None = None,
     ) -> None:
         if tokenizer is None:
             raise ValueError("token mode needs the model's tokenizer (model_dir)")
@@ -99,6 +106,7 @@ class TokenMode:
                 f"history must be one of {', '.join(HISTORY_POLICIES)}, not {history!r}"
             )
         self.backend, self.tok, self.images, self.history = backend, tokenizer, images, history
+        self.routing = routing  # MoE expert routing asked of the engine (proxy/routing.py)
         # the engine sees ids, so the template's end-of-turn ids stop it
         self.stop_ids = sorted(set(tokenizer.eos_token_ids))
         # each answered call's head text, rendered once the answer is out, so the call
@@ -156,9 +164,46 @@ class TokenMode:
                 input_ids=plan.prompt_ids,
                 sampling=sampling,
                 image_data=[im.base64 for im in images],
+                routing=self._routing_ask(plan),
             )
         )
         return plan, gen
+
+    def _routing_ask(self, plan: PromptPlan) -> RoutingAsk | None:
+        if self.routing is None:
+            return None
+        base = plan.base
+        return self.routing.ask(base.routing if base else None, _shared(plan))
+
+    async def store_routing(
+        self, ctx: CallContext, seq: int, plan: PromptPlan, gen: Generation
+    ) -> tuple[RoutedExperts | None, RoutingState | None]:
+        """The call's routing rows stored, as its record and its state name them. A store
+        that fails costs the routing (logged and counted), never the call."""
+        if self.routing is None:
+            return None, None
+        if gen.routing is None:  # an engine started without --enable-return-routed-experts
+            metrics.ROUTING.labels("missing").inc()
+            return None, None
+        base = plan.base
+        try:
+            routed, state = await self.routing.store(
+                ctx.session_id,
+                ctx.attempt,
+                seq,
+                gen,
+                base.seq if base else None,
+                base.routing if base else None,
+                _shared(plan),
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure: the rows are not kept
+            metrics.ROUTING_NOT_STORED.labels().inc()
+            log.warning("routing of call %d of %s not stored: %s", seq, ctx.session_id, exc)
+            return None, None
+        metrics.ROUTING.labels("delta" if routed.base_seq is not None else "full").inc()
+        metrics.ROUTING_ROWS.labels("returned").inc(gen.routing.rows)
+        metrics.ROUTING_ROWS.labels("stored").inc(routed.rows)
+        return routed, state
 
     def plan(
         self, request: _Request, states: list[TurnState], sid: str, attempt: int
@@ -226,11 +271,21 @@ class TokenMode:
             self.heads.put(key, head_text(self.tok, state, tools, kwargs))
 
 
+def _shared(plan: PromptPlan) -> int:
+    """Leading ids the prompt shares with its base's prompt + output."""
+    if plan.base is None:
+        return 0
+    if plan.shared is not None:
+        return plan.shared
+    return common_prefix_length(plan.prompt_ids, plan.base.sampled_ids())
+
+
 class ChatMode:
     """The engine templates and parses; the proxy judges whether the prompt extended."""
 
     mode = UpstreamMode.CHAT
     stop_ids: list[int] = []
+    routing = None  # the engine's chat endpoint: no routing captured (docs/training.md)
 
     def __init__(
         self,
@@ -239,6 +294,7 @@ class ChatMode:
         images: ImageStore | None = None,
         history: str = KEEP_SAMPLED,  # the engine renders the history as its template does
         off_loop: OffLoop | None = None,  # the engine plans the prompt: nothing to run
+        routing: RoutingCapture | None = None,  # token mode only: refused at start
     ) -> None:
         # the tokenizer, when the proxy has one, only says where images sit in the prompt
         self.backend, self.tok, self.images = backend, tokenizer, images

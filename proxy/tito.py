@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from proxy.routing import RoutingState
 from schemas.completion import (
     HISTORY_RERENDERED,
     REASONING_DROPPED,
@@ -45,6 +46,7 @@ class TurnState(msgspec.Struct, kw_only=True):
     prompt: bytes  # uint32 ids, packed (prompts may be 200k tokens long)
     output: bytes
     base: int | None = None  # the seq of the state this call continued, if any
+    routing: RoutingState | None = None  # MoE: what its record's routing holds (routing.py)
 
     @property
     def prompt_ids(self) -> list[int]:

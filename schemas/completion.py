@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 from msgspec import Raw, Struct
 
+from schemas.routing import RoutedExperts
+
 
 class Protocol(enum.StrEnum):
     OPENAI_CHAT = "openai_chat"
@@ -130,6 +132,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     extends_previous: bool | None = None  # token mode: prompt == previous prompt + output + ...
     drift_reason: str | None = None  # why not, when it does not (DRIFT_REASONS)
     tool_parse: ToolParse | None = None  # None: no tools offered, or no parser at hand
+    routing: RoutedExperts | None = None  # MoE expert routing (schemas/routing.py)
     aborted: bool = False
     error: str | None = None  # failed before sampling anything (see ``void``)
 

@@ -113,6 +113,12 @@ def image_object(digest: str) -> str:
     return "images/" + digest.replace(":", "-")
 
 
+def routing_object(session_id: str, attempt: int, seq: int) -> str:
+    """Object-store name of a call's MoE routing rows (``schemas.routing``): the proxy
+    writes it before the record that names it; trainers read it through a trace."""
+    return f"routing/{session_id}/{attempt}/{seq}"
+
+
 def trajectory_object(session_id: str, attempt: int) -> str:
     """Object-store name of a built trajectory (the builder writes, the evaluator reads)."""
     return f"trajectories/{session_id}/{attempt}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from msgspec import Struct
 
 from schemas.completion import ImageSpan, ToolParse
+from schemas.routing import TraceRouting
 from schemas.session import Outcome
 
 
@@ -68,6 +69,7 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     response_ids`` (their bytes: ``subjects.image_object(digest)``): what a multimodal
     trainer rebuilds its inputs from. ``tool_parse`` says whether the tool calls of its
     turns parsed, each failure at its span of ``response_ids`` (docs/training.md).
+    ``routing`` says which experts an MoE engine routed each position to (R3).
     """
 
     trace_id: str
@@ -88,6 +90,9 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     side_call: str | None = None
     trainable: bool = True
     tool_parse: TraceToolParse | None = None  # None: none of its calls offered tools
+    # MoE expert routing per position of prompt_ids + response_ids (schemas/routing.py;
+    # routing_array reads it): None when the engine returned none
+    routing: TraceRouting | None = None
 
     def token_versions(self) -> list[str | None]:
         """The weight version of each response token; None where no version sampled it

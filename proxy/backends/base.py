@@ -48,6 +48,27 @@ class ChatRequest(Struct, frozen=True, kw_only=True):
     extra_body: dict[str, Any] = {}  # e.g. chat_template_kwargs, passed through verbatim
 
 
+class RoutingAsk(Struct, frozen=True, kw_only=True):
+    """Ask the engine for routing rows from position ``start`` on (engines that return
+    every row ignore it); ``top_k`` is the model's experts per token."""
+
+    start: int = 0
+    top_k: int
+
+
+class RoutingRows(Struct, frozen=True, kw_only=True):
+    """Rows for positions ``[start, start + rows)``: ``data`` little-endian ``dtype``, or
+    still the engine's base64 text in ``encoded`` (``routed.decoded`` fills ``data``)."""
+
+    data: bytes
+    encoded: str = ""
+    dtype: str
+    layers: int
+    top_k: int
+    start: int
+    rows: int
+
+
 class TokenRequest(Struct, frozen=True, kw_only=True):
     """Upstream token mode (TITO): the proxy rendered the prompt into ``input_ids``."""
 
@@ -56,6 +77,7 @@ class TokenRequest(Struct, frozen=True, kw_only=True):
     sampling: SamplingParams = SamplingParams()
     # the prompt's images in the order of their image tokens, base64 (SGLang's image_data)
     image_data: list[str] = []
+    routing: RoutingAsk | None = None  # MoE: ask for the expert routing (proxy/routing.py)
 
 
 class ToolCall(Struct, frozen=True, kw_only=True):
@@ -82,6 +104,7 @@ class Generation(Struct, frozen=True, kw_only=True):
     worker: str = ""  # base URL of the worker that produced it
     upstream_start: float = 0.0  # epoch seconds
     upstream_end: float = 0.0
+    routing: RoutingRows | None = None  # what the engine routed, when asked (MoE)
 
 
 class Capabilities(Struct, frozen=True, kw_only=True):

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from proxy.backends.base import Generation, TokenRequest
+from proxy.backends.routed import answer_rows, sglang_rows
 from proxy.backends.wire import (
     bad_response,
     chat_body,
@@ -69,6 +70,8 @@ def build_generate_body(req: TokenRequest) -> dict[str, Any]:
     }
     if req.image_data:
         body["image_data"] = list(req.image_data)
+    if req.routing is not None:  # the server needs --enable-return-routed-experts
+        body["return_routed_experts"] = True
     return body
 
 
@@ -161,6 +164,7 @@ def parse_generate(
         text=body.get("text") or "",
         served_model=served_model,
         worker=worker,
+        routing=answer_rows(req, meta.get("routed_experts"), len(ids), sglang_rows, worker),
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.backends.base import ChatRequest, Generation, TokenRequest
+from proxy.backends.routed import answer_rows, vllm_rows
 from proxy.backends.wire import (
     bad_response,
     chat_body,
@@ -62,6 +63,8 @@ def build_chat_body(req: ChatRequest, served_model: str) -> dict[str, Any]:
 def build_generate_body(req: TokenRequest, model: str) -> dict[str, Any]:
     params = openai_sampling(req.sampling)
     params["logprobs"] = _LOGPROBS
+    if req.routing is not None:  # the server needs --enable-return-routed-experts
+        params["routed_experts_prompt_start"] = req.routing.start
     return {"model": model, "token_ids": req.input_ids, "sampling_params": params, "stream": False}
 
 
@@ -80,6 +83,8 @@ def build_completions_body(req: TokenRequest, model: str) -> dict[str, Any]:
         return_tokens_as_token_ids=True,
         stream=False,
     )
+    if req.routing is not None:
+        body["routed_experts_prompt_start"] = req.routing.start
     return body
 
 
@@ -212,4 +217,5 @@ def _token_generation(req, ids, lps, choice, body, worker, weight_version) -> Ge
         text=choice.get("text") or "",
         served_model=body.get("model") or "",
         worker=worker,
+        routing=answer_rows(req, choice.get("routed_experts"), len(ids), vllm_rows, worker),
     )

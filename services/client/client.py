@@ -33,8 +33,9 @@ from typing import Literal
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import ObjectNotFoundError
 
-from schemas import ContractError, Trajectory, decode
+from schemas import ContractError, Trace, Trajectory, decode
 from schemas import subjects as S
 from services.client import connection
 from services.client.groups import GroupBuffer, Key, expected_size
@@ -186,6 +187,12 @@ class TrajectoryClient:
         assert self.bus is not None
         await self.bus.js.delete_consumer(S.STREAM_TRAJECTORIES, self.durable)
 
+    async def routing(self, traces: Iterable[Trace]) -> dict[str, bytes]:
+        """The MoE routing rows these traces name, by object (``Trace.routing``): what
+        ``schemas.routing.routing_array`` and ``collate(..., routing=...)`` read."""
+        assert self.bus is not None, "connect() first"
+        return await routing_blobs(self.bus, traces)
+
     # -- iteration ----------------------------------------------------------------------
     async def trajectories(self, *, stop_when_idle: bool = False) -> AsyncIterator[Delivered]:
         """Each trajectory once; call ``commit()`` on it when it is safely stored."""
@@ -290,3 +297,19 @@ class TrajectoryClient:
             for item in list(self._held.values()):
                 with contextlib.suppress(Exception):
                     await item.msg.in_progress()
+
+
+async def routing_blobs(bus: Bus, traces: Iterable[Trace]) -> dict[str, bytes]:
+    """Each routing object the traces' segments name, read once from the object store."""
+    names = {seg.object for t in traces if t.routing for seg in t.routing.segments}
+    store = await bus.blobs()
+    out: dict[str, bytes] = {}
+    for name in sorted(names):
+        try:
+            out[name] = (await store.get(name)).data or b""
+        except ObjectNotFoundError as exc:
+            raise LookupError(
+                f"routing {name} of a trajectory is not in the object store (expired? see "
+                "the retention policy's object limits)"
+            ) from exc
+    return out

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas import Trajectory
+from schemas.routing import routing_array
+from services.client.client import routing_blobs
 from services.common.bus import Bus
 from services.common.redact import redact_struct
 from services.export.layouts import LAYOUTS, Numbering
@@ -45,6 +48,8 @@ async def export(
         async for t in read_trajectories(bus, task_id, unreadable=stats.unreadable):
             stats.trajectories += 1
             rows = to_rows(redact_struct(t), threshold, numbering)  # also pre-redaction ones
+            if rows and any("rollout_routed_experts" in r for r in rows):
+                await write_routing(bus, t, rows, out.parent)
             if rows:
                 stats.exported += 1
                 stats.rows += len(rows)
@@ -52,3 +57,22 @@ async def export(
     finally:
         writer.close()
     return stats
+
+
+async def write_routing(bus: Bus, t: Trajectory, rows: list[dict], folder: Path) -> None:
+    """Each slime row's MoE routing as the ``.npy`` its ``rollout_routed_experts`` names:
+    slime's ``Sample.rollout_routed_experts`` (``np.load`` it)."""
+    import numpy as np
+
+    blobs = await routing_blobs(bus, t.traces)
+    for row in rows:
+        name = row.get("rollout_routed_experts")
+        if name is None:
+            continue
+        trace = t.traces[row["trace_index"]]
+        assert trace.routing is not None
+        n = len(row["tokens"])
+        experts, _ = routing_array(trace.routing, n, blobs)
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, experts[: n - 1], allow_pickle=False)

@@ -121,10 +121,27 @@ def slime_rows(
                 "version_spans": [[s.version, s.start, s.end] for s in tr.version_spans],
                 **_images(tr),
             },
+            **_routing(t, tr),
         }
         for position, tr in enumerate(t.traces)
         if _trainable(tr)
     ]
+
+
+def routing_file(session_id: str, attempt: int, trace_id: str) -> str:
+    """Where a slime row's MoE routing goes, relative to the export file's folder: an
+    ``.npy`` of int32 ``[len(tokens) - 1, layers, top_k]`` (``export`` writes it)."""
+    name = f"{session_id}-{attempt}-{trace_id}".replace("/", "-")
+    return f"{ROUTING_DIR}/{name}.npy"
+
+
+ROUTING_DIR = "routed_experts"
+
+
+def _routing(t: Trajectory, tr: Trace) -> dict[str, str]:
+    if tr.routing is None:
+        return {}
+    return {"rollout_routed_experts": routing_file(t.session_id, t.attempt, tr.trace_id)}
 
 
 def _images(tr: Trace) -> dict[str, list]:

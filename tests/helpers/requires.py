@@ -101,12 +101,19 @@ def vllm_missing() -> str | None:
     return installed_problem()
 
 
+def vllm_routing_missing() -> str | None:
+    from infra.vllm import routed_experts_problem
+
+    return routed_experts_problem()
+
+
 MISSING = {
     "bwrap": bwrap_missing,
     "docker": docker_missing,
     "npm": npm_missing,
     "netns": netns_missing,
     "vllm": vllm_missing,
+    "vllm_routing": vllm_routing_missing,
 }
 
 requires_bwrap = pytest.mark.requires("bwrap")
@@ -114,6 +121,7 @@ requires_docker = pytest.mark.requires("docker")
 requires_npm = pytest.mark.requires("npm")
 requires_netns = pytest.mark.requires("netns")
 requires_vllm = pytest.mark.requires("vllm")
+requires_vllm_routing = pytest.mark.requires("vllm", "vllm_routing")
 
 
 def missing_reason(item: pytest.Item) -> str | None:

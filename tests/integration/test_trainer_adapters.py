@@ -176,6 +176,7 @@ class Sample:
     loss_mask: list | None = None
     weight_versions: list = dataclasses.field(default_factory=list)
     rollout_log_probs: list | None = None
+    rollout_routed_experts: list | None = None  # an int32 array [len(tokens) - 1, layers, top_k]
     remove_sample: bool = False
 
     class Status(enum.Enum):

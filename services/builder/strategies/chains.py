@@ -7,6 +7,7 @@ template glue, the generation prompt) gets loss mask 0 and no logprob.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from schemas import Trace, VersionSpan
@@ -20,6 +21,7 @@ from services.builder.strategies.base import (
     version_spans,
     weight_versions,
 )
+from services.builder.strategies.routing import routing_of
 
 
 @dataclass
@@ -105,7 +107,7 @@ class Chain:
         if eot is not None and glue[:1] == [eot] and (not out or out[-1] != eot):
             self.glue_closed.append((self.tip.seq, self.tip.rec.finish_reason))
 
-    def to_trace(self, session_id: str) -> Trace:
+    def to_trace(self, session_id: str, calls: Mapping[int, Call]) -> Trace:
         n = len(self.first.prompt)
         messages, tools = conversation_of(self.tip.rec)
         return Trace(
@@ -127,4 +129,6 @@ class Chain:
             trainable=any(self.mask),
             # a call's output sits right after its prompt, which holds the chain so far
             tool_parse=tool_parse_of((c.rec, len(c.prompt) - n) for c in self.calls),
+            # the chain's tokens are its tip's prompt + output: so are its positions
+            routing=routing_of(self.tip, calls),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from msgspec import Struct
@@ -19,13 +20,14 @@ from services.builder.strategies.base import (
     version_spans,
     weight_versions,
 )
+from services.builder.strategies.routing import routing_of
 
 
 class PerRequestConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     pass
 
 
-def trace_of(call: Call, chain_id: int) -> Trace:
+def trace_of(call: Call, chain_id: int, calls: Mapping[int, Call]) -> Trace:
     rec = call.rec
     messages, tools = conversation_of(rec)
     return Trace(
@@ -45,6 +47,7 @@ def trace_of(call: Call, chain_id: int) -> Trace:
         side_call=rec.side_call,
         trainable=bool(rec.output_ids),
         tool_parse=tool_parse_of([(rec, 0)]),
+        routing=routing_of(call, calls),
     )
 
 
@@ -56,7 +59,8 @@ class PerRequest:
     ) -> tuple[list[Trace], BuildStats]:
         parse_config(config, PerRequestConfig, self.name)
         calls = full_calls(records).calls
-        traces = [trace_of(c, i) for i, c in enumerate(calls)]
+        by_seq = {c.seq: c for c in calls}
+        traces = [trace_of(c, i, by_seq) for i, c in enumerate(calls)]
         breaks: dict[str, int] = {}
         for t in traces:
             if t.break_reason:

@@ -80,6 +80,7 @@ class PrefixMerging:
             source = "detected" if eot is not None else "unknown"
         chains = assemble(calls, eot)
         session_id = calls[0].rec.session_id if calls else ""
-        traces = [ch.to_trace(session_id) for ch in chains]
+        by_seq = {c.seq: c for c in calls}
+        traces = [ch.to_trace(session_id, by_seq) for ch in chains]
         breaks = dict(Counter(ch.reason for ch in chains))
         return traces, stats_of(calls, traces, breaks), notes_of(chains, calls, eot, source)

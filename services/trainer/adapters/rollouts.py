@@ -31,6 +31,7 @@ import orjson
 from schemas import TaskRejected, decode
 from schemas import subjects as S
 from services.client import Group, TrajectoryClient, connection
+from services.client.client import routing_blobs
 from services.common.bus import Bus
 from services.common.tasks import cancel_and_wait
 
@@ -212,6 +213,15 @@ class PolarRollouts:
     def run(self, prompts: Sequence[Any], num_samples: int, **kw) -> list[Group]:
         """``submit`` then ``collect``."""
         return self.collect(self.submit(prompts, num_samples, kw.get("metadata")))
+
+    def routing(self, groups: Sequence[Group]) -> dict[str, bytes]:
+        """The MoE routing rows the groups' traces name, by object (empty for a dense
+        model): what ``schemas.routing.routing_array`` reads."""
+        traces = [tr for g in groups for t in g.trajectories for tr in t.traces if tr.routing]
+        if not traces:
+            return {}
+        assert self._bus is not None, "start() first"
+        return self._run(routing_blobs(self._bus, traces))
 
     def commit_pending(self) -> int:
         """Commit every group handed out so far (the trainer has used them)."""

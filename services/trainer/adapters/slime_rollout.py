@@ -42,13 +42,15 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from schemas import Outcome, Trajectory
+from schemas import Outcome, Trace, Trajectory
+from schemas.routing import routing_array
 from services.client import Group
 from services.trainer.adapters.rollouts import PolarRollouts, RolloutError
 from services.trainer.adapters.trl_grpo import main_trace
@@ -68,9 +70,12 @@ def sample_fields(
     index: int,
     pad_id: int = 0,
     tool_parse_failures: str = DEFAULT_RULE,
+    routing: Mapping[str, bytes] | None = None,
 ) -> dict:
     """The slime Sample fields of one session (keyword arguments of ``Sample``; ``status``
-    as its value: ``Sample.Status(fields["status"])``), ``tool_parse_failures`` applied."""
+    as its value: ``Sample.Status(fields["status"])``), ``tool_parse_failures`` applied.
+    ``routing``: the rows its trace's MoE routing names (``PolarRollouts.routing``), for
+    ``rollout_routed_experts``."""
     t = apply_rule(t, tool_parse_failures)
     trace = main_trace(t)
     meta = {
@@ -98,6 +103,10 @@ def sample_fields(
         }
     meta["polar_trace_id"] = trace.trace_id
     meta["polar_version_spans"] = [[s.version, s.start, s.end] for s in trace.version_spans]
+    routed = {}
+    if trace.routing is not None and routing is not None:
+        routed = {"rollout_routed_experts": slime_routing(trace, routing)}
+        meta["polar_routing_positions"] = trace.routing.covered
     return {
         "group_index": group_index,
         "index": index,
@@ -110,11 +119,25 @@ def sample_fields(
         "status": SLIME_STATUS.get(t.outcome, "completed"),
         "session_id": t.session_id,
         "metadata": meta,
+        **routed,
     }
 
 
+def slime_routing(trace: Trace, routing: Mapping[str, bytes]):
+    """slime's ``rollout_routed_experts``: int32 ``[len(tokens) - 1, layers, top_k]``, the
+    row of every token but the last (-1 where Polar has none: slime replays the rest)."""
+    n = len(trace.prompt_ids) + len(trace.response_ids)
+    assert trace.routing is not None
+    experts, _ = routing_array(trace.routing, n, routing)
+    return experts[: n - 1]
+
+
 def group_samples(
-    group: Group, slime_group: list, sample_cls: Any, tool_parse_failures: str = DEFAULT_RULE
+    group: Group,
+    slime_group: list,
+    sample_cls: Any,
+    tool_parse_failures: str = DEFAULT_RULE,
+    routing: Mapping[str, bytes] | None = None,
 ) -> list:
     """slime's group (its prompt's Samples) filled from Polar's: one Sample per session, in
     sample order, keeping the prompt, label and metadata slime gave. A short group keeps
@@ -124,7 +147,7 @@ def group_samples(
     for i, t in enumerate(members):
         template = slime_group[i] if i < len(slime_group) else slime_group[0]
         index = _index(template, i)
-        fields = sample_fields(t, template.group_index, index, 0, tool_parse_failures)
+        fields = sample_fields(t, template.group_index, index, 0, tool_parse_failures, routing)
         fields["status"] = sample_cls.Status(fields["status"])
         fields["metadata"] = {**(template.metadata or {}), **fields["metadata"]}
         out.append(sample_cls(prompt=template.prompt, label=template.label, **fields))
@@ -189,8 +212,9 @@ class SlimeRollout:
         groups = self.rollouts.collect([f.task_id for f in taken])
         self.rollouts.commit_pending()  # slime owns them now (its own buffer)
         self.top_up(data_source, 0)  # refill the window while slime trains
+        routing = self.rollouts.routing(groups)  # MoE: the rows slime replays (R3)
         return [
-            group_samples(g, f.slime_group, self.sample_cls, self.tool_parse_failures)
+            group_samples(g, f.slime_group, self.sample_cls, self.tool_parse_failures, routing)
             for g, f in zip(groups, taken, strict=True)
         ]
 
