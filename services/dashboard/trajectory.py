@@ -1,11 +1,12 @@
 """The trajectory viewer: each trace as decoded tokens (loss mask, logprob, weight version
-of each), its chain, break reason and lineage; ``stored`` (what the trainer got, else the
-builder's) or rebuilt from the session's records by the builder's own code. Pure, as
-``views``: the page's script puts every piece in as text.
+of each, whether it has MoE routing), its chain, break reason and lineage; ``stored``
+(what the trainer got, else the builder's) or rebuilt from the session's records by the
+builder's own code. Pure, as ``views``: the page's script puts every piece in as text.
 """
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from itertools import accumulate
 from typing import Any
@@ -13,12 +14,13 @@ from typing import Any
 import msgspec
 
 from schemas import BuilderSpec, CompletionRecord, Outcome, Trace, Trajectory
+from schemas.routing import DTYPES
 from services.builder.logic import run_builder
 from services.builder.strategies import default_registry
 from services.common.redact import REDACTED, Scrubber
 from services.dashboard import toolparse
 from services.dashboard.index import ENDED, SessionRow
-from services.dashboard.views import Decode, clip
+from services.dashboard.views import Decode, clip, kib
 
 VIEWS = ("stored", "per_request", "prefix_merging")  # the trajectory viewer's switch
 MAX_TOKENS = 20_000  # response tokens of one trace sent to the viewer
@@ -77,6 +79,30 @@ def lineage(trace: Trace, traces: list[Trace]) -> dict[str, Any] | None:
     }
 
 
+def routing_of(trace: Trace, shown: int) -> dict[str, Any]:
+    """Where the trace has MoE routing (R3), from its segments alone (the rows stay in the
+    object store): a summary line and the runs ``[start, end)`` of the first ``shown``
+    response tokens that have it (the viewer's "routing" toggle marks the others)."""
+    r = trace.routing
+    if r is None:
+        return {"line": "routing: none", "present": []}
+    p = len(trace.prompt_ids)
+    m = p + len(trace.response_ids)
+    present = bytearray(m)  # segments may overlap or run past the end: count positions
+    for s in r.segments:
+        start, end = max(s.start, 0), min(s.start + s.length, m)
+        if end > start:
+            present[start:end] = b"\x01" * (end - start)
+    n = present.count(1)
+    line = (
+        f"routing: {n:,} of {m:,} positions (prompt {present[:p].count(1):,} of {p:,}), "
+        f"{r.layers} layers × top-k {r.top_k}, {r.dtype}, "
+        f"{kib(n * r.layers * r.top_k * DTYPES[r.dtype])}"
+    )
+    runs = re.finditer(b"\x01+", bytes(present[p : p + shown]))
+    return {"line": line, "present": [[g.start(), g.end()] for g in runs]}
+
+
 def trace_view(
     trace: Trace,
     decode: Decode | None,
@@ -84,8 +110,8 @@ def trace_view(
     traces: list[Trace] | None = None,
 ) -> dict[str, Any]:
     """One trace as tokens: text, loss mask, logprob and weight version of each response
-    token; the prompt as one decoded block. With ``scrub``, tokens that spell a secret
-    show as one ``[redacted]`` and lose their ids."""
+    token, and which have MoE routing; the prompt as one decoded block. With ``scrub``,
+    tokens that spell a secret show as one ``[redacted]`` and lose their ids."""
     n = len(trace.response_ids)
     shown = min(n, MAX_TOKENS)
     versions = trace.token_versions()
@@ -122,6 +148,7 @@ def trace_view(
         "tokens_cut": n - shown,
         "version_spans": [msgspec.to_builtins(s) for s in trace.version_spans],
         "tool_parse": toolparse.of_trace(trace.tool_parse),
+        "routing": routing_of(trace, shown),
     }
 
 

@@ -16,6 +16,7 @@ import orjson
 
 from schemas import CompletionRecord, Trajectory
 from schemas.completion import reconstruct_prompts
+from schemas.routing import RoutedExperts
 from services.dashboard import toolparse
 from services.dashboard.index import (
     ENDED,
@@ -30,6 +31,10 @@ from services.dashboard.index import (
 
 Decode = Callable[[int], str]  # one token id -> its text
 MAX_TEXT = 200_000  # characters of one request/response/log shown; the rest is cut, said so
+
+
+def kib(nbytes: int) -> str:
+    return f"{nbytes / 1024:,.1f} KiB"
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> dict[str, Any]:
@@ -279,6 +284,26 @@ def tool_results_of(rec: CompletionRecord) -> list[dict[str, Any]]:
     return out
 
 
+def routing_of_call(r: RoutedExperts | None) -> dict[str, Any] | None:
+    """How much MoE routing (R3) a call carried: only the rows new to the session (the
+    rest are its base record's), so a long conversation's later calls stay small."""
+    if r is None:
+        return None
+    if r.base_seq is not None:
+        whence = f" (delta from #{r.base_seq})"
+    elif r.start:
+        whence = f" (from position {r.start:,}: none before)"
+    else:
+        whence = ""
+    return {
+        "rows": r.rows,
+        "start": r.start,
+        "base_seq": r.base_seq,
+        "nbytes": r.nbytes,
+        "line": f"{r.rows:,} rows · {kib(r.nbytes)}{whence}",
+    }
+
+
 def model_call(rec: CompletionRecord, prompt_len: int | None) -> dict[str, Any]:
     t = rec.timings
     engine_ms = _ms(t.upstream_start, t.upstream_end) if t else None
@@ -310,6 +335,7 @@ def model_call(rec: CompletionRecord, prompt_len: int | None) -> dict[str, Any]:
         "tool_calls": tool_calls_of(rec),
         "tool_results": tool_results_of(rec),
         "tool_parse": toolparse.of_call(rec.tool_parse),
+        "routing": routing_of_call(rec.routing),
     }
 
 
@@ -368,6 +394,8 @@ def session_view(
         "spans": timeline(row, now),
         "calls": calls,
         "tool_parse": toolparse.of_session(calls),
+        # the calls' routing column: only an MoE engine's sessions have one
+        "routing": any(c["routing"] is not None for c in calls),
         "problems": problems,
         "artifacts": art,
         # nothing more will change: ended, its final record read, its artifacts here

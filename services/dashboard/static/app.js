@@ -276,7 +276,10 @@ pages.session = async function () {
   const d = await api(`/api/sessions/${enc(id)}`);
   const s = d.session, v = d.verdict;
   settled = d.settled; // ended, its reward and artifacts read: nothing more will change
-  const calls = table(["seq", "protocol", "side call", "tokens in", "tokens out", "engine ms", "proxy ms", "weights", "extends", "drift / break", "finish"],
+  // the routing column only where an MoE engine returned routing: dense sessions' pages are as they were
+  const headers = ["seq", "protocol", "side call", "tokens in", "tokens out", "engine ms", "proxy ms", "weights", "extends", "drift / break", "finish"]
+    .concat(d.routing ? ["routing"] : []);
+  const calls = table(headers,
     d.calls.flatMap((c) => {
       const row = el("tr", { class: "call", "data-seq": c.seq },
         el("td", {}, c.seq), el("td", {}, c.protocol), el("td", {}, c.side_call || "–"),
@@ -284,8 +287,9 @@ pages.session = async function () {
         el("td", { class: "num" }, fmt(c.engine_ms, 1)), el("td", { class: "num" }, fmt(c.proxy_ms, 1)),
         el("td", {}, c.weight_version || "–"), el("td", {}, c.extends_previous === null ? "–" : c.extends_previous ? "yes" : "no"),
         el("td", { class: "reason" }, c.drift_reason || ""), el("td", {}, c.error ? `error: ${c.error}` : c.finish_reason,
-          c.tool_parse && c.tool_parse.failed ? el("span", { class: "badge warn tool-failed" }, ` ${c.tool_parse.failed} tool call${c.tool_parse.failed > 1 ? "s" : ""} failed`) : ""));
-      const detail = el("tr", { class: "call-detail", hidden: true }, el("td", { colspan: 11 },
+          c.tool_parse && c.tool_parse.failed ? el("span", { class: "badge warn tool-failed" }, ` ${c.tool_parse.failed} tool call${c.tool_parse.failed > 1 ? "s" : ""} failed`) : ""),
+        d.routing ? el("td", { class: "routing" }, c.routing ? c.routing.line : "—") : "");
+      const detail = el("tr", { class: "call-detail", hidden: true }, el("td", { colspan: headers.length },
         el("div", { class: "sidebyside" }, textBlock("harness's request", c.request), textBlock("what the engine received (normalized)", c.engine_request)),
         textBlock("reply", c.reply),
         c.tool_calls.length ? el("div", {}, el("h3", {}, "tool calls"), c.tool_calls.map((t) => el("pre", {}, `${t.name}(${t.arguments})`))) : "",
@@ -356,16 +360,22 @@ pages.trajectory = async function () {
   const legend = el("p", { class: "legend" }, el("span", { class: "tok m1" }, "sampled (loss)"), " ", el("span", { class: "tok m0" }, "masked (no loss)"),
     " logprob: ", el("span", { class: "tok m1", style: heat(Math.log(0.05)) }, "p=0.05"), el("span", { class: "tok m1", style: heat(Math.log(0.5)) }, "p=0.5"),
     el("span", { class: "tok m1", style: heat(0) }, "p=1"), " ", el("span", { class: "vmark" }, "v"), " weight version starts ",
-    el("span", { class: "tok m1 tf" }, "tool call that did not parse"));
+    el("span", { class: "tok m1 tf" }, "tool call that did not parse"), " ",
+    // routing presence (R3) is one more token class, shown only while the toggle is on
+    el("label", { id: "routing-toggle" }, el("input", { type: "checkbox", checked: body.classList.contains("show-routing"),
+      onchange: (ev) => body.classList.toggle("show-routing", ev.target.checked) }), " routing: "),
+    el("span", { class: "tok m1 nr" }, "no routing"));
   const traces = d.traces.map((t) => {
     let version = null;
     const tp = t.tool_parse;
     const failedAt = (i) => (tp ? tp.failures.find((f) => f.start <= i && i < f.end) : undefined);
+    const routedAt = (i) => t.routing.present.some(([a, b]) => a <= i && i < b);
     const toks = el("div", { class: "tokens" }, t.tokens.map(([text, mask, lp, ver, tid], i) => {
       const out = [];
       if (ver !== null && ver !== version) { out.push(el("span", { class: "vmark", title: `weights ${ver}` }, `v${ver}`)); version = ver; }
       const f = failedAt(i);
-      out.push(el("span", { class: `tok m${mask}${f ? " tf" : ""}`, style: mask ? heat(lp) : "", title: `id ${tid} · ${mask ? "sampled" : "masked"} · logprob ${lp === null ? "–" : lp.toFixed(4)} · weights ${ver ?? "–"}${f ? ` · tool call failed: ${f.kind}` : ""}` }, text));
+      const routed = routedAt(i);
+      out.push(el("span", { class: `tok m${mask}${f ? " tf" : ""}${routed ? "" : " nr"}`, style: mask ? heat(lp) : "", title: `id ${tid} · ${mask ? "sampled" : "masked"} · logprob ${lp === null ? "–" : lp.toFixed(4)} · weights ${ver ?? "–"}${routed ? "" : " · no routing"}${f ? ` · tool call failed: ${f.kind}` : ""}` }, text));
       return out;
     }));
     return el("article", { class: "trace", "data-trace": t.trace_id, "data-chain": t.chain_id },
@@ -375,6 +385,7 @@ pages.trajectory = async function () {
         "break reason: ", el("b", { class: "break-reason" }, t.break_reason || "–"),
         " · lineage: ", lineageOf(t),
         ` · reward ${fmt(t.reward)} · prompt ${t.prompt_tokens} tokens · response ${t.response_tokens} (${t.sampled_tokens} sampled) · calls ${t.completion_seqs.join(", ")}`),
+      el("p", { class: "routing-line" }, t.routing.line),
       tp ? el("p", { class: tp.failed ? "tool-parse warn" : "tool-parse" }, toolLine(tp)) : "",
       tp && tp.failures.length ? toolFailures(tp.failures, "response") : "",
       el("details", {}, el("summary", {}, "prompt"), el("pre", {}, t.prompt.text)),

@@ -8,6 +8,7 @@ import orjson
 from evaluators.rubric import JudgeReply, judge_record
 from schemas import Artifacts, BuildStats, Outcome, Timings, Trace, Trajectory, VersionSpan
 from schemas.completion import ToolParse, ToolParseFailure
+from schemas.routing import RoutedExperts, RoutingSegment, TraceRouting
 from services.dashboard import trajectory, views
 from services.dashboard.index import SessionIndex, SessionRow
 from tests.unit.builder.synth import Capture, agent_loop, glue_after, opening, text
@@ -61,6 +62,33 @@ def test_trace_tokens_are_decoded_with_versions_and_cut_when_huge(monkeypatch):
     monkeypatch.setattr(trajectory, "MAX_TOKENS", 2)
     cut = trajectory.trace_view(trace, None)
     assert len(cut["tokens"]) == 2 and cut["tokens_cut"] == 1 and cut["tokens"][0][0] == "10"
+
+
+def test_a_traces_routing_presence_is_marked_per_token_and_summed_up(monkeypatch):
+    # 4 prompt + 6 response positions: the prompt's rows from one call, response tokens
+    # 1..4 from another; response token 0 (position 4) and the last have none
+    segments = [
+        RoutingSegment(object="routing/s/0/0", row=0, start=0, length=4, version="1"),
+        RoutingSegment(object="routing/s/0/1", row=0, start=5, length=4, version="1"),
+    ]
+    trace = Trace(
+        trace_id="s:0",
+        prompt_ids=[1, 2, 3, 4],
+        response_ids=[10, 11, 12, 13, 14, 15],
+        loss_mask=[1] * 6,
+        response_logprobs=[-0.1] * 6,
+        routing=TraceRouting(layers=48, top_k=8, dtype="uint8", segments=segments),
+    )
+    v = trajectory.trace_view(trace, None)["routing"]
+    assert v["present"] == [[1, 5]]  # response tokens 1..4: the others are marked
+    # 8 positions * 48 layers * 8 experts * 1 byte = 3072 bytes
+    assert v["line"] == (
+        "routing: 8 of 10 positions (prompt 4 of 4), 48 layers × top-k 8, uint8, 3.0 KiB"
+    )
+    monkeypatch.setattr(trajectory, "MAX_TOKENS", 3)  # marks only for the tokens shown
+    assert trajectory.trace_view(trace, None)["routing"]["present"] == [[1, 3]]
+    dense = msgspec.structs.replace(trace, routing=None)
+    assert trajectory.trace_view(dense, None)["routing"] == {"line": "routing: none", "present": []}
 
 
 def test_tokens_that_spell_a_secret_are_hidden_with_their_ids():
@@ -177,6 +205,31 @@ def test_a_judges_call_is_listed_last_and_rebuilt_as_an_untrainable_side_call():
         (side,) = [t for t in traces if t.side_call == "judge"]
         assert not side.trainable and side.completion_seqs == [4]
         assert all(t.trainable for t in traces if t.side_call is None)
+
+
+def test_the_session_page_shows_each_calls_routing_rows_and_base_only_for_moe_sessions():
+    records = records_with_a_break()
+    row = SessionRow(session_id="t-0000", task_id="t", state="COMPLETED")
+    dense = views.session_view(row, records, [], None, None, now=1.0)
+    assert dense["routing"] is False and all(c["routing"] is None for c in dense["calls"])
+
+    def routed(start: int, rows: int, base_seq: int | None) -> RoutedExperts:
+        obj = f"routing/t-0000/0/{rows}"
+        return RoutedExperts(
+            object=obj, start=start, rows=rows, layers=48, top_k=8, dtype="uint8", base_seq=base_seq
+        )
+
+    routing = {0: routed(0, 100, None), 1: routed(100, 1234, 0), 3: routed(50, 10, None)}
+    moe = [msgspec.structs.replace(r, routing=routing.get(r.seq)) for r in records]
+    v = views.session_view(row, moe, [], None, None, now=1.0)
+    assert v["routing"] is True
+    first, delta, none, fresh = (c["routing"] for c in v["calls"])
+    assert first["line"] == "100 rows · 37.5 KiB"  # 100 * 48 * 8 bytes
+    assert (delta["rows"], delta["start"], delta["base_seq"]) == (1234, 100, 0)
+    assert delta["nbytes"] == 1234 * 48 * 8
+    assert delta["line"] == "1,234 rows · 462.8 KiB (delta from #0)"
+    assert none is None  # this call's engine returned none: "—" on the page
+    assert fresh["line"] == "10 rows · 3.8 KiB (from position 50: none before)"
 
 
 def test_task_view_timelines_and_a_group_with_no_variance():
