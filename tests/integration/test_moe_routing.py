@@ -12,26 +12,36 @@ Checked from what a trainer gets:
   routing of the whole sequence at every position but the last (transformers' routers);
 * transformers with the captured routing replayed scores every sampled token as the
   engine did, and with the experts shifted it does not (the replay is what decides);
+* ``polar export --layout slime`` writes that routing as the row's ``.npy``;
+* after a weight update the engine routes the whole prompt again: the next call stores
+  every row, under the new version, and its trace's routing is the new weights' own;
 * a proxy asked for routing on a dense model refuses to start, saying why.
 """
 
 from __future__ import annotations
 
+import shutil
+
+import httpx
 import numpy as np
+import orjson
 import pytest
 import redis.asyncio as aioredis
 import torch
 
-from schemas import Outcome
+from schemas import Outcome, Trajectory, encode
+from schemas import subjects as S
 from schemas.routing import routing_array
 from services.builder.strategies.prefix_merging import PrefixMerging
 from services.client.client import routing_blobs
 from services.common.bus import Bus
 from services.common.registry import Registry
+from services.engine.weights import load_tensors, save_tensors
+from services.export.export import export
 from services.trainer.routing_replay import replay_routing
 from tests.helpers.moe_model import MOE_LAYERS, hf_model, hf_pass, moe_model_dir, picked_logprobs
 from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
-from tests.integration.proxy_agents import ChatAgent, captured, run_loop
+from tests.integration.proxy_agents import ChatAgent, captured, run_loop, tool_output
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,7 +76,27 @@ def hf(model_dir):
     return hf_model(model_dir)
 
 
-async def test_a_tool_loops_routing_reaches_the_trainer_exactly(proxy, hf, nats_url, redis_url):
+async def exported_routing(bus: Bus, session, chain, tmp_path) -> np.ndarray:
+    """The chain stored as a scored trajectory, exported as slime rows: its .npy."""
+    traj = Trajectory(
+        session_id=session.session_id,
+        task_id=session.task_id,
+        outcome=Outcome.COMPLETED,
+        builder="prefix_merging",
+        traces=[chain],
+        reward=1.0,
+        eval_status="ok",
+    )
+    await bus.js.publish(S.trajectories(session.task_id), encode(traj))
+    stats = await export(bus, tmp_path / "rows.jsonl", layout="slime", task_id=session.task_id)
+    [row] = [orjson.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert stats.rows == 1 and row["rollout_routed_experts"].endswith(".npy")
+    return np.load(tmp_path / row["rollout_routed_experts"])
+
+
+async def test_a_tool_loops_routing_reaches_the_trainer_exactly(
+    proxy, hf, nats_url, redis_url, tmp_path
+):
     client = aioredis.from_url(redis_url)
     bus = await Bus.open(nats_url, "test-moe-routing", declare=False)
     try:
@@ -75,6 +105,7 @@ async def test_a_tool_loops_routing_reaches_the_trainer_exactly(proxy, hf, nats_
         records = await captured(bus, session.session_id, expect=len(steps))
         [chain], _, _ = PrefixMerging().build(records, {}, Outcome.COMPLETED)
         blobs = await routing_blobs(bus, [chain])
+        exported = await exported_routing(bus, session, chain, tmp_path)
     finally:
         await bus.close()
         await client.aclose()
@@ -92,6 +123,7 @@ async def test_a_tool_loops_routing_reaches_the_trainer_exactly(proxy, hf, nats_
     assert chain.completion_seqs == [0, 1, 2, 3] and n == chain.routing.covered + 1
     experts, present = routing_array(chain.routing, n, blobs)
     assert present[: n - 1].all() and not present[n - 1]
+    assert exported.dtype == np.int32 and np.array_equal(exported, experts[: n - 1])
 
     # the model's own routing of the whole sequence (one uncached pass) is what was stored
     _, own, _ = hf_pass(hf, [tokens])
@@ -110,6 +142,49 @@ async def test_a_tool_loops_routing_reaches_the_trainer_exactly(proxy, hf, nats_
     assert (scored(experts) - engine_lp).abs().max().item() <= 1e-4
     shifted = np.where(experts >= 0, (experts + 1) % 8, experts)  # other experts, same shape
     assert (scored(shifted) - engine_lp).abs().max().item() > 1e-2
+
+
+async def test_after_a_weight_update_every_row_is_stored_again_under_the_new_version(
+    proxy, engine, model_dir, nats_url, redis_url, tmp_path
+):
+    """Runs last in this module: it leaves the engine on other weights."""
+    tensors = load_tensors(model_dir)
+    g = torch.Generator().manual_seed(7)
+    for layer in MOE_LAYERS:  # another router: the same tokens routed elsewhere
+        name = f"model.layers.{layer}.mlp.gate.weight"
+        tensors[name] = tensors[name] + 0.5 * torch.randn(tensors[name].shape, generator=g)
+    updated = tmp_path / "updated"
+    shutil.copytree(model_dir, updated)
+    save_tensors(tensors, updated)
+
+    client = aioredis.from_url(redis_url)
+    bus = await Bus.open(nats_url, "test-moe-update", declare=False)
+    try:
+        [session] = await running_session(Registry(client), "moe-update")
+        agent = ChatAgent(proxy.url, session.token)
+        for i in range(2):
+            await agent.step(stream=False)
+            agent.add_result(tool_output(i, last=False))
+        async with httpx.AsyncClient(base_url=engine.url, timeout=120) as http:
+            body = {"model_path": str(updated), "weight_version": "2"}
+            (await http.post("/update_weights_from_disk", json=body)).raise_for_status()
+        await agent.step(stream=False)
+        records = await captured(bus, session.session_id, expect=3)
+        [chain], _, _ = PrefixMerging().build(records, {}, Outcome.COMPLETED)
+        blobs = await routing_blobs(bus, [chain])
+    finally:
+        await bus.close()
+        await client.aclose()
+
+    before, after = records[1].routing, records[2].routing
+    assert before.base_seq == 0 and records[2].weight_version == "2"
+    assert after.base_seq is None and after.start == 0  # its prefix, routed again: all new
+    assert {s.version for s in chain.routing.segments} == {"2"}
+    tokens = chain.prompt_ids + chain.response_ids
+    experts, present = routing_array(chain.routing, len(tokens), blobs)
+    assert present[:-1].all()
+    _, own, _ = hf_pass(hf_model(updated), [tokens])
+    assert np.array_equal(experts[:-1], own[0, :-1].numpy())
 
 
 def test_routing_on_a_dense_model_refuses_the_start(tmp_path):
