@@ -346,3 +346,31 @@ async def test_health(replay):
     assert await b.health() is True
     await server.stop()
     assert await b.health() is False
+
+
+# -- MoE routing (R3) ----------------------------------------------------------------------
+
+
+async def test_generate_asks_for_routing_and_reads_its_rows(replay):
+    """sglang/0.5.13/generate_routed_experts.json (reconstructed: reconstruct_r3.py)."""
+    import base64
+
+    import numpy as np
+
+    from proxy.backends.base import RoutingAsk
+    from proxy.backends.routed import decoded
+
+    server, backend = replay
+    fixture = load_fixture("sglang/0.5.13/generate_routed_experts.json")
+    server.add("POST", "/generate", reply_json(fixture["body"]))
+    prompt = list(range(20))  # the fixture counts 20 prompt tokens
+    ask = RoutingAsk(start=0, top_k=2)
+    gen = await backend().generate(TokenRequest(session_id="s", input_ids=prompt, routing=ask))
+    assert server.calls("POST", "/generate")[-1].json()["return_routed_experts"] is True
+    rows = decoded(gen.routing)
+    want = base64.b64decode(fixture["body"]["meta_info"]["routed_experts"])
+    assert (rows.start, rows.rows, rows.layers, rows.top_k, rows.dtype) == (0, 29, 3, 2, "int32")
+    assert np.array_equal(np.frombuffer(rows.data, "<i4"), np.frombuffer(want, "<i4"))
+    plain = await backend().generate(TokenRequest(session_id="s", input_ids=prompt))
+    assert plain.routing is None  # not asked: not read
+    assert "return_routed_experts" not in server.calls("POST", "/generate")[-1].json()

