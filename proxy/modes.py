@@ -107,6 +107,7 @@ class TokenMode:
             )
         self.backend, self.tok, self.images, self.history = backend, tokenizer, images, history
         self.routing = routing  # MoE expert routing asked of the engine (proxy/routing.py)
+        self._said_missing = False
         # the engine sees ids, so the template's end-of-turn ids stop it
         self.stop_ids = sorted(set(tokenizer.eos_token_ids))
         # each answered call's head text, rendered once the answer is out, so the call
@@ -184,6 +185,14 @@ class TokenMode:
             return None, None
         if gen.routing is None:  # an engine started without --enable-return-routed-experts
             metrics.ROUTING.labels("missing").inc()
+            if not self._said_missing:  # once a process: every call would say the same
+                self._said_missing = True
+                log.warning(
+                    "the engine (%s) answered without the routing asked of it: start it with "
+                    "--enable-return-routed-experts, or turn routed_experts off; calls are "
+                    'recorded without routing (polar_proxy_routing_calls_total{result="missing"})',
+                    gen.worker or "?",
+                )
             return None, None
         base = plan.base
         try:

@@ -203,3 +203,38 @@ def test_a_swap_mid_call_labels_the_calls_rows_with_the_weights_after_it():
         ("v1", 0, 10),
         ("v2", 10, 40),
     ]
+
+
+# -- the proxy's routing side: what a call costs when routing cannot be had -----------------
+async def test_a_call_without_its_routing_is_recorded_all_the_same(caplog):
+    from types import SimpleNamespace
+
+    from proxy import metrics
+    from proxy.backends.base import Generation
+    from proxy.modes import TokenMode
+    from proxy.routing import RoutingCapture
+    from proxy.tito import PromptPlan
+    from services.common.tokenization import ChatTokenizer
+    from tests.helpers.moe_model import moe_model_dir
+    from tests.helpers.routing_session import rows_of
+
+    async def refusing_store():
+        raise ConnectionError("object store down")
+
+    tok = ChatTokenizer.load(moe_model_dir())
+    mode = TokenMode(None, tok, routing=RoutingCapture(SHAPE, refusing_store))
+    ctx = SimpleNamespace(session_id="s", attempt=0)
+    plan = PromptPlan([1, 2, 3], None, None, None)
+    answer = dict(prompt_ids=[1, 2, 3], output_ids=[4, 5], output_logprobs=[-0.1, -0.2])
+    missing = metrics.ROUTING.labels("missing").value
+    for _ in range(2):  # an engine started without the flag: said once, counted each time
+        gen = Generation(**answer, finish_reason="stop", worker="http://e")
+        assert await mode.store_routing(ctx, 0, plan, gen) == (None, None)
+    assert metrics.ROUTING.labels("missing").value == missing + 2
+    assert sum("--enable-return-routed-experts" in r.message for r in caplog.records) == 1
+
+    refused = metrics.ROUTING_NOT_STORED.labels().value
+    rows = rows_of(engine_rows([1, 2, 3, 4, 5]))
+    gen = Generation(**answer, finish_reason="stop", routing=rows)
+    assert await mode.store_routing(ctx, 0, plan, gen) == (None, None)  # the call goes on
+    assert metrics.ROUTING_NOT_STORED.labels().value == refused + 1
