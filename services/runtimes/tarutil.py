@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import time
 from pathlib import Path
@@ -64,6 +65,38 @@ def extract_tar(tar_bytes: bytes, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
-            tar.extractall(dest, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")
+            else:  # Python 3.11.0-3.11.3 (Debian 12's 3.11.2) has no extraction filters
+                _extract_checked(tar, dest)
     except (tarfile.TarError, OSError) as exc:
         raise SandboxIOError(f"cannot unpack into {dest}: {exc}") from exc
+
+
+def _extract_checked(tar: tarfile.TarFile, dest: Path) -> None:
+    """What the "data" filter does, member by member as each is written (a symlink an
+    earlier member planted is on disk when a later one is checked): leading slashes
+    stripped; names and link targets that resolve outside ``dest``, absolute link
+    targets and special files refused; set-id bits and group/other write cleared."""
+    root = os.path.realpath(dest)
+
+    def inside(path: str) -> bool:
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+    for member in tar.getmembers():
+        member.name = member.name.lstrip("/" + os.sep)  # as the filter does: made relative
+        target = os.path.join(root, member.name)
+        if not inside(target):
+            raise tarfile.TarError(f"{member.name!r} would be written outside {dest}")
+        if member.issym() or member.islnk():
+            if os.path.isabs(member.linkname):
+                raise tarfile.TarError(f"{member.name!r} links to an absolute path")
+            base = os.path.dirname(target) if member.issym() else root
+            if not inside(os.path.join(base, member.linkname)):
+                raise tarfile.TarError(f"{member.name!r} links outside {dest}")
+        elif not (member.isfile() or member.isdir()):
+            raise tarfile.TarError(f"{member.name!r} is a special file")
+        member.mode &= 0o755  # no set-id or sticky bits, no write for group or others
+        if member.isfile():
+            member.mode |= 0o600
+        tar.extract(member, root, set_attrs=not (member.issym() or member.islnk()))

@@ -11,6 +11,15 @@ from services.runtimes import tarutil
 from services.runtimes.errors import SandboxIOError
 
 
+@pytest.fixture(params=["filter", "checked"])
+def unpacking(request, monkeypatch):
+    """Both ways ``extract_tar`` unpacks: tarfile's "data" filter, and its own checks
+    where the filter does not exist (Python 3.11.0-3.11.3: Debian 12's python3)."""
+    if request.param == "checked":
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    return request.param
+
+
 def test_file_tar_round_trip_keeps_mode():
     archive = tarutil.file_tar("f.txt", b"data", 0o755)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -19,7 +28,7 @@ def test_file_tar_round_trip_keeps_mode():
     assert tarutil.single_file(archive) == b"data"
 
 
-def test_dir_tar_extract_round_trip(tmp_path):
+def test_dir_tar_extract_round_trip(tmp_path, unpacking):
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "x").write_text("x")
@@ -41,7 +50,7 @@ def test_strip_top_dir_re_roots_a_get_archive_tar(tmp_path):
         assert sorted(tar.getnames()) == ["d", "d/x"]
 
 
-def test_extract_refuses_members_escaping_the_destination(tmp_path):
+def test_extract_refuses_members_escaping_the_destination(tmp_path, unpacking):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo("../escaped.txt")
@@ -52,7 +61,7 @@ def test_extract_refuses_members_escaping_the_destination(tmp_path):
     assert not (tmp_path / "escaped.txt").exists()
 
 
-def test_extract_refuses_writing_through_a_planted_symlink(tmp_path):
+def test_extract_refuses_writing_through_a_planted_symlink(tmp_path, unpacking):
     dest = tmp_path / "dest"
     dest.mkdir()
     outside = tmp_path / "outside"
@@ -71,3 +80,43 @@ def test_single_file_rejects_a_directory_archive(tmp_path):
     (tmp_path / "b").write_text("b")
     with pytest.raises(SandboxIOError, match="found 2"):
         tarutil.single_file(tarutil.dir_tar(tmp_path))
+
+
+def _archive(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        _link("out", "../../etc"),  # a link whose target leaves the destination
+        _link("abs", "/etc/passwd"),
+        _link("hard", "../x", tarfile.LNKTYPE),
+    ],
+    ids=["symlink-out", "symlink-absolute", "hardlink-out"],
+)
+def test_extract_refuses_links_and_names_outside(tmp_path, unpacking, member):
+    with pytest.raises(SandboxIOError):
+        tarutil.extract_tar(_archive((member, None)), tmp_path / "dest")
+
+
+def test_extract_strips_set_id_bits_and_keeps_links_inside(tmp_path, unpacking):
+    script = tarfile.TarInfo("bin/run")
+    script.size, script.mode = 2, 0o4777
+    absolute = tarfile.TarInfo("/abs.txt")  # made relative: written inside
+    absolute.size = 1
+    archive = _archive((script, b"hi"), (_link("run", "bin/run"), None), (absolute, b"a"))
+    tarutil.extract_tar(archive, tmp_path / "dest")
+    assert (tmp_path / "dest/abs.txt").read_text() == "a"
+    assert (tmp_path / "dest/run").read_text() == "hi"
+    assert (tmp_path / "dest/bin/run").stat().st_mode & 0o7777 == 0o755
