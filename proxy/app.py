@@ -66,6 +66,7 @@ class SessionInfo(Struct, frozen=True, kw_only=True):
     task_id: str = ""
     states: list[bytes] = []  # the attempt's stored TITO states, raw, newest first
     seq: int | None = None  # the call's number, when the lookup took one
+    replay: bytes = b""  # a replay's session: its task's ReplaySpec json (proxy/replay.py)
 
 
 # token, and whether the lookup is for a model call (the resolver may number it then)

@@ -23,7 +23,7 @@ from proxy.io.resp import RedisReplyError, RedisUnavailable, Resp, Script
 from proxy.tito import MAX_STATES, PromptPlan, TurnState
 from schemas import CompletionRecord, Protocol, Timings, UpstreamMode, encode
 from schemas import subjects as S
-from schemas.completion import ToolParse, common_prefix_length, delta_at
+from schemas.completion import ReplayMark, ToolParse, common_prefix_length, delta_at
 from schemas.routing import RoutedExperts
 from services.common.jspub import JetStreamPublisher
 from services.common.registry import SESSION_FOR_CALL
@@ -89,6 +89,7 @@ class Opened:
     task_id: str
     states: list[bytes]  # raw, newest first
     seq: int | None  # the call's number, when the lookup took one
+    replay: bytes = b""  # the task's ReplaySpec json: a replay's session (proxy/replay.py)
 
 
 class CallNumber:
@@ -194,10 +195,10 @@ class SessionStore:
         reply = await sent
         if not reply:
             return None
-        (sid, attempt, state, task_id), states, seq = reply
+        (sid, attempt, state, task_id, replay), states, seq = reply
         return Opened(
             sid.decode(), int(attempt), state.decode(), task_id.decode(), states,
-            None if seq < 0 else seq,
+            None if seq < 0 else seq, replay,
         )  # fmt: skip
 
     def reserve(self, session_id: str) -> Awaitable[int]:
@@ -344,6 +345,7 @@ def build_record(
     reply: dict | None = None,
     tool_parse: ToolParse | None = None,
     routing: RoutedExperts | None = None,
+    replay: ReplayMark | None = None,
 ) -> CompletionRecord:
     """The call's record; ``finish`` is the turn's reason as the harness was told it
     (``tool_calls`` for a turn that calls tools, whoever parsed them), else the engine's;
@@ -391,6 +393,7 @@ def build_record(
         drift_reason=plan.drift_reason,
         tool_parse=tool_parse,
         routing=routing,
+        replay=replay,
         aborted=aborted,
         error=error,
     )

@@ -42,6 +42,7 @@ from proxy.io.serving import serving_loop
 from proxy.memory import MemoryGiveBack
 from proxy.modes import MODES, OffLoop, rejected
 from proxy.promptbound import PromptBound
+from proxy.replay import ReplayDiverged, Replayed, ReplayRefusal, Replays
 from proxy.routing import RoutingCapture
 from proxy.tito import KEEP_SAMPLED, PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
@@ -75,8 +76,10 @@ class CompletionHandler:
         context_tokens: int | None = None,
         memory: MemoryGiveBack | None = None,
         routing: RoutingCapture | None = None,
+        replays: Replays | None = None,
     ) -> None:
         self.off_loop = OffLoop()
+        self.replays = replays  # answers a replay's calls from the record (proxy/replay.py)
         self.upstream = MODES[mode](
             backend, tokenizer, images, history, self.off_loop, routing=routing
         )
@@ -131,9 +134,12 @@ class CompletionHandler:
                 queue_ms = (time.time() - ctx.received) * 1000.0  # waiting while paused
                 number = self.numbers.of(session.session_id, session.seq)
                 try:
-                    plan, gen = await self.upstream.generate(
-                        ctx, request, states, self._sampling(conv)
+                    plan, gen, replayed = await self._generate(
+                        ctx, request, states, conv, session, number
                     )
+                except ReplayRefusal:  # its report is the call's record: the number is used
+                    number = None
+                    raise
                 except Exception as exc:  # nothing sampled: the number is given back
                     settling, number = number, None  # a hang-up now gets a new one
                     await asyncio.shield(loop.create_task(settling.settle(ctx, _failure(exc))))
@@ -142,7 +148,9 @@ class CompletionHandler:
                 capturing = True
                 state, reply = await asyncio.shield(
                     loop.create_task(
-                        self._capture(ctx, number, plan, gen, request, queue_ms, render, session)
+                        self._capture(
+                            ctx, number, plan, gen, request, queue_ms, render, session, replayed
+                        )
                     )
                 )
         except asyncio.CancelledError:  # the harness hung up: the engine call is dropped
@@ -240,6 +248,35 @@ class CompletionHandler:
             received=time.time(),
         )
 
+    async def _generate(
+        self,
+        ctx: CallContext,
+        request: _Request,
+        states: list[TurnState],
+        conv: Conversation,
+        session: SessionInfo,
+        number: CallNumber,
+    ) -> tuple[PromptPlan, Generation, Replayed | None]:
+        """The engine's answer, or a replay's: the recorded call's (proxy/replay.py). A
+        replay that diverges records the report as the call's failure, then raises it."""
+        if session.replay and self.replays is not None:
+            spec = self.replays.spec(session.replay)
+            seq = await number
+            if spec.until is None or seq < spec.until:
+                try:
+                    replayed = await self.replays.answer(
+                        ctx, request.recorded_normalized(), states, spec, seq
+                    )
+                except ReplayRefusal as exc:
+                    diverged = isinstance(exc, ReplayDiverged)
+                    result = "replay_diverged" if diverged else "replayed_failure"
+                    metrics.CALLS.labels(ctx.protocol.value, result).inc()
+                    await number.commit(capture.void_record(ctx, seq, exc.report))
+                    raise
+                return replayed.plan, replayed.gen, replayed
+        plan, gen = await self.upstream.generate(ctx, request, states, self._sampling(conv))
+        return plan, gen, None
+
     async def _capture(
         self,
         ctx,
@@ -250,6 +287,7 @@ class CompletionHandler:
         queue_ms,
         render: Render,
         session: SessionInfo,
+        replayed: Replayed | None = None,
     ) -> tuple[TurnState, Any]:
         """Commit the call's record and store its TITO state, both round trips at once,
         the answer rendered (``render``) while they are out (parsed before: the record
@@ -261,13 +299,16 @@ class CompletionHandler:
         turn, failed, message, health = None, None, None, None
         try:  # first: the record carries the turn's finish reason (tool_calls in either
             # mode) and the answer itself (a trainer's conversation ends with it)
-            turn, health = self.upstream.turn(gen, request.tools)
+            if replayed is not None:  # what the harness was told, its tool call ids too
+                turn, health = replayed.turn, replayed.health
+            else:
+                turn, health = self.upstream.turn(gen, request.tools)
             message = _reply_message(turn)
         except Exception as exc:  # a bug: recorded all the same, then the harness's 500
             failed = exc
         finish = turn.finish_reason if turn is not None else None
         routed, routing_state = None, None
-        if self.upstream.routing is not None:  # MoE, routing asked
+        if self.upstream.routing is not None and replayed is None:  # MoE, routing asked
             routed, routing_state = await self.upstream.store_routing(ctx, seq, plan, gen)
         record = capture.build_record(
             ctx,
@@ -279,6 +320,7 @@ class CompletionHandler:
             reply=message,
             tool_parse=health,
             routing=routed,
+            replay=replayed.mark if replayed is not None else None,
         )
         committing = number.start_commit(record)  # the longer wait: first
         try:

@@ -38,6 +38,7 @@ from proxy.images import ImageStore
 from proxy.io.resp import Resp
 from proxy.io.serving import Answer, CallRequest, OperatorRoute, ProxyApp, Reply
 from proxy.io.spin import POLL
+from proxy.replay import Replays
 from proxy.routing import RoutingCapture, moe_shape
 from proxy.sessions import SessionResolver
 from schemas import UpstreamMode
@@ -302,6 +303,7 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
             history=cfg.history,
             context_tokens=context_tokens(cfg, caps, late.tokenizer),
             routing=routing,
+            replays=Replays(host.bus),
         )
         if late.handler.bound is not None:
             log.info(late.handler.bound.describe())

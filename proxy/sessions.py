@@ -45,4 +45,5 @@ class SessionResolver:
             task_id=opened.task_id,
             states=opened.states,
             seq=opened.seq,
+            replay=opened.replay,
         )

@@ -91,6 +91,19 @@ class ToolParse(Struct, frozen=True, kw_only=True, omit_defaults=True):
     failures: list[ToolParseFailure] = []
 
 
+class ReplayMark(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A call answered from a recorded session's call (``polar replay``), not sampled:
+    its tokens are that call's."""
+
+    session_id: str  # the recorded session
+    attempt: int = 0
+    seq: int  # the recorded call's number
+    # why the request differed from the recorded one where it did (a date, a timestamp,
+    # a random id: proxy/replay_diff.py), when it did
+    nondeterministic: list[str] = []
+    trainable: bool = False  # its sampled tokens keep loss mask 1 (ReplaySpec.train)
+
+
 class Timings(Struct, frozen=True, kw_only=True, omit_defaults=True):
     received: float  # epoch seconds
     upstream_start: float = 0.0
@@ -133,6 +146,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     drift_reason: str | None = None  # why not, when it does not (DRIFT_REASONS)
     tool_parse: ToolParse | None = None  # None: no tools offered, or no parser at hand
     routing: RoutedExperts | None = None  # MoE expert routing (schemas/routing.py)
+    replay: ReplayMark | None = None  # answered from a recorded call, not sampled
     aborted: bool = False
     error: str | None = None  # failed before sampling anything (see ``void``)
 

@@ -180,6 +180,22 @@ class EvaluatorSpec(_Spec):
     timeout_seconds: Seconds = 600.0  # past it, the evaluation is an error
 
 
+class ReplaySpec(_Spec):
+    """Answer this task's model calls from a recorded session instead of the engine
+    (``polar replay``): each call with the recorded call of the same number, when its
+    request is the recorded one; the first that is not stops the replay, reported."""
+
+    session_id: Annotated[str, Meta(min_length=1, max_length=200)]  # the recorded session
+    attempt: Annotated[int, Meta(ge=0)] = 0  # its attempt whose calls are replayed
+    # that attempt's first call number (Session.seq_floor): the replay's call i is the
+    # recorded call seq_floor + i
+    seq_floor: Annotated[int, Meta(ge=0)] = 0
+    # a fork: the first `until` calls are replayed, the rest go to the engine under the
+    # current weights; null: every call replayed (no engine is called)
+    until: Annotated[int, Meta(ge=0)] | None = None
+    train: bool = False  # replayed calls' sampled tokens keep loss mask 1 (default 0)
+
+
 class TaskRequest(_Spec):
     """A task: one instruction, run ``num_samples`` times, each run a session."""
 
@@ -205,6 +221,7 @@ class TaskRequest(_Spec):
     # polar.tasks.<task_id>.result
     callback_url: Annotated[str, Meta(pattern=r"^https?://")] | None = None
     metadata: dict[str, object] = {}  # the caller's own: kept with the spec, unread by Polar
+    replay: ReplaySpec | None = None  # re-run a recorded session (polar replay, docs/replay.md)
 
     def __post_init__(self) -> None:
         if not self.instruction.strip():

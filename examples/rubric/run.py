@@ -111,8 +111,8 @@ def main() -> int:
 
 async def model_calls(topo, session_ids: list[str]) -> dict[str, list]:
     """Each session's CompletionRecords, as the dashboard reads them."""
-    from services.builder.completions import read_completions
     from services.common.bus import Bus
+    from services.common.completions import read_completions
 
     bus = await Bus.open(topo.nats_url, "polar-example", declare=False)
     try:

@@ -31,12 +31,12 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.builder import logic, metrics
-from services.builder.completions import read_completions
 from services.builder.config import BuilderConfig
 from services.builder.logic import Action, Decision
 from services.builder.strategies import BuilderRegistry, default_registry
 from services.common import cancels
 from services.common.bus import Bus
+from services.common.completions import read_completions
 from services.common.consumer import Poison, Retry
 from services.common.quarantine import Verdict
 from services.common.registry import Registry

@@ -276,6 +276,86 @@ def _print_not_submitted(answer: taskfile.Refused | None) -> int:
 
 
 @app.command()
+def replay(
+    session_id: Annotated[str, typer.Argument(help="the recorded session to re-run")],
+    until: Annotated[
+        int | None,
+        typer.Option(help="fork: replay the first N calls, then call the engine (--then live)"),
+    ] = None,
+    then: Annotated[str, typer.Option(help="after --until: live (the engine)")] = "live",
+    train: Annotated[
+        bool, typer.Option(help="keep loss mask 1 on the replayed calls' tokens")
+    ] = False,
+    timeout: Annotated[float | None, typer.Option(help="give up waiting after SECONDS")] = None,
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Re-run a recorded session: the same task in a fresh runtime, every model call
+    answered from the record (no engine), until the harness asks something else.
+
+    Prints how many calls were replayed, the calls that differed only by a date, a time
+    or a random id, the first divergence (call and field, both sides quoted), and the
+    outcome and reward beside the recorded ones. Exit codes: 0 the replay ran through
+    and its session completed; 4 it diverged; 1 refused or the stack unreachable; 2 no
+    answer or --timeout; 3 it did not diverge but its session did not complete.
+    """
+    if then != "live":
+        raise _fail("--then takes only 'live' (the engine under the current weights)")
+    stack = _stack(topology, state_dir)
+    try:
+        code = asyncio.run(_replay(stack, session_id, until, train, timeout))
+    except Unreachable as exc:
+        raise _fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+async def _replay(
+    stack: Stack, session_id: str, until: int | None, train: bool, timeout: float | None
+) -> int:
+    from services.cli import replay as replays
+    from services.common.completions import read_completions
+
+    client = await _client(stack, "bus", timeout)
+    try:
+        registry = await client.registry()
+        recorded = await registry.get_session(session_id)
+        spec = await registry.task_spec(recorded.task_id) if recorded is not None else None
+        if recorded is None or spec is None:
+            what = "session" if recorded is None else f"task {recorded.task_id} of session"
+            err.print(f"[red]error:[/red] no {what} {session_id} in the registry", markup=True)
+            return exitcodes.REFUSED
+        task = replays.replay_task(spec, recorded, until, train)
+        answer = await client.submit(replays.task_file(task), follow=True)
+        if not isinstance(answer, taskfile.Submitted):
+            return _print_not_submitted(answer)
+        what = f"the first {until} calls, then live" if until is not None else "every call"
+        out.print(
+            f"replaying {session_id} (attempt {recorded.attempt}) as task {answer.task_id}: {what}",
+            highlight=False,
+        )
+        with render.SessionProgress(out, len(answer.session_ids), answer.task_id) as progress:
+            result = await client.wait(answer.task_id, timeout, progress.update)
+        if result is None:
+            out.print("timed out waiting for the replay; it goes on (`polar status`)")
+            return exitcodes.NO_ANSWER
+        [session] = result.sessions
+        records, _ = await read_completions(client.bus, session.session_id)
+    finally:
+        await client.close()
+    report = replays.replay_report(records)
+    for line in report.lines():
+        out.print(line, highlight=False)
+    out.print(
+        f"outcome {session.state} (recorded {recorded.state}), reward {session.reward} "
+        f"(recorded {recorded.reward})",
+        highlight=False,
+    )
+    if report.diverged:
+        return replays.REPLAY_DIVERGED
+    return exitcodes.verdict(result)[0]
+
+
+@app.command()
 def cancel(
     task_id: Annotated[str, typer.Argument(help="the task to cancel")],
     via: Annotated[Via, typer.Option(help="publish on NATS, or DELETE on the scheduler")] = "bus",

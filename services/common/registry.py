@@ -105,21 +105,22 @@ SPEC_CACHE_SIZE = 4096  # task specs kept per process (a few kB each)
 # needs, and for the caller's own keys, whose prefixes it names: the first ARGV[2] + 1
 # items of the list ARGV[1] .. sid .. ':' .. attempt, and, when ARGV[3] is '1' and the
 # session is RUNNING, INCR ARGV[4] .. sid (the number taken: the count before it, else
-# -1). Reply: false for an unknown token, else {{session_id, attempt, state, task_id},
-# list, number} (a field the hash lacks: '', attempt '0'). Four fields, not the whole
+# -1). Reply: false for an unknown token, else {{session_id, attempt, state, task_id,
+# replay}, list, number} (a field the hash lacks: '', attempt '0'; replay: the task's
+# ReplaySpec json, written only for a replay's sessions). Five fields, not the whole
 # hash: every model call reads them, and turning all of it into a Session took ~4% of
 # the proxy's request handling (py-spy, chat mode, 64 sessions).
 SESSION_FOR_CALL = (
     "local sid = redis.call('GET', KEYS[1]) "
     "if not sid then return false end "
     f"local key = '{S.key_session('')}' .. sid "
-    "local f = redis.call('HMGET', key, 'attempt', 'state', 'task_id') "
+    "local f = redis.call('HMGET', key, 'attempt', 'state', 'task_id', 'replay') "
     "local attempt = f[1] or '0' "
     "local items = redis.call('LRANGE', ARGV[1] .. sid .. ':' .. attempt, 0, ARGV[2]) "
     "local seq = -1 "
     "if ARGV[3] == '1' and f[2] == 'RUNNING' then "
     "seq = redis.call('INCR', ARGV[4] .. sid) - 1 end "
-    "return {{sid, attempt, f[2] or '', f[3] or ''}, items, seq}"
+    "return {{sid, attempt, f[2] or '', f[3] or '', f[4] or ''}, items, seq}"
 )
 
 
@@ -248,6 +249,7 @@ class Registry:
         args: list[object] = [task.task_id, spec, spec_digest(spec), now, len(sessions)]
         for s in sessions:
             args += [s.session_id, s.token, s.index, s.priority, s.deadline]
+        args.append(encode(task.replay) if task.replay is not None else "")
         keys = [
             S.key_task(task.task_id),
             S.key_task_sessions(task.task_id),

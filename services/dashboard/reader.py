@@ -40,10 +40,10 @@ from schemas import (
     decode,
 )
 from schemas import subjects as S
-from services.builder.completions import read_completions
 from services.cli.context import registered_trainer
 from services.cli.status import node_rows, stream_rows
 from services.common.bus import Bus, CredentialsRefused
+from services.common.completions import read_completions
 from services.common.redact import Scrubber, known_secrets, redact
 from services.common.registry import Registry, TaskRecord
 from services.common.tasks import cancel_and_wait

@@ -13,8 +13,8 @@ import pytest
 
 from schemas import encode
 from schemas import subjects as S
-from services.builder import completions
-from services.builder.completions import read_completions
+from services.common import completions
+from services.common.completions import read_completions
 from tests.unit.builder.synth import Capture, agent_loop
 
 pytestmark = pytest.mark.asyncio

@@ -25,11 +25,11 @@ from schemas import (
 )
 from schemas import subjects as S
 from services.builder import logic as build_logic
-from services.builder.completions import read_completions
 from services.builder.config import BuilderConfig
 from services.builder.handlers import Builder
 from services.builder.main import consumers as builder_consumers
 from services.builder.strategies import default_registry as builders
+from services.common.completions import read_completions
 from services.common.registry import Registry
 from services.evaluator.config import EvaluatorConfig
 from services.evaluator.handlers import EvaluatorService

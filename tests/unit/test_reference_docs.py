@@ -59,6 +59,7 @@ def test_the_page_names_types_defaults_constraints_variants_and_checks(pages):
     assert names == {
         "TaskRequest", "LocalRuntime", "DockerRuntime", "ApptainerRuntime", "UploadFile",
         "UploadDir", "ExecAction", "Resources", "AgentSpec", "BuilderSpec", "EvaluatorSpec",
+        "ReplaySpec",
     }  # fmt: skip
 
 

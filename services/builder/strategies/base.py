@@ -120,10 +120,17 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def output_logprobs(rec: CompletionRecord) -> list[float | None]:
-    """One logprob per output token, None where the backend reported none."""
-    if len(rec.output_logprobs) == len(rec.output_ids):
+    """One logprob per output token, None where the backend reported none (and on a
+    replayed call's, which the loss mask leaves out: ``sampled_mask``)."""
+    if len(rec.output_logprobs) == len(rec.output_ids) and sampled_mask(rec):
         return list(rec.output_logprobs)
     return [None] * len(rec.output_ids)
+
+
+def sampled_mask(rec: CompletionRecord) -> int:
+    """The loss mask of a call's output: 1, but 0 for a replayed call's (its tokens are a
+    recorded call's, answered again: ``polar replay``) unless the replay asked to train."""
+    return 0 if rec.replay is not None and not rec.replay.trainable else 1
 
 
 def trace_id(session_id: str, chain_id: int) -> str:
@@ -144,6 +151,8 @@ def version_spans(rec: CompletionRecord, offset: int) -> list[VersionSpan]:
     response (``rec``'s output starts at ``offset`` there). A swap mid-call gives one span
     per version; an engine that names no version gives none."""
     n = len(rec.output_ids)
+    if not sampled_mask(rec):  # spans never cover a masked token
+        return []
     if rec.weight_versions:
         ends = [*rec.weight_version_starts[1:], n]
         pairs = zip(rec.weight_versions, rec.weight_version_starts, ends, strict=True)

@@ -15,6 +15,7 @@ from services.builder.strategies.base import (
     Call,
     conversation_of,
     output_logprobs,
+    sampled_mask,
     starts_with,
     tool_parse_of,
     trace_id,
@@ -47,7 +48,7 @@ class Chain:
             parent=parent,
             calls=[call],
             tokens=call.prompt + call.output,
-            mask=[1] * len(call.output),
+            mask=[sampled_mask(call.rec)] * len(call.output),
             logprobs=output_logprobs(call.rec),
             spans=version_spans(call.rec, 0),
             closed=call.cut or call.rec.side_call is not None,
@@ -93,7 +94,7 @@ class Chain:
         self.spans.extend(version_spans(call.rec, len(self.tokens) - len(self.first.prompt)))
         self.tokens.extend(call.output)
         self.mask.extend([0] * len(glue))
-        self.mask.extend([1] * len(call.output))
+        self.mask.extend([sampled_mask(call.rec)] * len(call.output))
         self.logprobs.extend([None] * len(glue))
         self.logprobs.extend(output_logprobs(call.rec))
         self.calls.append(call)

@@ -1,0 +1,220 @@
+"""Replay: a recorded session's calls answered from its records (``polar replay``).
+
+A replay is a task whose ``replay`` names a recorded session (``schemas.ReplaySpec``);
+its sessions' call lookups carry that spec (``registry.SESSION_FOR_CALL``). Each call
+numbered below ``until`` (every call, without one) is answered from the recorded call of
+the same number, and no engine is called:
+
+* its request is compared with the recorded one (``replay_diff.request_diff``: the
+  normalized messages and tools). Equal, or different only where a harness differs from
+  run to run (a date, a timestamp, a random id: ``RequestDiff.only_nondeterministic``),
+  it is answered with the recorded answer: the same text, reasoning and tool calls (their
+  ids too, which the harness sends back), in the caller's protocol, and recorded with the
+  recorded tokens, marked as replayed (``CompletionRecord.replay``);
+* otherwise the replay diverged: the call is recorded as a failed call whose error is the
+  report (the call's number and which field differs, both sides quoted), the harness gets
+  a 409 in its protocol, and every later call of that session the same.
+
+A fork (``until`` = K) answers its first K calls so, and sends the rest to the engine as
+usual: they extend the replayed calls' tokens, which the TITO states keep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import orjson
+
+from proxy.backends.base import Generation
+from proxy.capture import CallContext
+from proxy.conversation import AssistantTurn, ToolCall, Usage
+from proxy.errors import ProtocolError
+from proxy.replay_diff import request_diff
+from proxy.tito import PromptPlan, TurnState
+from schemas import CompletionRecord, ReplaySpec
+from schemas.completion import ReplayMark, ToolParse, reconstruct_prompts
+from services.common.completions import read_completions
+from services.common.tokenization.lru import SizedLRU
+
+RECORDED_SESSIONS = 64  # recorded sessions kept read per proxy (their records, decoded)
+DIVERGED = 4096  # replays remembered as diverged per proxy
+
+
+class ReplayRefusal(ProtocolError):
+    """A replayed call answered with an error, which its record keeps (``report``)."""
+
+    def __init__(self, status: int, report: str) -> None:
+        super().__init__(status, report)
+        self.report = report
+
+
+class ReplayDiverged(ReplayRefusal):
+    """The call is not the recorded one: the report, answered as a 409."""
+
+    def __init__(self, report: str) -> None:
+        super().__init__(409, report)
+
+
+class ReplayedFailure(ReplayRefusal):
+    """The recorded call failed (an engine error): it fails again, as a 503 the harness
+    retries as it did (the retry is the next recorded call)."""
+
+    def __init__(self, report: str) -> None:
+        super().__init__(503, report)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A call answered from the record: its prompt plan and answer as if sampled, the
+    turn the harness was told and the parse health recorded, and the record's mark."""
+
+    plan: PromptPlan
+    gen: Generation
+    turn: AssistantTurn
+    health: ToolParse | None
+    mark: ReplayMark
+
+
+class Replays:
+    def __init__(self, bus) -> None:
+        self._bus = bus  # the stack's Bus: records are read back from its stream
+        self._specs: SizedLRU[bytes, ReplaySpec] = SizedLRU(1024, lambda _k, _v: 1)
+        self._records: SizedLRU[tuple[str, int], dict[int, CompletionRecord]] = SizedLRU(
+            RECORDED_SESSIONS, lambda _k, _v: 1
+        )
+        self._prompts: SizedLRU[tuple[str, int], dict[int, list[int]]] = SizedLRU(
+            RECORDED_SESSIONS, lambda _k, _v: 1
+        )
+        self._diverged: SizedLRU[tuple[str, int], str] = SizedLRU(DIVERGED, lambda _k, _v: 1)
+
+    def spec(self, raw: bytes) -> ReplaySpec:
+        spec = self._specs.get(raw)
+        if spec is None:
+            spec = msgspec.json.decode(raw, type=ReplaySpec)
+            self._specs.put(raw, spec)
+        return spec
+
+    async def recorded(self, spec: ReplaySpec) -> tuple[dict[int, CompletionRecord], dict]:
+        """The recorded attempt's records by number, and their full prompts."""
+        key = (spec.session_id, spec.attempt)
+        records = self._records.get(key)
+        if records is None:
+            read, problems = await read_completions(self._bus, spec.session_id)
+            if problems:
+                raise ReplayDiverged(
+                    f"the recorded session {spec.session_id} cannot be read back: {problems[0]}"
+                )
+            records = {}
+            for rec in read:
+                if rec.attempt == spec.attempt:
+                    records.setdefault(rec.seq, rec)
+            if not records:
+                raise ReplayDiverged(
+                    f"no recorded call of session {spec.session_id} attempt {spec.attempt} "
+                    "(its records expired, or it made none)"
+                )
+            self.keep(spec, records)
+        return records, self._prompts.get(key) or {}
+
+    def keep(self, spec: ReplaySpec, records: dict[int, CompletionRecord]) -> None:
+        """The recorded attempt's records (by number), read once per proxy."""
+        key = (spec.session_id, spec.attempt)
+        self._records.put(key, records)
+        self._prompts.put(key, reconstruct_prompts(records.values(), []))
+
+    async def answer(
+        self,
+        ctx: CallContext,
+        normalized: bytes,
+        states: list[TurnState],
+        spec: ReplaySpec,
+        call: int,
+    ) -> Replayed:
+        """The recorded answer of the replay's call ``call`` (0, 1, ...: a replay is not
+        retried), or a ``ReplayRefusal`` whose report its record keeps."""
+        seq = spec.seq_floor + call  # the recorded call's number
+        key = (ctx.session_id, ctx.attempt)
+        if (earlier := self._diverged.get(key)) is not None:
+            raise ReplayDiverged(f"this replay diverged already: {earlier}")
+        try:
+            records, prompts = await self.recorded(spec)
+            rec = records.get(seq)
+            if rec is not None and rec.void:
+                raise ReplayedFailure(f"replayed failure of call {call}: {rec.error}")
+            if rec is None or seq not in prompts:
+                made = sum(1 for r in records.values() if r.seq >= spec.seq_floor)
+                raise ReplayDiverged(
+                    f"replay of {spec.session_id} diverged at call {call}: the recorded "
+                    f"attempt made {made} calls"
+                )
+            diff = request_diff(bytes(rec.normalized), normalized)
+            if diff is not None and not diff.only_nondeterministic:
+                raise ReplayDiverged(
+                    f"replay of {spec.session_id} diverged at call {call}: {diff.describe()}"
+                )
+        except ReplayDiverged as exc:  # every later call of the replay is refused so too
+            self._diverged.put(key, exc.report)
+            raise
+        explained = (
+            sorted({n for d in diff.differences for n in d.nondeterministic}) if diff else []
+        )
+        prompt = prompts[seq]
+        mark = ReplayMark(
+            session_id=spec.session_id,
+            attempt=spec.attempt,
+            seq=seq,
+            nondeterministic=explained,
+            trainable=spec.train,
+        )
+        return Replayed(
+            plan=_plan(prompt, states, rec),
+            gen=_generation(rec, prompt),
+            turn=_turn(rec, prompt),
+            health=rec.tool_parse,
+            mark=mark,
+        )
+
+
+def _plan(prompt: list[int], states: list[TurnState], rec: CompletionRecord) -> PromptPlan:
+    """The recorded prompt, extending the session's stored state it starts with (the
+    replayed call before it), so a fork's live calls extend the replayed tokens."""
+    base, shared = None, 0
+    for state in states:
+        sampled = state.sampled_ids()
+        if len(sampled) > shared and prompt[: len(sampled)] == sampled:
+            base, shared = state, len(sampled)
+    extends = (base is not None) if states else None
+    return PromptPlan(prompt, base, extends, None, tuple(rec.images), shared if base else None)
+
+
+def _generation(rec: CompletionRecord, prompt: list[int]) -> Generation:
+    finish = rec.finish_reason if rec.finish_reason in ("stop", "length", "abort") else "stop"
+    return Generation(
+        prompt_ids=prompt,
+        output_ids=list(rec.output_ids),
+        output_logprobs=list(rec.output_logprobs),
+        finish_reason=finish,  # type: ignore[arg-type]
+        weight_version=rec.weight_version,
+        weight_versions=list(rec.weight_versions),
+        weight_version_starts=list(rec.weight_version_starts),
+        served_model=rec.served_model,
+    )
+
+
+def _turn(rec: CompletionRecord, prompt: list[int]) -> AssistantTurn:
+    """The assistant turn the harness was answered with, from the record's reply."""
+    reply = orjson.loads(bytes(rec.reply)) if bytes(rec.reply) != b"null" else {}
+    reply = reply if isinstance(reply, dict) else {}
+    calls = [
+        ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+        for c in reply.get("tool_calls") or []
+    ]
+    finish = rec.finish_reason if rec.finish_reason in ("stop", "length", "tool_calls") else "stop"
+    return AssistantTurn(
+        text=reply.get("content") or "",
+        reasoning=reply.get("reasoning_content") or "",
+        tool_calls=calls,
+        finish_reason=finish,  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(rec.output_ids)),
+    )
