@@ -82,9 +82,10 @@ test-chaos *ARGS: setup
 test-examples *ARGS: setup
     POLAR_EXAMPLES=all {{py}} -m pytest -q -rfEs tests/integration/test_examples.py {{ARGS}}
 
-# The real CLIs over every protocol each supports (`just test` runs every CLI and protocol once).
+# The real CLIs over every protocol each supports (`just test` runs every CLI and protocol
+# once), and `polar replay` of three of them with the engine stopped.
 test-harness *ARGS: setup
-    POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rfEs tests/integration/test_harness_presets.py {{ARGS}}
+    POLAR_HARNESS_MATRIX=full {{py}} -m pytest -q -rfEs tests/integration/test_harness_presets.py tests/integration/test_replay_clis.py {{ARGS}}
 
 # Built offline: an mmdebstrap base + a wheelhouse of this checkout (infra/deploy/README.md).
 # Polar's container image localhost/polar:latest; prints build times and sizes.

@@ -148,7 +148,8 @@ class Replays:
                     f"replay of {spec.session_id} diverged at call {call}: the recorded "
                     f"attempt made {made} calls"
                 )
-            diff = request_diff(bytes(rec.normalized), normalized)
+            renamed = as_recorded(normalized, ctx.session_id, spec.session_id)
+            diff = request_diff(bytes(rec.normalized), renamed)
             if diff is not None and not diff.only_nondeterministic:
                 raise ReplayDiverged(
                     f"replay of {spec.session_id} diverged at call {call}: {diff.describe()}"
@@ -156,9 +157,10 @@ class Replays:
         except ReplayDiverged as exc:  # every later call of the replay is refused so too
             self._diverged.put(key, exc.report)
             raise
-        explained = (
-            sorted({n for d in diff.differences for n in d.nondeterministic}) if diff else []
-        )
+        explained = {n for d in diff.differences for n in d.nondeterministic} if diff else set()
+        if renamed != normalized and request_diff(bytes(rec.normalized), normalized):
+            explained.add("session id")  # e.g. a working directory named after it
+        explained = sorted(explained)
         prompt = prompts[seq]
         mark = ReplayMark(
             session_id=spec.session_id,
@@ -174,6 +176,23 @@ class Replays:
             health=rec.tool_parse,
             mark=mark,
         )
+
+
+def task_of(session_id: str) -> str:
+    """A session's task id (``schemas.session_id_for``: ``<task>-<index:04d>``)."""
+    task, _, index = session_id.rpartition("-")
+    return task if task and index.isdigit() else session_id
+
+
+def as_recorded(normalized: bytes, session_id: str, recorded: str) -> bytes:
+    """The request with the replay's own session and task ids written as the recorded
+    session's: a harness's working directory and its prompts name them (a CLI writes its
+    cwd into its system prompt), and the replay runs in a session of its own."""
+    out = normalized.replace(session_id.encode(), recorded.encode())
+    task, recorded_task = task_of(session_id), task_of(recorded)
+    if task != session_id and recorded_task != recorded:
+        out = out.replace(task.encode(), recorded_task.encode())
+    return out
 
 
 def _plan(prompt: list[int], states: list[TurnState], rec: CompletionRecord) -> PromptPlan:

@@ -82,6 +82,11 @@ NONDETERMINISM: tuple[tuple[str, str], ...] = (
         "hex id",
         r"(?<![0-9A-Za-z])(?=[0-9A-Fa-f]*[A-Fa-f])(?=[0-9A-Fa-f]*\d)[0-9A-Fa-f]{12,}(?![0-9A-Za-z])",
     ),
+    # a git commit at the start of a line (`git log --oneline`, Claude Code's "Recent
+    # commits:"), or after "commit": a repository made at a session's start has new ones
+    ("git commit", r"(?:^|(?<=\n))[0-9a-f]{7,12}(?= )|\bcommit [0-9a-f]{7,40}\b"),
+    # an id its label names, however short: Codex's exec output "Chunk ID: 7032d2"
+    ("labelled id", r"\b(?:ID|Id|id)[:=#]\s?[0-9A-Fa-f]{4,}(?![0-9A-Za-z])"),
     (
         "duration",
         # 0m1.234s (time), "in 12s", "took 153 ms", 1.234s, "153ms"; not a bare "5 minutes"

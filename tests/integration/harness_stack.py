@@ -203,6 +203,7 @@ class Stack:
     root: Path
     topo: object
     proxy_url: str
+    topology_text: str = ""  # what the topology file of ``polar`` commands would hold
     finished: dict[str, SessionFinished] = field(default_factory=dict)
     # session id -> {state: epoch seconds it was entered}
     entered: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -222,7 +223,7 @@ class Stack:
         proxy_url, text = topology(root, policy, max_run, backend=backend, proxy=proxy)
         topo = parse_topology(text, "harness topology")
         devstack.up(topo)
-        return cls(root, devstack.operator_view(topo), proxy_url)
+        return cls(root, devstack.operator_view(topo), proxy_url, text)
 
     def down(self) -> None:
         devstack.down(devstack.state_dir_of(self.topo))

@@ -274,7 +274,9 @@ async def test_a_hostile_harness_reaches_nothing_but_its_own_session(stack):
         assert set(p["tokens"]) <= {p["own"]}  # no other session's token anywhere in /proc
         assert p["sessions"] == [p["own_runtime"]]  # not the other session's directory
         # empty, but for the interpreter and this package's bridge bound back read-only
-        python = {Path(sys.base_prefix).parts[2], Path(sys.prefix).parts[2]}
+        # (nothing for a system Python under /usr)
+        prefixes = (Path(sys.base_prefix), Path(sys.prefix))
+        python = {p.parts[2] for p in prefixes if len(p.parts) > 2}
         # and the CLI cache, bound back read-only (~/.cache/polar/harness-cache: `polar up`
         # shares the user's, issue 38.9); the rest of ~/.cache stays hidden
         cache = Path.home() / ".cache"

@@ -172,3 +172,24 @@ def test_the_report_reads_the_replays_own_records():
         [record(0, messages(), None, error="replay of o diverged at call 0: x")]
     )
     assert diverged.diverged == "replay of o diverged at call 0: x" and diverged.replayed == 0
+
+
+async def test_the_replays_own_session_and_task_ids_read_as_the_recorded_ones():
+    """A CLI writes its working directory, named after its session, into its prompt."""
+    r = replays()
+    ctx = SimpleNamespace(session_id="replay-9f2c1a-0000", attempt=0)
+    recorded = messages(SYSTEM + " cwd: /work/sessions/orig-0000-a0-main")
+    r.keep(
+        SPEC,
+        {
+            **RECORDS,
+            0: msgspec.structs.replace(
+                RECORDS[0], normalized=msgspec.Raw(normalized_json(recorded, TOOLS))
+            ),
+        },
+    )
+    now = normalized_json(
+        messages(SYSTEM + " cwd: /work/sessions/replay-9f2c1a-0000-a0-main"), TOOLS
+    )
+    first = await r.answer(ctx, now, [], SPEC, 0)
+    assert first.mark.nondeterministic == ["session id"]

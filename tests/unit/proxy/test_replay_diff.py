@@ -297,3 +297,27 @@ def test_a_1mb_request_is_compared_fast():
     assert request_diff(recorded, recorded.replace(b'"ok"', b'"ok" ')) is None
     took.append(time.perf_counter() - start)
     assert max(took) < 0.2, took
+
+
+@pytest.mark.parametrize("now", ["Chunk ID: 42039d", "Chunk ID: 703245"])
+def test_a_labelled_short_id_is_nondeterminism(now):
+    """Codex's exec output names each chunk with a random id of 6 hex digits."""
+    recorded = {
+        "messages": [{"role": "tool", "content": "Chunk ID: 7032d2\nWall time: 0.0000 seconds"}]
+    }
+    later = {"messages": [{"role": "tool", "content": f"{now}\nWall time: 0.0000 seconds"}]}
+    diff = request_diff(orjson.dumps(recorded), orjson.dumps(later))
+    assert diff is not None and diff.only_nondeterministic
+    assert diff.differences[0].nondeterministic == ["labelled id"]
+
+
+def test_a_git_commit_made_at_the_sessions_start_is_nondeterminism():
+    """Claude Code lists the repository's recent commits; a fresh runtime makes new ones."""
+    text = "Status:\n(clean)\n\nRecent commits:\n{} polar baseline\n\nClaude Code"
+    recorded = {"messages": [{"role": "user", "content": text.format("1d13296")}]}
+    for sha in ("6c1a956", "7034521"):
+        now = {"messages": [{"role": "user", "content": text.format(sha)}]}
+        diff = request_diff(orjson.dumps(recorded), orjson.dumps(now))
+        assert diff is not None and diff.differences[0].nondeterministic == ["git commit"]
+    words = {"messages": [{"role": "user", "content": text.format("1d13296 Polar")}]}
+    assert not request_diff(orjson.dumps(recorded), orjson.dumps(words)).only_nondeterministic
