@@ -20,6 +20,7 @@ falls back to ``/v1/completions``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -171,6 +172,21 @@ def routed_experts_problem(venv: Path | None = None) -> str | None:
     venv = venv or VENV
     if problem := installed_problem(venv):
         return problem
+    # what the probe found, kept in the venv (a reinstall removes it): a test run's
+    # workers each collect every test, and each import of vLLM costs seconds
+    kept = venv / ".polar-routed-experts-probe"
+    try:
+        found: str | None = kept.read_text("utf-8") or None
+    except OSError:
+        found, keep = _probe_routed_experts(venv)
+        if keep:
+            with contextlib.suppress(OSError):
+                kept.write_text(found or "", "utf-8")
+    return f"vLLM in {venv} {found}" if found else None
+
+
+def _probe_routed_experts(venv: Path) -> tuple[str | None, bool]:
+    """(the problem or None, whether it is this install's for good)."""
     probe = "from vllm.triton_utils import HAS_TRITON; print(HAS_TRITON)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
@@ -181,16 +197,16 @@ def routed_experts_problem(venv: Path | None = None) -> str | None:
         cwd="/",
         timeout=120,
     )
-    if done.returncode != 0:
-        return f"vLLM in {venv} did not import: {done.stderr.strip()[-300:]}"
+    if done.returncode != 0:  # not kept: the next run tries again
+        return f"did not import: {done.stderr.strip()[-300:]}", False
     if done.stdout.strip().splitlines()[-1:] != ["True"]:
         return (
-            f"vLLM in {venv} cannot return routed experts here: --enable-return-routed-experts "
+            "cannot return routed experts here: --enable-return-routed-experts "
             "needs Model Runner V2, which needs Triton, and Triton has no CPU backend in "
             "this install (vLLM: 'Triton is installed, but doesn't include CPU backend'); "
             "a GPU vLLM runs it"
-        )
-    return None
+        ), True
+    return None, True
 
 
 class VLLMServer:

@@ -1,6 +1,6 @@
 """``polar replay`` through the whole stack (issue 35): the calculator task run once by the
 shell agent (its tool call fixes calc.py and runs the tests, the evaluator runs them again
-in a fresh runtime), its session then re-run from the record by the real ``polar`` CLI:
+in the agent's runtime), its session then re-run from the record by the real ``polar`` CLI:
 
 * a fork (``--until 1``): the first call answered from the record, the second by the
   engine; one chain, the replayed call's tokens masked, the live one's trained;
@@ -75,7 +75,7 @@ def calculator_task(agent: Path) -> dict:
         "builder": {"name": "prefix_merging"},
         "evaluator": {
             "name": "test_on_output",
-            "runtime": "fresh",
+            "runtime": "live",  # the agent's own runtime, where its tool call fixed calc.py
             "config": {"test_command": "python3 -m pytest -rA -q -p no:cacheprovider tests"},
         },
     }
