@@ -277,7 +277,9 @@ def _print_not_submitted(answer: taskfile.Refused | None) -> int:
 
 @app.command()
 def replay(
-    session_id: Annotated[str, typer.Argument(help="the recorded session to re-run")],
+    target: Annotated[
+        str, typer.Argument(help="the recorded session to re-run, or a task: each of its sessions")
+    ],
     until: Annotated[
         int | None,
         typer.Option(help="fork: replay the first N calls, then call the engine (--then live)"),
@@ -290,8 +292,9 @@ def replay(
     topology: TopologyOpt = None,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Re-run a recorded session: the same task in a fresh runtime, every model call
-    answered from the record (no engine), until the harness asks something else.
+    """Re-run a recorded session (or each session of a task, one after the other): the
+    same task in a fresh runtime, every model call answered from the record (no engine),
+    until the harness asks something else.
 
     Prints how many calls were replayed, the calls that differed only by a date, a time
     or a random id, the first divergence (call and field, both sides quoted), and the
@@ -303,34 +306,50 @@ def replay(
         raise _fail("--then takes only 'live' (the engine under the current weights)")
     stack = _stack(topology, state_dir)
     try:
-        code = asyncio.run(_replay(stack, session_id, until, train, timeout))
+        code = asyncio.run(_replay(stack, target, until, train, timeout))
     except Unreachable as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(code)
 
 
 async def _replay(
-    stack: Stack, session_id: str, until: int | None, train: bool, timeout: float | None
+    stack: Stack, target: str, until: int | None, train: bool, timeout: float | None
 ) -> int:
+    """Replay the session ``target``, or each session of the task ``target``."""
+    client = await _client(stack, "bus", timeout)
+    try:
+        registry = await client.registry()
+        recorded = await registry.get_session(target)
+        sessions = [recorded] if recorded is not None else await registry.task_sessions(target)
+        spec = await registry.task_spec(sessions[0].task_id) if sessions else None
+    finally:
+        await client.close()
+    if not sessions or spec is None:
+        what = "session or task" if not sessions else f"task {sessions[0].task_id} of"
+        err.print(f"[red]error:[/red] no {what} {target} in the registry", markup=True)
+        return exitcodes.REFUSED
+    codes = [
+        await _replay_one(stack, session, spec, until, train, timeout)
+        for session in sorted(sessions, key=lambda s: s.index)
+    ]
+    worst = [c for c in codes if c != exitcodes.OK]
+    return worst[0] if worst else exitcodes.OK
+
+
+async def _replay_one(stack: Stack, recorded, spec, until, train, timeout) -> int:
     from services.cli import replay as replays
     from services.common.completions import read_completions
 
     client = await _client(stack, "bus", timeout)
     try:
-        registry = await client.registry()
-        recorded = await registry.get_session(session_id)
-        spec = await registry.task_spec(recorded.task_id) if recorded is not None else None
-        if recorded is None or spec is None:
-            what = "session" if recorded is None else f"task {recorded.task_id} of session"
-            err.print(f"[red]error:[/red] no {what} {session_id} in the registry", markup=True)
-            return exitcodes.REFUSED
         task = replays.replay_task(spec, recorded, until, train)
         answer = await client.submit(replays.task_file(task), follow=True)
         if not isinstance(answer, taskfile.Submitted):
             return _print_not_submitted(answer)
         what = f"the first {until} calls, then live" if until is not None else "every call"
         out.print(
-            f"replaying {session_id} (attempt {recorded.attempt}) as task {answer.task_id}: {what}",
+            f"replaying {recorded.session_id} (attempt {recorded.attempt}) as task "
+            f"{answer.task_id}: {what}",
             highlight=False,
         )
         with render.SessionProgress(out, len(answer.session_ids), answer.task_id) as progress:

@@ -7,8 +7,8 @@ in the agent's runtime), its session then re-run from the record by the real ``p
 * a full replay with the engine stopped first: the same tool call, the same fix, the same
   reward, every call answered from the record and marked so;
 * the agent's system prompt edited between the run and the replay (a new harness
-  version): the replay diverges at call 0, naming ``messages[0].content`` and quoting
-  both sides, and the CLI exits 4.
+  version), the task replayed (each of its sessions): the replay diverges at call 0,
+  naming ``messages[0].content`` and quoting both sides, and the CLI exits 4.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def test_a_full_replay_needs_no_engine_and_gets_the_same_reward(stack, recorded)
 def test_an_edited_harness_is_reported_at_the_call_and_field(stack, recorded):
     session_id, agent = recorded
     agent.write_text(AGENT.replace(SYSTEM, "You are a hasty agent. Use the bash tool."))
-    r = polar(stack, "replay", session_id)
+    r = polar(stack, "replay", "replay-calc")  # the task: each of its sessions, here one
+    assert f"replaying {session_id} (attempt 0)" in r.stdout
     assert r.returncode == 4, r.stdout + r.stderr
     report = " ".join(r.stdout.split())
     assert f"diverged: replay of {session_id} diverged at call 0:" in report
