@@ -8,6 +8,7 @@ Nothing here does I/O, so each page's content is tested without a server.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -304,6 +305,78 @@ def routing_of_call(r: RoutedExperts | None) -> dict[str, Any] | None:
     }
 
 
+# the void record of a replay's divergence (proxy/replay.py): its error says where; every
+# later call of that replay is refused with "this replay diverged already: <that error>"
+DIVERGED = re.compile(r"replay of (\S+) diverged at call (\d+)")
+REFUSED = "this replay diverged already"
+REPLAYED_FAILURE = "replayed failure"
+
+
+def replay_of_call(rec: CompletionRecord) -> dict[str, Any] | None:
+    """What a replay (``polar replay``, docs/replay.md) did with this call: answered it
+    from the recorded call ``seq`` of ``session_id``, diverged there, refused it after
+    diverging, or replayed the recorded call's failure; None for a live call."""
+    if (m := rec.replay) is not None:
+        line = f"replayed #{m.seq} of {m.session_id}"
+        if m.nondeterministic:
+            line += f" · nondeterministic: {', '.join(m.nondeterministic)}"
+        return {
+            "kind": "replayed",
+            "session_id": m.session_id,
+            "attempt": m.attempt,
+            "seq": m.seq,
+            "nondeterministic": list(m.nondeterministic),
+            "trainable": m.trainable,
+            "line": line,
+        }
+    if not rec.void or rec.error is None:
+        return None
+    if rec.error.startswith(REFUSED):
+        kind, line = "refused", "refused (diverged earlier)"
+    elif rec.error.startswith("replay of ") and DIVERGED.match(rec.error):
+        kind, line = "diverged", "diverged"
+    elif rec.error.startswith(REPLAYED_FAILURE):
+        kind, line = "failure", "replayed failure"
+    else:
+        return None
+    found = DIVERGED.search(rec.error)
+    return {"kind": kind, "session_id": found.group(1) if found else None, "line": line}
+
+
+def replay_summary(records: Iterable[CompletionRecord]) -> dict[str, Any] | None:
+    """A replay session's one line: the recorded session, how many calls were answered
+    from it, how many went to the engine, and the call it diverged at (None: it did not);
+    None for a session that is no replay (no call replayed, none diverged)."""
+    recorded: str | None = None
+    replayed = live = 0
+    diverged_at: int | None = None
+    for rec in records:
+        if rec.replay is not None:
+            replayed += 1
+            recorded = recorded or rec.replay.session_id
+        elif rec.void and rec.error is not None:
+            if (m := DIVERGED.search(rec.error)) is not None:
+                recorded = recorded or m.group(1)
+                at = int(m.group(2))
+                diverged_at = at if diverged_at is None else min(diverged_at, at)
+        elif rec.side_call != "judge":  # an evaluator's call is the evaluator's, not the replay's
+            live += 1
+    if recorded is None:
+        return None
+    line = (
+        f"replay of {recorded}: {replayed} call{'' if replayed == 1 else 's'} replayed, {live} live"
+    )
+    if diverged_at is not None:
+        line += f", diverged at call {diverged_at}"
+    return {
+        "of": recorded,
+        "replayed": replayed,
+        "live": live,
+        "diverged_at": diverged_at,
+        "line": line,
+    }
+
+
 def model_call(rec: CompletionRecord, prompt_len: int | None) -> dict[str, Any]:
     t = rec.timings
     engine_ms = _ms(t.upstream_start, t.upstream_end) if t else None
@@ -336,6 +409,7 @@ def model_call(rec: CompletionRecord, prompt_len: int | None) -> dict[str, Any]:
         "tool_results": tool_results_of(rec),
         "tool_parse": toolparse.of_call(rec.tool_parse),
         "routing": routing_of_call(rec.routing),
+        "replay": replay_of_call(rec),
     }
 
 
@@ -396,6 +470,9 @@ def session_view(
         "tool_parse": toolparse.of_session(calls),
         # the calls' routing column: only an MoE engine's sessions have one
         "routing": any(c["routing"] is not None for c in calls),
+        # a replay's session (``polar replay``): its line, and the calls' replay column
+        "replay": replay_summary(records),
+        "replay_column": any(c["replay"] is not None for c in calls),
         "problems": problems,
         "artifacts": art,
         # nothing more will change: ended, its final record read, its artifacts here

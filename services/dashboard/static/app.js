@@ -278,17 +278,20 @@ pages.session = async function () {
   settled = d.settled; // ended, its reward and artifacts read: nothing more will change
   // the routing column only where an MoE engine returned routing: dense sessions' pages are as they were
   const headers = ["seq", "protocol", "side call", "tokens in", "tokens out", "engine ms", "proxy ms", "weights", "extends", "drift / break", "finish"]
-    .concat(d.routing ? ["routing"] : []);
+    .concat(d.routing ? ["routing"] : [])
+    .concat(d.replay_column ? ["replay"] : []); // only a replay's session (polar replay) has this column
   const calls = table(headers,
     d.calls.flatMap((c) => {
-      const row = el("tr", { class: "call", "data-seq": c.seq },
+      const diverged = c.replay && (c.replay.kind === "diverged" || c.replay.kind === "refused");
+      const row = el("tr", { class: diverged ? "call diverged" : "call", "data-seq": c.seq },
         el("td", {}, c.seq), el("td", {}, c.protocol), el("td", {}, c.side_call || "–"),
         el("td", { class: "num" }, fmt(c.tokens_in)), el("td", { class: "num" }, c.tokens_out),
         el("td", { class: "num" }, fmt(c.engine_ms, 1)), el("td", { class: "num" }, fmt(c.proxy_ms, 1)),
         el("td", {}, c.weight_version || "–"), el("td", {}, c.extends_previous === null ? "–" : c.extends_previous ? "yes" : "no"),
         el("td", { class: "reason" }, c.drift_reason || ""), el("td", {}, c.error ? `error: ${c.error}` : c.finish_reason,
           c.tool_parse && c.tool_parse.failed ? el("span", { class: "badge warn tool-failed" }, ` ${c.tool_parse.failed} tool call${c.tool_parse.failed > 1 ? "s" : ""} failed`) : ""),
-        d.routing ? el("td", { class: "routing" }, c.routing ? c.routing.line : "—") : "");
+        d.routing ? el("td", { class: "routing" }, c.routing ? c.routing.line : "—") : "",
+        d.replay_column ? el("td", { class: "replay" }, replayCell(c.replay)) : "");
       const detail = el("tr", { class: "call-detail", hidden: true }, el("td", { colspan: headers.length },
         el("div", { class: "sidebyside" }, textBlock("harness's request", c.request), textBlock("what the engine received (normalized)", c.engine_request)),
         textBlock("reply", c.reply),
@@ -311,6 +314,8 @@ pages.session = async function () {
     el("h1", {}, "Session ", el("code", { id: "session-id" }, s.session_id), " ", stateTag(s.state)),
     el("p", {}, "task ", link(`/tasks/${enc(s.task_id)}`, s.task_id), ` · attempt ${s.attempt} · node ${s.node || "–"} · harness ${s.harness || "–"} · `,
       link(`/sessions/${enc(s.session_id)}/trajectory`, "trajectory viewer →")),
+    d.replay ? el("p", { id: "replay", class: d.replay.diverged_at === null ? "" : "warn" }, "replay of ", link(`/sessions/${enc(d.replay.of)}`, d.replay.of),
+      d.replay.line.slice(`replay of ${d.replay.of}`.length)) : "",
     d.failure ? failureSection(d.failure) : "",
     section("Verdict", el("p", { id: "verdict" }, `reward ${fmt(v.reward)} · ${v.eval_status || "not evaluated"} · `, el("span", { class: "reason" }, v.eval_reason || ""),
       v.reason ? el("span", {}, ` · run: ${v.reason}`) : "")),
@@ -322,6 +327,15 @@ pages.session = async function () {
     section("Artifacts", artifacts),
     d.trajectory ? section("Build", el("pre", {}, JSON.stringify({ builder: d.trajectory.builder, intact: d.trajectory.intact, stats: d.trajectory.stats, metadata: d.trajectory.metadata }, null, 2))) : "");
 };
+
+// a call of a replay: "replayed #3 of S" (S links to the recorded session), why its
+// request differed where it did, or "diverged" (the call's error says how)
+function replayCell(r) {
+  if (!r) return "—";
+  if (r.kind !== "replayed") return r.line;
+  const tail = r.line.slice(`replayed #${r.seq} of ${r.session_id}`.length);
+  return [`replayed #${r.seq} of `, link(`/sessions/${enc(r.session_id)}`, r.session_id), tail];
+}
 
 // why a session failed, timed out or was cancelled: the run's reason (the harness's exit
 // code and error line), the evaluator's, and the end of the harness's stderr

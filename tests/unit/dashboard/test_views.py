@@ -7,7 +7,7 @@ import orjson
 
 from evaluators.rubric import JudgeReply, judge_record
 from schemas import Artifacts, BuildStats, Outcome, Timings, Trace, Trajectory, VersionSpan
-from schemas.completion import ToolParse, ToolParseFailure
+from schemas.completion import ReplayMark, ToolParse, ToolParseFailure
 from schemas.routing import RoutedExperts, RoutingSegment, TraceRouting
 from services.dashboard import trajectory, views
 from services.dashboard.index import SessionIndex, SessionRow
@@ -230,6 +230,72 @@ def test_the_session_page_shows_each_calls_routing_rows_and_base_only_for_moe_se
     assert delta["line"] == "1,234 rows · 462.8 KiB (delta from #0)"
     assert none is None  # this call's engine returned none: "—" on the page
     assert fresh["line"] == "10 rows · 3.8 KiB (from position 50: none before)"
+
+
+def replayed_records(diverge_at: int | None = None):
+    """records_with_a_break() as a replay of "rec-0007" answered them: calls 0 and 1 from
+    the recording (1 with a date that differed), 2 and 3 live; or, diverging at call
+    ``diverge_at``, a void call there and one refused after it."""
+    records = records_with_a_break()
+    marks = {
+        0: ReplayMark(session_id="rec-0007", seq=0),
+        1: ReplayMark(session_id="rec-0007", seq=1, nondeterministic=["date", "session id"]),
+    }
+    records = [msgspec.structs.replace(r, replay=marks.get(r.seq)) for r in records]
+    if diverge_at is None:
+        return records
+    why = f"replay of rec-0007 diverged at call {diverge_at}: messages[3].content differs"
+    void = dict(output_ids=[], output_logprobs=[], prompt_ids=[], prompt_base_seq=None)
+    first, records = records[0], records[:diverge_at]
+    records.append(msgspec.structs.replace(first, seq=diverge_at, error=why, replay=None, **void))
+    refused = f"this replay diverged already: {why}"
+    records.append(
+        msgspec.structs.replace(first, seq=diverge_at + 1, error=refused, replay=None, **void)
+    )
+    return records
+
+
+def test_a_replays_session_page_says_which_calls_were_replayed_and_how_many_went_live():
+    row = SessionRow(session_id="t-0000", task_id="t", state="COMPLETED")
+    v = views.session_view(row, replayed_records(), [], None, None, now=1.0)
+    assert v["replay_column"] is True
+    assert v["replay"] == {
+        "of": "rec-0007",
+        "replayed": 2,
+        "live": 2,
+        "diverged_at": None,
+        "line": "replay of rec-0007: 2 calls replayed, 2 live",
+    }
+    first, second, live, _ = (c["replay"] for c in v["calls"])
+    assert first["line"] == "replayed #0 of rec-0007" and first["session_id"] == "rec-0007"
+    assert second["line"] == "replayed #1 of rec-0007 · nondeterministic: date, session id"
+    assert second["nondeterministic"] == ["date", "session id"] and second["seq"] == 1
+    assert live is None  # answered by the engine: "—" on the page
+
+
+def test_a_diverged_replay_names_the_call_it_diverged_at_and_marks_its_row():
+    row = SessionRow(session_id="t-0000", task_id="t", state="FAILED")
+    v = views.session_view(row, replayed_records(diverge_at=2), [], None, None, now=1.0)
+    assert v["replay_column"] is True
+    assert v["replay"]["line"] == "replay of rec-0007: 2 calls replayed, 0 live, diverged at call 2"
+    assert (v["replay"]["replayed"], v["replay"]["live"], v["replay"]["diverged_at"]) == (2, 0, 2)
+    diverged, refused = v["calls"][2], v["calls"][3]
+    assert diverged["replay"] == {"kind": "diverged", "session_id": "rec-0007", "line": "diverged"}
+    assert diverged["error"].startswith("replay of rec-0007 diverged at call 2: ")  # said once
+    assert refused["replay"]["kind"] == "refused"
+    # diverged at its first call: no call replayed, still a replay of rec-0007
+    at0 = views.replay_summary(replayed_records(diverge_at=0))
+    assert at0["line"] == "replay of rec-0007: 0 calls replayed, 0 live, diverged at call 0"
+
+
+def test_an_ordinary_session_has_no_replay_line_nor_column():
+    records = records_with_a_break()
+    failed = msgspec.structs.replace(records[0], seq=4, error="engine said 500", output_ids=[])
+    row = SessionRow(session_id="t-0000", task_id="t", state="COMPLETED")
+    v = views.session_view(row, [*records, failed], [], None, None, now=1.0)
+    assert v["replay"] is None and v["replay_column"] is False
+    assert all(c["replay"] is None for c in v["calls"])
+    assert views.replay_summary(records) is None
 
 
 def test_task_view_timelines_and_a_group_with_no_variance():
