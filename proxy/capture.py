@@ -399,12 +399,14 @@ def build_record(
     )
 
 
-def void_record(ctx: CallContext, seq: int, reason: str) -> CompletionRecord:
+def void_record(
+    ctx: CallContext, seq: int, reason: str, replay: ReplayMark | None = None
+) -> CompletionRecord:
     """Fills the number of a call that failed before anything was sampled (engine
     error, bad prompt), when a later call's number makes giving it back impossible."""
     empty = Generation(prompt_ids=[], output_ids=[], output_logprobs=[], finish_reason="error")
     plan = PromptPlan([], None, None, None)
-    return build_record(ctx, seq, plan, empty, error=reason)
+    return build_record(ctx, seq, plan, empty, error=reason, replay=replay)
 
 
 async def commit(publisher: JetStreamPublisher, record: CompletionRecord) -> None:

@@ -42,7 +42,7 @@ from proxy.io.serving import serving_loop
 from proxy.memory import MemoryGiveBack
 from proxy.modes import MODES, OffLoop, rejected
 from proxy.promptbound import PromptBound
-from proxy.replay import ReplayDiverged, Replayed, ReplayRefusal, Replays
+from proxy.replay import Replayed, ReplayRefusal, Replays
 from proxy.routing import RoutingCapture
 from proxy.tito import KEEP_SAMPLED, PromptPlan, TurnState, pack, tools_key
 from schemas import Protocol, UpstreamMode
@@ -268,10 +268,8 @@ class CompletionHandler:
                         ctx, request.recorded_normalized(), states, spec, seq
                     )
                 except ReplayRefusal as exc:
-                    diverged = isinstance(exc, ReplayDiverged)
-                    result = "replay_diverged" if diverged else "replayed_failure"
-                    metrics.CALLS.labels(ctx.protocol.value, result).inc()
-                    await number.commit(capture.void_record(ctx, seq, exc.report))
+                    metrics.CALLS.labels(ctx.protocol.value, f"replay_{exc.mark.result}").inc()
+                    await number.commit(capture.void_record(ctx, seq, exc.report, exc.mark))
                     raise
                 return replayed.plan, replayed.gen, replayed
         plan, gen = await self.upstream.generate(ctx, request, states, self._sampling(conv))

@@ -33,35 +33,45 @@ from proxy.errors import ProtocolError
 from proxy.replay_diff import request_diff
 from proxy.tito import PromptPlan, TurnState
 from schemas import CompletionRecord, ReplaySpec
-from schemas.completion import ReplayMark, ToolParse, reconstruct_prompts
+from schemas.completion import (
+    REPLAY_DIVERGED,
+    REPLAY_FAILED,
+    REPLAY_REFUSED,
+    ReplayMark,
+    ToolParse,
+    reconstruct_prompts,
+)
 from services.common.completions import read_completions
 from services.common.tokenization.lru import SizedLRU
 
-RECORDED_SESSIONS = 64  # recorded sessions kept read per proxy (their records, decoded)
+# Recorded sessions' records kept read per proxy, by their size (a long CLI session's
+# records are megabytes: their requests and ids)
+RECORDS_BYTES = 256 * 1024 * 1024
 DIVERGED = 4096  # replays remembered as diverged per proxy
 
 
 class ReplayRefusal(ProtocolError):
-    """A replayed call answered with an error, which its record keeps (``report``)."""
+    """A replayed call answered with an error, which its record keeps (``report``, and
+    ``mark``: what the replay did with the call)."""
 
-    def __init__(self, status: int, report: str) -> None:
+    def __init__(self, status: int, report: str, mark: ReplayMark) -> None:
         super().__init__(status, report)
-        self.report = report
+        self.report, self.mark = report, mark
 
 
 class ReplayDiverged(ReplayRefusal):
-    """The call is not the recorded one: the report, answered as a 409."""
+    """The call is not the recorded one (or comes after one that was not): a 409."""
 
-    def __init__(self, report: str) -> None:
-        super().__init__(409, report)
+    def __init__(self, report: str, mark: ReplayMark) -> None:
+        super().__init__(409, report, mark)
 
 
 class ReplayedFailure(ReplayRefusal):
     """The recorded call failed (an engine error): it fails again, as a 503 the harness
     retries as it did (the retry is the next recorded call)."""
 
-    def __init__(self, report: str) -> None:
-        super().__init__(503, report)
+    def __init__(self, report: str, mark: ReplayMark) -> None:
+        super().__init__(503, report, mark)
 
 
 @dataclass(frozen=True)
@@ -76,15 +86,20 @@ class Replayed:
     mark: ReplayMark
 
 
+def _records_cost(_key: object, records: dict[int, CompletionRecord]) -> int:
+    return sum(
+        len(r.raw_request) + len(r.normalized) + len(r.reply)
+        + 8 * (len(r.prompt_ids) + len(r.output_ids))
+        for r in records.values()
+    )  # fmt: skip
+
+
 class Replays:
     def __init__(self, bus) -> None:
         self._bus = bus  # the stack's Bus: records are read back from its stream
         self._specs: SizedLRU[bytes, ReplaySpec] = SizedLRU(1024, lambda _k, _v: 1)
         self._records: SizedLRU[tuple[str, int], dict[int, CompletionRecord]] = SizedLRU(
-            RECORDED_SESSIONS, lambda _k, _v: 1
-        )
-        self._prompts: SizedLRU[tuple[str, int], dict[int, list[int]]] = SizedLRU(
-            RECORDED_SESSIONS, lambda _k, _v: 1
+            RECORDS_BYTES, _records_cost
         )
         self._diverged: SizedLRU[tuple[str, int], str] = SizedLRU(DIVERGED, lambda _k, _v: 1)
 
@@ -95,15 +110,16 @@ class Replays:
             self._specs.put(raw, spec)
         return spec
 
-    async def recorded(self, spec: ReplaySpec) -> tuple[dict[int, CompletionRecord], dict]:
-        """The recorded attempt's records by number, and their full prompts."""
+    async def recorded(self, spec: ReplaySpec, mark: ReplayMark) -> dict[int, CompletionRecord]:
+        """The recorded attempt's records by number, read once per proxy while kept."""
         key = (spec.session_id, spec.attempt)
         records = self._records.get(key)
         if records is None:
             read, problems = await read_completions(self._bus, spec.session_id)
             if problems:
                 raise ReplayDiverged(
-                    f"the recorded session {spec.session_id} cannot be read back: {problems[0]}"
+                    f"the recorded session {spec.session_id} cannot be read back: {problems[0]}",
+                    mark,
                 )
             records = {}
             for rec in read:
@@ -112,16 +128,14 @@ class Replays:
             if not records:
                 raise ReplayDiverged(
                     f"no recorded call of session {spec.session_id} attempt {spec.attempt} "
-                    "(its records expired, or it made none)"
+                    "(its records expired, or it made none)",
+                    mark,
                 )
             self.keep(spec, records)
-        return records, self._prompts.get(key) or {}
+        return records
 
     def keep(self, spec: ReplaySpec, records: dict[int, CompletionRecord]) -> None:
-        """The recorded attempt's records (by number), read once per proxy."""
-        key = (spec.session_id, spec.attempt)
-        self._records.put(key, records)
-        self._prompts.put(key, reconstruct_prompts(records.values(), []))
+        self._records.put((spec.session_id, spec.attempt), records)
 
     async def answer(
         self,
@@ -132,27 +146,34 @@ class Replays:
         call: int,
     ) -> Replayed:
         """The recorded answer of the replay's call ``call`` (0, 1, ...: a replay is not
-        retried), or a ``ReplayRefusal`` whose report its record keeps."""
+        retried), or a ``ReplayRefusal`` whose report and mark its record keeps."""
         seq = spec.seq_floor + call  # the recorded call's number
+        mark = ReplayMark(session_id=spec.session_id, attempt=spec.attempt, seq=seq)
         key = (ctx.session_id, ctx.attempt)
         if (earlier := self._diverged.get(key)) is not None:
-            raise ReplayDiverged(f"this replay diverged already: {earlier}")
+            refused = msgspec.structs.replace(mark, result=REPLAY_REFUSED)
+            raise ReplayDiverged(f"this replay diverged already: {earlier}", refused)
+        diverged = msgspec.structs.replace(mark, result=REPLAY_DIVERGED)
         try:
-            records, prompts = await self.recorded(spec)
+            records = await self.recorded(spec, diverged)
             rec = records.get(seq)
+            prompt = _full_prompt(records, seq)
             if rec is not None and rec.void:
-                raise ReplayedFailure(f"replayed failure of call {call}: {rec.error}")
-            if rec is None or seq not in prompts:
+                failed = msgspec.structs.replace(mark, result=REPLAY_FAILED)
+                raise ReplayedFailure(f"replayed failure of call {call}: {rec.error}", failed)
+            if rec is None or prompt is None:
                 made = sum(1 for r in records.values() if r.seq >= spec.seq_floor)
                 raise ReplayDiverged(
                     f"replay of {spec.session_id} diverged at call {call}: the recorded "
-                    f"attempt made {made} calls"
+                    f"attempt made {made} calls",
+                    diverged,
                 )
             renamed = as_recorded(normalized, ctx.session_id, spec.session_id)
             diff = request_diff(bytes(rec.normalized), renamed)
             if diff is not None and not diff.only_nondeterministic:
                 raise ReplayDiverged(
-                    f"replay of {spec.session_id} diverged at call {call}: {diff.describe()}"
+                    f"replay of {spec.session_id} diverged at call {call}: {diff.describe()}",
+                    diverged,
                 )
         except ReplayDiverged as exc:  # every later call of the replay is refused so too
             self._diverged.put(key, exc.report)
@@ -160,22 +181,28 @@ class Replays:
         explained = {n for d in diff.differences for n in d.nondeterministic} if diff else set()
         if renamed != normalized and request_diff(bytes(rec.normalized), normalized):
             explained.add("session id")  # e.g. a working directory named after it
-        explained = sorted(explained)
-        prompt = prompts[seq]
-        mark = ReplayMark(
-            session_id=spec.session_id,
-            attempt=spec.attempt,
-            seq=seq,
-            nondeterministic=explained,
-            trainable=spec.train,
-        )
         return Replayed(
             plan=_plan(prompt, states, rec),
             gen=_generation(rec, prompt),
             turn=_turn(rec, prompt),
             health=rec.tool_parse,
-            mark=mark,
+            mark=msgspec.structs.replace(
+                mark, nondeterministic=sorted(explained), trainable=spec.train
+            ),
         )
+
+
+def _full_prompt(records: dict[int, CompletionRecord], seq: int) -> list[int] | None:
+    """Call ``seq``'s whole prompt: its record and the chain of bases it is stored
+    against, rebuilt by the one rebuild (``reconstruct_prompts``); None when a base is
+    missing or the call failed unsampled. Rebuilt when asked, not kept: a long session's
+    prompts are its calls times its context."""
+    chain, at = [], records.get(seq)
+    while at is not None and at not in chain[-1:]:  # a base is an earlier call
+        chain.append(at)
+        base = at.prompt_base_seq
+        at = records.get(base) if base is not None and base < at.seq else None
+    return reconstruct_prompts(chain, []).get(seq)
 
 
 def task_of(session_id: str) -> str:

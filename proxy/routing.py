@@ -43,7 +43,7 @@ class RoutingState(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 
     rows: int  # positions [0, rows) have routing through this call's record and its bases
     digests: bytes  # one per full block of those rows, in order
-    version: str | None  # the weights that computed its rows (rows_version)
+    version: str | None  # the weights that computed its rows: the call's last version
     dtype: str
     layers: int
     top_k: int
@@ -140,45 +140,37 @@ def delta(
     its prompt shares with the base's prompt + output (plain function: tested alone)."""
     rows = _narrow(decoded(rows), shape.dtype)
     row_bytes = rows.layers * rows.top_k * DTYPES[rows.dtype]
-    usable = _usable(base, rows) and base_seq is not None
+    if base_seq is None or base is None or not _usable(base, rows):
+        base = None
     if rows.start == 0:  # every row came back: keep the base's where they are the same
         digests = block_digests(rows.data, row_bytes) if row_bytes else b""
         keep = 0
-        if usable:
-            limit = min(shared, base.rows, rows.rows) // ROUTING_BLOCK  # type: ignore[union-attr]
-            keep = _leading_equal(digests, base.digests, limit) * ROUTING_BLOCK  # type: ignore[union-attr]
-        return Delta(
-            data=rows.data[keep * row_bytes :],
-            start=keep,
-            rows=rows.rows - keep,
-            base_seq=base_seq if keep else None,
-            state=RoutingState(
-                rows=rows.rows,
-                digests=digests,
-                version=version,
-                dtype=rows.dtype,
-                layers=rows.layers,
-                top_k=rows.top_k,
-            ),
-        )
-    # the engine returned rows from ``start`` on and vouches for the ones before: the
-    # base's, when the same weights computed them
-    trusted = usable and base.version == version and rows.start <= min(shared, base.rows)  # type: ignore[union-attr]
-    own = block_digests(rows.data, row_bytes) if row_bytes and trusted else b""
-    prefix_blocks = rows.start // ROUTING_BLOCK
+        if base is not None:
+            limit = min(shared, base.rows, rows.rows) // ROUTING_BLOCK
+            keep = _leading_equal(digests, base.digests, limit) * ROUTING_BLOCK
+        stored = rows.data[keep * row_bytes :]
+        start, covered = keep, rows.rows
+    else:  # rows from ``start`` on: the engine vouches for the ones before, the base's,
+        # when the same weights computed them
+        if base is not None and (base.version != version or rows.start > min(shared, base.rows)):
+            base = None
+        keep, stored, start = (rows.start if base else 0), rows.data, rows.start
+        own = block_digests(rows.data, row_bytes) if row_bytes and base else b""
+        digests = base.digests[: rows.start // ROUTING_BLOCK * _DIGEST] + own if base else b""
+        covered = rows.start + rows.rows if base else 0  # 0: the next call asks for all
     state = RoutingState(
-        rows=rows.start + rows.rows if trusted else 0,  # 0: the next call asks for all
-        digests=base.digests[: prefix_blocks * _DIGEST] + own if trusted else b"",  # type: ignore[union-attr]
+        rows=covered,
+        digests=digests,
         version=version,
         dtype=rows.dtype,
         layers=rows.layers,
         top_k=rows.top_k,
     )
     return Delta(
-        data=rows.data,
-        start=rows.start,
-        rows=rows.rows,
-        base_seq=base_seq if trusted else None,
+        data=stored,
+        start=start,
+        rows=rows.rows - (keep if rows.start == 0 else 0),
+        base_seq=base_seq if keep else None,
         state=state,
     )
 
@@ -189,13 +181,6 @@ def ask(shape: MoEShape, base: RoutingState | None, shared: int | None) -> Routi
     if base is not None and shared:
         start = min(shared, base.rows) // ROUTING_BLOCK * ROUTING_BLOCK
     return RoutingAsk(start=start, top_k=shape.top_k)
-
-
-def rows_version(gen: Generation) -> str | None:
-    """The weights that computed a call's rows: its last version (an engine recomputes
-    its cache when its weights change, so after a swap mid-call every row is the new
-    weights')."""
-    return gen.weight_version
 
 
 class RoutingCapture:
@@ -221,7 +206,9 @@ class RoutingCapture:
         """Store the call's new rows (before its record: a record never names rows
         nobody can read) and say what the record and the state keep."""
         assert gen.routing is not None
-        args = (gen.routing, self.shape, base_seq, base, shared, rows_version(gen))
+        # the rows are the call's last weights' (an engine recomputes its cache when its
+        # weights change: after a swap mid-call every row is the new weights')
+        args = (gen.routing, self.shape, base_seq, base, shared, gen.weight_version)
         size = len(gen.routing.data) + len(gen.routing.encoded)
         if size > OFF_LOOP_BYTES:  # base64, numpy and hashlib let go of the GIL
             d = await asyncio.to_thread(delta, *args)

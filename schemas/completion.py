@@ -92,8 +92,8 @@ class ToolParse(Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class ReplayMark(Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A call answered from a recorded session's call (``polar replay``), not sampled:
-    its tokens are that call's."""
+    """A replay's call (``polar replay``): answered from a recorded session's call, not
+    sampled (its tokens are that call's), or refused (``result``)."""
 
     session_id: str  # the recorded session
     attempt: int = 0
@@ -102,6 +102,19 @@ class ReplayMark(Struct, frozen=True, kw_only=True, omit_defaults=True):
     # a random id: proxy/replay_diff.py), when it did
     nondeterministic: list[str] = []
     trainable: bool = False  # its sampled tokens keep loss mask 1 (ReplaySpec.train)
+    result: str = "replayed"  # REPLAY_RESULTS: what the replay did with the call
+
+
+# ``ReplayMark.result``: answered from the recorded call; or a failed call whose error is
+# the report: its request was not the recorded one, it came after one that was not, or
+# the recorded call had failed too
+REPLAYED, REPLAY_DIVERGED, REPLAY_REFUSED, REPLAY_FAILED = (
+    "replayed",
+    "diverged",
+    "refused",
+    "failed",
+)
+REPLAY_RESULTS = (REPLAYED, REPLAY_DIVERGED, REPLAY_REFUSED, REPLAY_FAILED)
 
 
 class Timings(Struct, frozen=True, kw_only=True, omit_defaults=True):

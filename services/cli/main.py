@@ -370,7 +370,7 @@ async def _replay_one(stack: Stack, recorded, spec, until, train, timeout) -> in
         highlight=False,
     )
     if report.diverged:
-        return replays.REPLAY_DIVERGED
+        return replays.EXIT_DIVERGED
     return exitcodes.verdict(result)[0]
 
 

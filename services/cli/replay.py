@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from schemas import CompletionRecord, ReplaySpec, Session, TaskRequest, encode
+from schemas.completion import REPLAY_DIVERGED, REPLAY_FAILED, REPLAYED
 from services.cli import taskfile
 
-REPLAY_DIVERGED = 4  # polar replay's exit code when the replay diverged
+EXIT_DIVERGED = 4  # polar replay's exit code when the replay diverged
 
 
 def replay_task(
@@ -78,14 +79,15 @@ def replay_report(records: list[CompletionRecord]) -> ReplayReport:
     report = ReplayReport()
     first = min((r.seq for r in records), default=0)
     for rec in sorted(records, key=lambda r: r.seq):
-        if rec.replay is not None:
+        mark = rec.replay
+        if mark is None:
+            report.live += not rec.void
+        elif mark.result == REPLAYED:
             report.replayed += 1
-            if rec.replay.nondeterministic:
-                report.nondeterministic.append((rec.seq - first, list(rec.replay.nondeterministic)))
-        elif rec.void and rec.error and "diverged" in rec.error:
+            if mark.nondeterministic:
+                report.nondeterministic.append((rec.seq - first, list(mark.nondeterministic)))
+        elif mark.result == REPLAY_DIVERGED:
             report.diverged = report.diverged or rec.error
-        elif rec.void and rec.error and rec.error.startswith("replayed failure"):
-            report.failures.append(rec.error)
-        elif not rec.void:
-            report.live += 1
+        elif mark.result == REPLAY_FAILED:
+            report.failures.append(rec.error or "")
     return report

@@ -8,7 +8,6 @@ Nothing here does I/O, so each page's content is tested without a server.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,7 +15,13 @@ import msgspec
 import orjson
 
 from schemas import CompletionRecord, Trajectory
-from schemas.completion import reconstruct_prompts
+from schemas.completion import (
+    REPLAY_DIVERGED,
+    REPLAY_FAILED,
+    REPLAY_REFUSED,
+    REPLAYED,
+    reconstruct_prompts,
+)
 from schemas.routing import RoutedExperts
 from services.dashboard import toolparse
 from services.dashboard.index import (
@@ -305,42 +310,36 @@ def routing_of_call(r: RoutedExperts | None) -> dict[str, Any] | None:
     }
 
 
-# the void record of a replay's divergence (proxy/replay.py): its error says where; every
-# later call of that replay is refused with "this replay diverged already: <that error>"
-DIVERGED = re.compile(r"replay of (\S+) diverged at call (\d+)")
-REFUSED = "this replay diverged already"
-REPLAYED_FAILURE = "replayed failure"
+_REPLAY_LINES = {  # what the session page says of a replay's refused call
+    REPLAY_DIVERGED: "diverged",
+    REPLAY_REFUSED: "refused (diverged earlier)",
+    REPLAY_FAILED: "replayed failure",
+}
 
 
 def replay_of_call(rec: CompletionRecord) -> dict[str, Any] | None:
-    """What a replay (``polar replay``, docs/replay.md) did with this call: answered it
-    from the recorded call ``seq`` of ``session_id``, diverged there, refused it after
-    diverging, or replayed the recorded call's failure; None for a live call."""
-    if (m := rec.replay) is not None:
-        line = f"replayed #{m.seq} of {m.session_id}"
-        if m.nondeterministic:
-            line += f" · nondeterministic: {', '.join(m.nondeterministic)}"
-        return {
-            "kind": "replayed",
-            "session_id": m.session_id,
-            "attempt": m.attempt,
-            "seq": m.seq,
-            "nondeterministic": list(m.nondeterministic),
-            "trainable": m.trainable,
-            "line": line,
-        }
-    if not rec.void or rec.error is None:
+    """What a replay (``polar replay``, docs/replay.md) did with this call (its record's
+    ``ReplayMark``): answered it from the recorded call ``seq`` of ``session_id``,
+    diverged there, refused it after diverging, or replayed the recorded call's failure;
+    None for a live call."""
+    m = rec.replay
+    if m is None:
         return None
-    if rec.error.startswith(REFUSED):
-        kind, line = "refused", "refused (diverged earlier)"
-    elif rec.error.startswith("replay of ") and DIVERGED.match(rec.error):
-        kind, line = "diverged", "diverged"
-    elif rec.error.startswith(REPLAYED_FAILURE):
-        kind, line = "failure", "replayed failure"
-    else:
-        return None
-    found = DIVERGED.search(rec.error)
-    return {"kind": kind, "session_id": found.group(1) if found else None, "line": line}
+    if m.result != REPLAYED:
+        kind = "failure" if m.result == REPLAY_FAILED else m.result
+        return {"kind": kind, "session_id": m.session_id, "line": _REPLAY_LINES[m.result]}
+    line = f"replayed #{m.seq} of {m.session_id}"
+    if m.nondeterministic:
+        line += f" · nondeterministic: {', '.join(m.nondeterministic)}"
+    return {
+        "kind": "replayed",
+        "session_id": m.session_id,
+        "attempt": m.attempt,
+        "seq": m.seq,
+        "nondeterministic": list(m.nondeterministic),
+        "trainable": m.trainable,
+        "line": line,
+    }
 
 
 def replay_summary(records: Iterable[CompletionRecord]) -> dict[str, Any] | None:
@@ -351,15 +350,13 @@ def replay_summary(records: Iterable[CompletionRecord]) -> dict[str, Any] | None
     replayed = live = 0
     diverged_at: int | None = None
     for rec in records:
-        if rec.replay is not None:
-            replayed += 1
-            recorded = recorded or rec.replay.session_id
-        elif rec.void and rec.error is not None:
-            if (m := DIVERGED.search(rec.error)) is not None:
-                recorded = recorded or m.group(1)
-                at = int(m.group(2))
-                diverged_at = at if diverged_at is None else min(diverged_at, at)
-        elif rec.side_call != "judge":  # an evaluator's call is the evaluator's, not the replay's
+        m = rec.replay
+        if m is not None:
+            recorded = recorded or m.session_id
+            replayed += m.result == REPLAYED
+            if m.result == REPLAY_DIVERGED:  # the replay's own call number (never retried)
+                diverged_at = rec.seq if diverged_at is None else min(diverged_at, rec.seq)
+        elif not rec.void and rec.side_call != "judge":  # an evaluator's call is its own
             live += 1
     if recorded is None:
         return None

@@ -106,3 +106,16 @@ def agent_session(n_calls: int = 4, seed_of=lambda i: 0, versions=None):
 
 def record_without_routing(rec: CompletionRecord) -> CompletionRecord:
     return msgspec.structs.replace(rec, routing=None)
+
+
+async def routed_chain(bus, session_id: str, calls: int):
+    """A served session's ``calls`` records, prefix-merged into its one chain, and the
+    routing rows that chain names: (records, chain, rows by object)."""
+    from schemas import Outcome
+    from services.builder.strategies.prefix_merging import PrefixMerging
+    from services.client.client import routing_blobs
+    from tests.integration.proxy_agents import captured
+
+    records = await captured(bus, session_id, expect=calls)
+    [chain], _, _ = PrefixMerging().build(records, {}, Outcome.COMPLETED)
+    return records, chain, await routing_blobs(bus, [chain])

@@ -32,16 +32,15 @@ import torch
 from schemas import Outcome, Trajectory, encode
 from schemas import subjects as S
 from schemas.routing import routing_array
-from services.builder.strategies.prefix_merging import PrefixMerging
-from services.client.client import routing_blobs
 from services.common.bus import Bus
 from services.common.registry import Registry
 from services.engine.weights import load_tensors, save_tensors
 from services.export.export import export
 from services.trainer.routing_replay import replay_routing
 from tests.helpers.moe_model import MOE_LAYERS, hf_model, hf_pass, moe_model_dir, picked_logprobs
+from tests.helpers.routing_session import routed_chain
 from tests.helpers.stack import POLICIES, EmbeddedServer, running_session, start_proxy
-from tests.integration.proxy_agents import ChatAgent, captured, run_loop, tool_output
+from tests.integration.proxy_agents import ChatAgent, run_loop, tool_output
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,9 +101,7 @@ async def test_a_tool_loops_routing_reaches_the_trainer_exactly(
     try:
         [session] = await running_session(Registry(client), "moe-routing")
         steps = await run_loop(ChatAgent(proxy.url, session.token), turns=4)
-        records = await captured(bus, session.session_id, expect=len(steps))
-        [chain], _, _ = PrefixMerging().build(records, {}, Outcome.COMPLETED)
-        blobs = await routing_blobs(bus, [chain])
+        records, chain, blobs = await routed_chain(bus, session.session_id, len(steps))
         exported = await exported_routing(bus, session, chain, tmp_path)
     finally:
         await bus.close()
@@ -169,9 +166,7 @@ async def test_after_a_weight_update_every_row_is_stored_again_under_the_new_ver
             body = {"model_path": str(updated), "weight_version": "2"}
             (await http.post("/update_weights_from_disk", json=body)).raise_for_status()
         await agent.step(stream=False)
-        records = await captured(bus, session.session_id, expect=3)
-        [chain], _, _ = PrefixMerging().build(records, {}, Outcome.COMPLETED)
-        blobs = await routing_blobs(bus, [chain])
+        records, chain, blobs = await routed_chain(bus, session.session_id, 3)
     finally:
         await bus.close()
         await client.aclose()

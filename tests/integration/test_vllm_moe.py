@@ -24,18 +24,16 @@ import redis.asyncio as aioredis
 import torch
 
 from infra.vllm import ROUTED_EXPERTS_ARGS, ROUTED_EXPERTS_ENV, VLLMServer
-from schemas import Outcome
 from schemas.routing import routing_array
-from services.builder.strategies.prefix_merging import PrefixMerging
-from services.client.client import routing_blobs
 from services.common.bus import Bus
 from services.common.registry import Registry
 from services.trainer.routing_replay import replay_routing
 from tests.helpers.moe_model import MOE_LAYERS, hf_model, hf_pass, moe_model_dir, picked_logprobs
 from tests.helpers.requires import requires_vllm_routing
+from tests.helpers.routing_session import routed_chain
 from tests.helpers.stack import running_session, start_proxy
 from tests.helpers.vllm_server import LOGPROB_TOLERANCE, running_vllm
-from tests.integration.proxy_agents import SYSTEM, TASK, captured, session_url, tool_output
+from tests.integration.proxy_agents import SYSTEM, TASK, session_url, tool_output
 
 pytestmark = [requires_vllm_routing, pytest.mark.timeout(900)]
 
@@ -90,9 +88,7 @@ async def test_vllms_routing_reaches_the_trainer_exactly(proxy, nats_url, redis_
             )
             messages.append(done.choices[0].message.model_dump(exclude_none=True))
             messages.append({"role": "user", "content": tool_output(i, last=i == 2)})
-        records = await captured(bus, session.session_id, expect=3)
-        [chain], _, _ = PrefixMerging().build(records, {}, Outcome.COMPLETED)
-        blobs = await routing_blobs(bus, [chain])
+        records, chain, blobs = await routed_chain(bus, session.session_id, 3)
     finally:
         await bus.close()
         await client.aclose()

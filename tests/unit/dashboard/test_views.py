@@ -247,10 +247,12 @@ def replayed_records(diverge_at: int | None = None):
     why = f"replay of rec-0007 diverged at call {diverge_at}: messages[3].content differs"
     void = dict(output_ids=[], output_logprobs=[], prompt_ids=[], prompt_base_seq=None)
     first, records = records[0], records[:diverge_at]
-    records.append(msgspec.structs.replace(first, seq=diverge_at, error=why, replay=None, **void))
+    mark = ReplayMark(session_id="rec-0007", seq=diverge_at, result="diverged")
+    records.append(msgspec.structs.replace(first, seq=diverge_at, error=why, replay=mark, **void))
     refused = f"this replay diverged already: {why}"
+    mark = ReplayMark(session_id="rec-0007", seq=diverge_at + 1, result="refused")
     records.append(
-        msgspec.structs.replace(first, seq=diverge_at + 1, error=refused, replay=None, **void)
+        msgspec.structs.replace(first, seq=diverge_at + 1, error=refused, replay=mark, **void)
     )
     return records
 

@@ -105,13 +105,14 @@ async def test_an_edited_request_diverges_at_its_call_and_field_and_stays_diverg
     edited = normalized_json(messages("You are a hasty agent."), TOOLS)
     with pytest.raises(ReplayDiverged) as exc:
         await r.answer(CTX, edited, [], SPEC, 0)
-    assert exc.value.status == 409
+    assert exc.value.status == 409 and exc.value.mark.result == "diverged"
     assert "diverged at call 0:" in exc.value.report
     assert "messages[0].content: recorded 'You are a careful" in exc.value.report
     assert "careful" in exc.value.report and "hasty" in exc.value.report
     same = normalized_json(messages(), TOOLS)  # even the recorded request now
-    with pytest.raises(ReplayDiverged, match="this replay diverged already"):
+    with pytest.raises(ReplayDiverged, match="this replay diverged already") as exc:
         await r.answer(CTX, same, [], SPEC, 0)
+    assert exc.value.mark.result == "refused"
 
 
 async def test_a_call_past_the_record_and_a_recorded_failure():
@@ -123,7 +124,7 @@ async def test_a_call_past_the_record_and_a_recorded_failure():
     r.keep(SPEC, failed)
     with pytest.raises(ReplayedFailure, match="engine unavailable") as exc:
         await r.answer(CTX, normalized_json(messages(), TOOLS), [], SPEC, 1)
-    assert exc.value.status == 503
+    assert exc.value.status == 503 and exc.value.mark.result == "failed"
 
 
 def test_the_replay_task_is_the_recorded_one_once_without_retries():
@@ -169,7 +170,15 @@ def test_the_report_reads_the_replays_own_records():
         "call 1: differed only by duration (nondeterministic)",
     ]
     diverged = replay_report(
-        [record(0, messages(), None, error="replay of o diverged at call 0: x")]
+        [
+            record(
+                0,
+                messages(),
+                None,
+                error="replay of o diverged at call 0: x",
+                replay=ReplayMark(session_id="o", seq=0, result="diverged"),
+            )
+        ]
     )
     assert diverged.diverged == "replay of o diverged at call 0: x" and diverged.replayed == 0
 
