@@ -6,11 +6,12 @@ numbered below ``until`` (every call, without one) is answered from the recorded
 the same number, and no engine is called:
 
 * its request is compared with the recorded one (``replay_diff.request_diff``: the
-  normalized messages and tools). Equal, or different only where a harness differs from
-  run to run (a date, a timestamp, a random id: ``RequestDiff.only_nondeterministic``),
-  it is answered with the recorded answer: the same text, reasoning and tool calls (their
-  ids too, which the harness sends back), in the caller's protocol, and recorded with the
-  recorded tokens, marked as replayed (``CompletionRecord.replay``);
+  normalized messages and tools, and the sampling parameters). Equal, or different only
+  where a harness differs from run to run (a date, a timestamp, a random id:
+  ``RequestDiff.only_nondeterministic``), it is answered with the recorded answer: the
+  same text, reasoning and tool calls (their ids too, which the harness sends back), in
+  the caller's protocol, and recorded with the recorded tokens, marked as replayed
+  (``CompletionRecord.replay``);
 * otherwise the replay diverged: the call is recorded as a failed call whose error is the
   report (the call's number and which field differs, both sides quoted), the harness gets
   a 409 in its protocol, and every later call of that session the same.
@@ -30,7 +31,7 @@ from proxy.backends.base import Generation
 from proxy.capture import CallContext
 from proxy.conversation import AssistantTurn, ToolCall, Usage
 from proxy.errors import ProtocolError
-from proxy.replay_diff import request_diff
+from proxy.replay_diff import request_diff, with_sampling
 from proxy.tito import PromptPlan, TurnState
 from schemas import CompletionRecord, ReplaySpec
 from schemas.completion import (
@@ -169,7 +170,10 @@ class Replays:
                     diverged,
                 )
             renamed = as_recorded(normalized, ctx.session_id, spec.session_id)
-            diff = request_diff(bytes(rec.normalized), renamed)
+            diff = request_diff(
+                with_sampling(bytes(rec.normalized), bytes(rec.raw_request)),
+                with_sampling(renamed, ctx.raw_request),
+            )
             if diff is not None and not diff.only_nondeterministic:
                 raise ReplayDiverged(
                     f"replay of {spec.session_id} diverged at call {call}: {diff.describe()}",

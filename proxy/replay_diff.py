@@ -227,6 +227,37 @@ class RequestDiff(msgspec.Struct, frozen=True):
 # --- comparing --------------------------------------------------------------------------
 
 
+# What a request asks of the sampler, in each protocol's own names (OpenAI chat and
+# Responses, Anthropic; Gemini's sit in ``generationConfig``): a replay whose harness
+# now samples otherwise diverges at ``sampling.<name>``.
+SAMPLING_KEYS = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "n", "stop", "stop_sequences",
+    "max_tokens", "max_completion_tokens", "max_output_tokens", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "reasoning_effort", "reasoning", "thinking",
+    "generationConfig",
+)  # fmt: skip
+
+
+def sampling_of(raw_request: bytes) -> dict[str, Any]:
+    """The sampling parameters a raw request body names (absent ones left out)."""
+    try:
+        body = orjson.loads(raw_request)
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(body, dict):
+        return {}
+    return {k: body[k] for k in SAMPLING_KEYS if k in body}
+
+
+def with_sampling(normalized: bytes, raw_request: bytes) -> bytes:
+    """The normalized request (messages, tools) with its sampling parameters beside them:
+    the document a replay compares."""
+    doc = orjson.loads(normalized)
+    if isinstance(doc, dict):
+        doc["sampling"] = sampling_of(raw_request)
+    return orjson.dumps(doc)
+
+
 def request_diff(recorded: bytes, now: bytes, *, limit: int = 5) -> RequestDiff | None:
     """None when the two normalized requests are equal JSON values (key order and
     whitespace aside; 1 and 1.0 are equal, true and 1 are not)."""

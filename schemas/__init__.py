@@ -42,9 +42,10 @@ from schemas.task import (
     UploadDir,
     UploadFile,
 )
-from schemas.trajectory import BuildStats, Trace, Trajectory, VersionSpan
+from schemas.trajectory import BuildStats, Grade, Trace, Trajectory, VersionSpan
 
 __all__ = [
+    "Grade",
     "ImageSpan",
     "ALLOWED_FROM",
     "LIVE_STATES",

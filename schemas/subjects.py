@@ -7,13 +7,14 @@ so they can be embedded in subjects directly.
 from __future__ import annotations
 
 # -- subjects -----------------------------------------------------------------------
-TASKS_SUBMIT = "polar.tasks.submit"
+TASKS_SUBMIT = "polar.tasks.submit"  # a TaskRequest to run (the scheduler consumes it)
 TASKS_CANCEL = "polar.tasks.cancel"  # payload: CancelTask
-TASKS_REJECTED = "polar.tasks.rejected"
-TASKS_ACCEPTED = "polar.tasks.accepted"
+TASKS_REJECTED = "polar.tasks.rejected"  # TaskRejected: a task message refused, and why
+TASKS_ACCEPTED = "polar.tasks.accepted"  # TaskAccepted: a task and its sessions' ids
 
 
 def task_result(task_id: str) -> str:
+    """The task's TaskResult, once every session has ended."""
     return f"polar.tasks.{task_id}.result"
 
 
@@ -29,7 +30,7 @@ SESSIONS_FINISHED = "polar.sessions.finished"  # SessionFinished, consumed by bu
 # TrajectoryBuilt, consumed by evaluators: any evaluator's, or, when the evaluation needs
 # a runtime the session left on its node (live, or prewarmed), that node's evaluator's
 SESSIONS_BUILT_ANY = "polar.sessions.built.any"
-ALL_SESSIONS_BUILT = "polar.sessions.built.>"
+ALL_SESSIONS_BUILT = "polar.sessions.built.>"  # every TrajectoryBuilt, whoever's
 _BUILT_ON = "polar.sessions.built.node."
 
 
@@ -49,6 +50,7 @@ SESSIONS_SCORED = "polar.events.scored"
 
 
 def session_event(state: str) -> str:
+    """SessionStateChanged: a session entered ``state``."""
     return f"polar.events.session.{state.lower()}"
 
 
@@ -61,6 +63,7 @@ def session_cancel(session_id: str) -> str:
 
 
 def completions(session_id: str) -> str:
+    """The session's CompletionRecords, one per model call (the proxy's)."""
     return f"polar.completions.{session_id}"
 
 
@@ -71,23 +74,32 @@ def completion_msg_id(session_id: str, seq: int) -> str:
 
 
 def trajectories(task_id: str) -> str:
+    """The task's scored Trajectories, delivered once each (trainers read them)."""
     return f"polar.trajectories.{task_id}"
 
 
+def regrades(regrade_id: str, task_id: str) -> str:
+    """Re-graded trajectories (``polar regrade``): apart from ``polar.trajectories.>``,
+    so a trainer never takes a re-grade for a new sample unless it asks for them."""
+    return f"polar.regrades.{regrade_id}.{task_id}"
+
+
 def dead_letter(stream: str) -> str:
+    """Messages of ``stream`` that failed too often, with the reason."""
     return f"polar.dlq.{stream.lower()}"
 
 
 # What each stream holds (services/common/bus.py creates them).
 ALL_TASKS = "polar.tasks.>"
-ALL_SESSIONS = "polar.sessions.>"
-ALL_EVENTS = "polar.events.>"
-ALL_COMPLETIONS = "polar.completions.>"
-ALL_TRAJECTORIES = "polar.trajectories.>"
-ALL_DEAD_LETTERS = "polar.dlq.>"
+ALL_SESSIONS = "polar.sessions.>"  # POLAR_SESSIONS: the session work queues
+ALL_EVENTS = "polar.events.>"  # POLAR_EVENTS: state changes, scores, heartbeats
+ALL_COMPLETIONS = "polar.completions.>"  # POLAR_COMPLETIONS: every model call's record
+ALL_TRAJECTORIES = "polar.trajectories.>"  # POLAR_TRAJECTORIES: scored trajectories
+ALL_REGRADES = "polar.regrades.>"  # POLAR_REGRADES: re-graded trajectories
+ALL_DEAD_LETTERS = "polar.dlq.>"  # POLAR_DLQ: dead letters
 
 
-NODE_HEARTBEAT = "polar.nodes.heartbeat"
+NODE_HEARTBEAT = "polar.nodes.heartbeat"  # NodeHeartbeat: a node's sessions and bounds per stage
 
 # -- JetStream streams --------------------------------------------------------------
 STREAM_TASKS = "POLAR_TASKS"  # polar.tasks.>
@@ -95,6 +107,7 @@ STREAM_SESSIONS = "POLAR_SESSIONS"  # polar.sessions.> (work queues)
 STREAM_EVENTS = "POLAR_EVENTS"  # polar.events.> (lifecycle log)
 STREAM_COMPLETIONS = "POLAR_COMPLETIONS"  # polar.completions.>
 STREAM_TRAJECTORIES = "POLAR_TRAJECTORIES"  # polar.trajectories.>
+STREAM_REGRADES = "POLAR_REGRADES"  # polar.regrades.>
 STREAM_DLQ = "POLAR_DLQ"  # polar.dlq.>
 OBJECT_STORE = "polar-blobs"  # claim-check for payloads over the NATS limit
 # What the shared consumer knows of a message's earlier deliveries (which ended in a nak,
@@ -132,15 +145,17 @@ def artifacts_object(session_id: str, attempt: int) -> str:
 
 
 # -- durable consumers --------------------------------------------------------------
-CONSUMER_SCHEDULER_SUBMIT = "scheduler-submit"
-CONSUMER_SCHEDULER_CANCEL = "scheduler-cancel"
+CONSUMER_SCHEDULER_SUBMIT = "scheduler-submit"  # the scheduler's, on TASKS_SUBMIT
+CONSUMER_SCHEDULER_CANCEL = "scheduler-cancel"  # the scheduler's, on TASKS_CANCEL
+# the scheduler's, on SESSION_EVENTS
 CONSUMER_SCHEDULER_EVENTS = "scheduler-events"
-CONSUMER_POOL_INIT = "pool-init"
-CONSUMER_BUILDER = "builder"
-CONSUMER_EVALUATOR = "evaluator"
+CONSUMER_POOL_INIT = "pool-init"  # the runtime pools', on SESSIONS_INIT (shared)
+CONSUMER_BUILDER = "builder"  # the builders', on SESSIONS_FINISHED (shared)
+CONSUMER_EVALUATOR = "evaluator"  # the evaluators', on SESSIONS_BUILT_ANY (shared)
 
 
 def consumer_executor(node: str) -> str:
+    """The durable of ``sessions_ready(node)``: that node's executor's."""
     return f"executor-{node}"
 
 
@@ -151,18 +166,21 @@ def consumer_evaluator_on(node: str) -> str:
 
 
 # -- Redis keys ---------------------------------------------------------------------
-REDIS_PREFIX = "polar:"
+REDIS_PREFIX = "polar:"  # every key Polar writes starts with it
 
 
 def key_session(session_id: str) -> str:
+    """Hash: the session's registry record (Session)."""
     return f"polar:session:{session_id}"
 
 
 def key_task(task_id: str) -> str:
+    """Hash: the task's record, its spec included."""
     return f"polar:task:{task_id}"
 
 
 def key_task_sessions(task_id: str) -> str:
+    """List of the task's session ids, in order."""
     return f"polar:task:{task_id}:sessions"
 
 
@@ -172,6 +190,7 @@ def key_task_counts(task_id: str) -> str:
 
 
 def key_token(token: str) -> str:
+    """The session a proxy token belongs to, while the session runs."""
     return f"polar:token:{token}"
 
 
@@ -218,7 +237,7 @@ KEY_NODES = "polar:nodes"  # hash "<node>/<service>" -> last NodeHeartbeat json
 # kept until the bus has them. Hash msg id -> "<subject>\n<payload>"; sorted set msg id ->
 # when it was kept (the relay publishes those older than its grace).
 KEY_OUTBOX = "polar:outbox"
-KEY_OUTBOX_DUE = "polar:outbox:due"
+KEY_OUTBOX_DUE = "polar:outbox:due"  # sorted set: msg id -> when it was kept (see KEY_OUTBOX)
 
 
 def key_node_state(node: str, state: str) -> str:
@@ -236,6 +255,7 @@ def key_cancel_asked(session_id: str) -> str:
 
 
 def key_lease(session_id: str) -> str:
+    """A session's own lease key (the services keep every lease in KEY_LEASES)."""
     return f"polar:lease:{session_id}"
 
 

@@ -13,9 +13,9 @@ class VersionSpan(Struct, frozen=True, kw_only=True):
     """Response tokens ``[start, end)`` (indices into ``Trace.response_ids``) were sampled
     by the weights of ``version``."""
 
-    version: str
-    start: int
-    end: int
+    version: str  # the weight version that sampled them
+    start: int  # the first response index of the span
+    end: int  # one past its last
 
 
 class ToolFailure(Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -24,9 +24,9 @@ class ToolFailure(Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     seq: int  # the CompletionRecord whose output holds it
     kind: str  # malformed | unknown_tool | invalid_arguments
-    detail: str = ""
+    detail: str = ""  # what was wrong, in the parser's words
     start: int = -1  # response_ids indices [start, end); -1: the call as a whole
-    end: int = -1
+    end: int = -1  # one past the span's last index; -1: the call as a whole
 
 
 class TraceToolParse(Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -72,23 +72,30 @@ class Trace(Struct, frozen=True, kw_only=True, omit_defaults=True):
     ``routing`` says which experts an MoE engine routed each position to (R3).
     """
 
-    trace_id: str
-    chain_id: int = 0
+    trace_id: str  # "<session_id>/<chain_id>"
+    chain_id: int = 0  # the chain's number in its session (a chain: calls each extending the last)
     lineage_id: str | None = None  # the chain this one branched from (sub-agent, compaction)
     break_reason: str | None = None  # why this is not part of the previous chain
-    prompt_ids: list[int]
+    prompt_ids: list[int]  # the chain's first prompt, token ids
+    # every token after the prompt: sampled ones and those between (tool results, template glue)
     response_ids: list[int]
-    loss_mask: list[int]
+    loss_mask: list[int]  # per response token: 1 where the model sampled it, else 0
+    # per response token: the engine's logprob of a sampled one, else None
     response_logprobs: list[float | None]
-    reward: float | None = None
+    reward: float | None = None  # this trace's own reward, when the evaluator gives one per trace
+    # the conversation as OpenAI-shaped messages, the last sampled turn included
     messages: list[dict[str, object]] = []
-    tools: list[dict[str, object]] = []
+    tools: list[dict[str, object]] = []  # the tool specs offered with it (OpenAI shape)
+    # the distinct weight versions that sampled it (version_spans says where)
     weight_versions: list[str] = []
+    # which weight version sampled which response tokens, in order
     version_spans: list[VersionSpan] = []
     completion_seqs: list[int] = []  # the CompletionRecords this trace was built from
+    # the images the model read, each at its token span of prompt_ids + response_ids
     images: list[ImageSpan] = []
+    # a call outside the main loop (title, router, probe, judge); None: the main loop
     side_call: str | None = None
-    trainable: bool = True
+    trainable: bool = True  # false: a trainer skips it (a side call, a trace cut off mid-call)
     tool_parse: TraceToolParse | None = None  # None: none of its calls offered tools
     # MoE expert routing per position of prompt_ids + response_ids (schemas/routing.py;
     # routing_array reads it): None when the engine returned none
@@ -109,33 +116,54 @@ def token_versions(spans: list[VersionSpan], n: int) -> list[str | None]:
 
 
 class BuildStats(Struct, frozen=True, kw_only=True, omit_defaults=True):
-    completions: int = 0
-    chains: int = 0
+    completions: int = 0  # model calls read
+    chains: int = 0  # traces built
     tokens: int = 0  # tokens a trainer processes (sum of trace lengths)
-    sampled_tokens: int = 0
+    sampled_tokens: int = 0  # tokens the model sampled (loss mask 1)
     merge_ratio: float = 1.0  # per_request tokens / built tokens
     breaks: dict[str, int] = {}  # break reason -> count
     # tool-call parse health of the calls built (their records' ``tool_parse``): model
     # calls that offered tools, the tool calls they wrote, those that failed by kind
     tool_turns: int = 0
-    tool_calls_checked: int = 0
+    tool_calls_checked: int = 0  # tool calls written on calls that offered tools, parsed or not
+    # those that failed, by kind (malformed | unknown_tool | invalid_arguments)
     tool_calls_failed: dict[str, int] = {}
 
 
+class Grade(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One evaluator's verdict on a session (``polar regrade``): a re-graded trajectory
+    carries the session's own grade first, then the re-grade's."""
+
+    evaluator: str  # the evaluator's name (or "module:Class")
+    config_digest: str = ""  # sha256 of its config, short: two configs of one name differ
+    reward: float | None = None  # None: the evaluation failed (``reason`` says why)
+    status: str = "ok"  # ok | error
+    reason: str | None = None  # why this reward, in the evaluator's words (or why it failed)
+    regrade_id: str | None = None  # None: the session's own evaluation
+    via: str = "session"  # session | artifacts | replay (which replay: ``replay_session``)
+    replay_session: str | None = None  # the replay graded, when ``via`` is replay
+
+
 class Trajectory(Struct, frozen=True, kw_only=True, omit_defaults=True):
-    v: int = 1
-    session_id: str
-    task_id: str
-    attempt: int = 0
-    outcome: Outcome
-    builder: str
-    traces: list[Trace]
+    v: int = 1  # the shape's version
+    session_id: str  # the session it records
+    task_id: str  # the session's task
+    attempt: int = 0  # the session attempt it was built from (0, then one more per retry)
+    outcome: Outcome  # how the harness run ended
+    builder: str  # the builder that made the traces (prefix_merging, per_request, ...)
+    traces: list[Trace]  # the trainable sequences, in the order their chains began
+    # the session's reward; None: not evaluated yet, or the evaluation failed
     reward: float | None = None
     eval_status: str = "pending"  # pending | ok | error
-    eval_reason: str | None = None
+    eval_reason: str | None = None  # why this reward, in the evaluator's words
     intact: bool = True  # false when a capture is missing or a session was cut mid-call
-    stats: BuildStats = BuildStats()
-    harness: str | None = None
-    harness_version: str | None = None
+    stats: BuildStats = BuildStats()  # what the build counted
+    harness: str | None = None  # the harness that ran (its preset's name)
+    harness_version: str | None = None  # its version, when the harness reports one
+    # the model API the harness spoke (openai_chat, anthropic_messages, ...)
     protocol: str | None = None
+    # the build's notes (reward policy, record count, integrity problems)
     metadata: dict[str, object] = {}
+    # a re-graded trajectory (``polar regrade``): every grade, the session's own first;
+    # ``reward`` is the last one's. Empty on what the session's evaluation delivered.
+    grades: list[Grade] = []

@@ -38,6 +38,10 @@ def export_command(
     min_reward: Annotated[
         float | None, typer.Option(help="keep sessions with reward >= this (sft default 1.0)")
     ] = None,
+    regrade: Annotated[
+        str | None,
+        typer.Option(help="a re-grade's trajectories and rewards (`polar regrade` names it)"),
+    ] = None,
     nats_url: Annotated[
         str | None,
         typer.Option(envvar="POLAR_NATS_URL", help="NATS URL (default: the topology's)"),
@@ -50,7 +54,15 @@ def export_command(
         if nats_url is None:  # like every other command: the running stack's, else the topology's
             nats_url = Stack.load(topology, state_dir).nats_url
         stats = asyncio.run(
-            _run(nats_url, out, layout=layout, fmt=fmt, task_id=task, min_reward=min_reward)
+            _run(
+                nats_url,
+                out,
+                layout=layout,
+                fmt=fmt,
+                task_id=task,
+                min_reward=min_reward,
+                regrade=regrade,
+            )
         )
     except (ExportError, TopologyError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)

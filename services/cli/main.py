@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -278,8 +279,13 @@ def _print_not_submitted(answer: taskfile.Refused | None) -> int:
 @app.command()
 def replay(
     target: Annotated[
-        str, typer.Argument(help="the recorded session to re-run, or a task: each of its sessions")
-    ],
+        str | None,
+        typer.Argument(help="the recorded session to re-run, or a task: each of its sessions"),
+    ] = None,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(help="replay the sessions of this file (`polar bundle`), from any stack"),
+    ] = None,
     until: Annotated[
         int | None,
         typer.Option(help="fork: replay the first N calls, then call the engine (--then live)"),
@@ -304,9 +310,14 @@ def replay(
     """
     if then != "live":
         raise _fail("--then takes only 'live' (the engine under the current weights)")
+    if (target is None) == (bundle is None):
+        raise _fail("name what to replay: a session or task, or --bundle FILE")
     stack = _stack(topology, state_dir)
     try:
-        code = asyncio.run(_replay(stack, target, until, train, timeout))
+        if bundle is not None:
+            code = asyncio.run(_replay_bundle(stack, bundle, until, train, timeout))
+        else:
+            code = asyncio.run(_replay(stack, target, until, train, timeout))
     except Unreachable as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(code)
@@ -334,6 +345,83 @@ async def _replay(
     ]
     worst = [c for c in codes if c != exitcodes.OK]
     return worst[0] if worst else exitcodes.OK
+
+
+async def _replay_bundle(
+    stack: Stack, path: Path, until: int | None, train: bool, timeout: float | None
+) -> int:
+    """Each session of the bundle at ``path``: its records put into this stack, then
+    replayed like one of its own (the bundle unpacked beside the stack's state)."""
+    from services.bundle.collect import install
+    from services.bundle.pack import BundleError, unpack
+
+    try:  # a file that is no bundle is refused before any stack is asked
+        root, manifest = unpack(path, stack.state_dir / "bundles")
+    except BundleError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        return exitcodes.REFUSED
+    client = await _client(stack, "bus", timeout)
+    try:
+        sessions = await install(client.bus, manifest, root)
+    except (BundleError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        return exitcodes.REFUSED
+    finally:
+        await client.close()
+    recorded_by = ", ".join(f"{k} {v}" for k, v in sorted(manifest.versions.items()))
+    out.print(f"bundle {path.name}: {len(sessions)} session(s), recorded by {recorded_by}")
+    codes = [
+        await _replay_one(stack, session, task, until, train, timeout) for session, task in sessions
+    ]
+    worst = [c for c in codes if c != exitcodes.OK]
+    return worst[0] if worst else exitcodes.OK
+
+
+@app.command()
+def bundle(
+    targets: Annotated[list[str], typer.Argument(help="sessions or tasks (each of its sessions)")],
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="the bundle file to write")],
+    redact: Annotated[
+        bool, typer.Option(help="redact text fields and the tasks' env values (API keys)")
+    ] = False,
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Write recorded sessions into one file another stack replays (`polar replay
+    --bundle FILE`) with no access to this one: each session's task (with the files its
+    prepare steps upload), records, prompt images and routing, artifacts, scored
+    trajectory, harness version, and this stack's versions. A session's token is never
+    written; --redact also redacts text (token ids stay as sampled)."""
+    stack = _stack(topology, state_dir)
+    try:
+        code = asyncio.run(_bundle(stack, targets, out_file, redact))
+    except Unreachable as exc:
+        raise _fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+async def _bundle(stack: Stack, targets: list[str], path: Path, redact: bool) -> int:
+    from services.bundle.collect import collect
+    from services.bundle.pack import BundleError, write_bundle
+
+    client = await _client(stack, "bus")
+    try:
+        collected = await collect(client.bus, await client.registry(), targets, redact)
+        size = write_bundle(path, collected.manifest, collected.members, collected.files)
+    except BundleError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        return exitcodes.REFUSED
+    finally:
+        await client.close()
+    m = collected.manifest
+    records = sum(s.records for s in m.sessions)
+    out.print(
+        f"wrote {path}: {len(m.sessions)} session(s), {records} record(s), "
+        f"{len(collected.files)} prepared file(s), {size} bytes"
+        + (" (redacted)" if redact else ""),
+        highlight=False,
+    )
+    return exitcodes.OK
 
 
 async def _replay_one(stack: Stack, recorded, spec, until, train, timeout) -> int:
@@ -372,6 +460,135 @@ async def _replay_one(stack: Stack, recorded, spec, until, train, timeout) -> in
     if report.diverged:
         return replays.EXIT_DIVERGED
     return exitcodes.verdict(result)[0]
+
+
+@app.command()
+def regrade(
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(help="sessions or tasks to re-grade (default: every stored session)"),
+    ] = None,
+    evaluator: Annotated[
+        str | None, typer.Option(help="the evaluator to grade with: a name or module:Class")
+    ] = None,
+    config: Annotated[str | None, typer.Option(help="its config, as JSON")] = None,
+    evaluator_file: Annotated[
+        Path | None, typer.Option(help="an evaluator spec (YAML/JSON), instead of --evaluator")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="stored from then on: ISO 8601, or an age (24h, 7d)")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="stored before then (same forms)")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="evaluations at once")] = 16,
+    timeout: Annotated[
+        float | None, typer.Option(help="give up waiting on a replay after SECONDS")
+    ] = None,
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Evaluate stored sessions again with another evaluator or config: the same tokens,
+    a new reward. From each session's recorded artifacts (diff, files, output), or, when
+    the evaluator needs a runtime, by replaying the session into a fresh one (no engine).
+    The re-graded trajectories carry both grades (``Trajectory.grades``) and are stored on
+    ``polar.regrades.<regrade_id>.<task>``; ``polar export --regrade ID`` writes them.
+    Exit codes: 0 every session re-graded; 1 refused (bad evaluator, stack unreachable);
+    3 some evaluations failed (each is named)."""
+    from services.cli import regrade as regrades
+
+    try:
+        spec = regrades.evaluator_spec(evaluator, config, evaluator_file)
+        window = (regrades.parse_when(since), regrades.parse_when(until))
+    except regrades.RegradeUsage as exc:
+        raise _fail(str(exc)) from None
+    stack = _stack(topology, state_dir)
+    try:
+        code = asyncio.run(_regrade(stack, targets or [], spec, window, concurrency, timeout))
+    except Unreachable as exc:
+        raise _fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+async def _regrade(stack: Stack, targets, spec, window, concurrency, timeout) -> int:
+    from services.regrade.logic import Selection
+    from services.regrade.run import RegradeError
+    from services.regrade.run import regrade as regrade_stored
+
+    client = await _client(stack, "bus", timeout)
+    try:
+        registry = await client.registry()
+        sessions = [s for s in await registry.get_sessions(targets) if s is not None]
+        named = {s.session_id for s in sessions}
+        selection = Selection(
+            session_ids=frozenset(named),
+            task_ids=frozenset(t for t in targets if t not in named),
+            since=window[0],
+            until=window[1],
+        )
+        try:
+            stats, for_replay = await regrade_stored(
+                client.bus, registry.task_spec, selection, spec, concurrency=concurrency
+            )
+        except RegradeError as exc:
+            err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+            return exitcodes.REFUSED
+    finally:
+        await client.close()
+    if for_replay:
+        out.print(f"{spec.name} needs a runtime: replaying {len(for_replay)} session(s) into one")
+    started = time.perf_counter()
+    for t, task in for_replay:
+        line = await _regrade_by_replay(stack, t, task, spec, timeout, stats)
+        out.print(line, highlight=False)
+    stats.seconds += time.perf_counter() - started
+    out.print(
+        f"re-graded {stats.graded} of {stats.read} stored session(s) with {spec.name} "
+        f"(regrade {stats.regrade_id}) in {stats.seconds:.1f}s: {stats.changed} reward(s) "
+        f"changed; `polar export --regrade {stats.regrade_id}` exports them",
+        highlight=False,
+    )
+    for problem in stats.errors:
+        err.print(f"[red]error:[/red] {problem}", markup=True, highlight=False)
+    if stats.read == 0:
+        err.print("nothing stored matches: check the names and --since/--until")
+        return exitcodes.NONE_COMPLETED
+    return exitcodes.NONE_COMPLETED if stats.errors else exitcodes.OK
+
+
+async def _regrade_by_replay(stack: Stack, t, task, spec, timeout, stats) -> str:
+    """One session re-graded by a replay into a fresh runtime with ``spec``."""
+    from services.cli import regrade as regrades
+    from services.cli import replay as replays
+    from services.common.completions import read_completions
+    from services.regrade.logic import NewGrade
+    from services.regrade.run import store
+
+    client = await _client(stack, "bus", timeout)
+    try:
+        recorded = await (await client.registry()).get_session(t.session_id)
+        if recorded is None:
+            stats.errors.append(f"{t.session_id}: no longer in the registry: cannot replay it")
+            return f"{t.session_id}: not replayed"
+        replay = replays.replay_task(
+            regrades.with_evaluator(task, spec), recorded, until=None, train=False
+        )
+        answer = await client.submit(replays.task_file(replay), follow=True)
+        if not isinstance(answer, taskfile.Submitted):
+            stats.errors.append(f"{t.session_id}: the replay was refused: {answer}")
+            return f"{t.session_id}: not replayed"
+        result = await client.wait(answer.task_id, timeout, lambda *_: None)
+        if result is None:
+            stats.errors.append(f"{t.session_id}: timed out waiting for its replay")
+            return f"{t.session_id}: replay {answer.task_id} still running"
+        [session] = result.sessions
+        records, _ = await read_completions(client.bus, session.session_id)
+        diverged = replays.replay_report(records).diverged
+        graded = regrades.replay_result(session, diverged)
+        new = NewGrade(spec, graded, "replay", session.session_id)
+        scored = await store(client.bus, t, task.evaluator, new)
+    finally:
+        await client.close()
+    stats.count(t, scored, graded)
+    return regrades.result_line(t, scored)
 
 
 @app.command()

@@ -82,6 +82,12 @@ STREAMS: tuple[StreamConfig, ...] = (
         duplicate_window=3 * 3600.0,
     ),
     StreamConfig(
+        name=S.STREAM_REGRADES,
+        subjects=[S.ALL_REGRADES],
+        storage=StorageType.FILE,
+        duplicate_window=3 * 3600.0,
+    ),
+    StreamConfig(
         name=S.STREAM_DLQ,
         subjects=[S.ALL_DEAD_LETTERS],
         storage=StorageType.FILE,

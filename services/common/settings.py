@@ -55,6 +55,7 @@ DEFAULT_STREAM_LIMITS: dict[str, StreamLimits] = {
     S.STREAM_EVENTS: StreamLimits(max_age_seconds=3 * DAY),
     S.STREAM_COMPLETIONS: StreamLimits(max_age_seconds=7 * DAY),
     S.STREAM_TRAJECTORIES: StreamLimits(max_age_seconds=14 * DAY),
+    S.STREAM_REGRADES: StreamLimits(max_age_seconds=14 * DAY),
     S.STREAM_DLQ: StreamLimits(max_age_seconds=14 * DAY),
     OBJECT_STREAM: StreamLimits(max_age_seconds=14 * DAY, max_bytes=4 << 30),
 }
@@ -108,15 +109,15 @@ def fill_from_env(data: dict, fields: dict[str, str], env: Mapping[str, str]) ->
 
 
 class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    nats_url: str = DEFAULT_NATS_URL
-    redis_url: str = DEFAULT_REDIS_URL
-    host: str = "127.0.0.1"
-    port: int = 0
-    node: str = "node0"
+    nats_url: str = DEFAULT_NATS_URL  # NATS (`POLAR_NATS_URL` overrides)
+    redis_url: str = DEFAULT_REDIS_URL  # Redis or Valkey (`POLAR_REDIS_URL` overrides)
+    host: str = "127.0.0.1"  # where the service listens
+    port: int = 0  # its port; 0: any free one
+    node: str = "node0"  # the node the service runs for (per-node services) or on
     # how often a service checks that the registry still holds its epoch marker
     registry_check_seconds: float = 1.0
     nats_replicas: int = 1  # copies of each stream / store (3 on a 3-node JetStream cluster)
-    retention: Retention = Retention()
+    retention: Retention = Retention()  # the stack's retention policy (the topology's)
 
     def with_env_secrets(self, env: Mapping[str, str]) -> Self:
         """These settings with the credentials beyond ``ENV_TOKENS`` that this kind

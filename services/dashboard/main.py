@@ -257,6 +257,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             built = row.state in ENDED or row.state == "EVALUATING"  # its artifacts stored
             art = await reader.run_artifacts(session_id, row.attempt) if built else None
             body = views.session_view(row, records, problems, art, traj, time.time())
+            body["lineage"] = reader.lineage(session_id)  # its replays, forks, re-grades
             return api("session", body, reader.secrets(row.task_id, [session_id]))
 
     @get("/api/sessions/{session_id:str}/trajectory")

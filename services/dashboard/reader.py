@@ -31,6 +31,7 @@ from schemas import (
     Artifacts,
     CompletionRecord,
     ContractError,
+    Grade,
     Outcome,
     Session,
     SessionFinished,
@@ -75,6 +76,10 @@ class StackReader:
         self.events_error: str | None = None
         self.loaded = False  # the registry has been read once
         self.specs: dict[str, TaskRequest] = {}
+        # a recorded session's replays and forks (their task ids), and its re-grades
+        # (``polar regrade``: the re-grade's own grade, the last of each trajectory's)
+        self.replays_of: dict[str, list[str]] = {}
+        self.regrades: dict[str, dict[str, Grade]] = {}
         # each session's token: never shown, scrubbed from what is (``secrets``)
         self.tokens: dict[str, str] = {}
         self.artifacts: SizedLRU[str, Any] = SizedLRU(cfg.artifact_sessions, lambda k, v: 1)
@@ -137,6 +142,7 @@ class StackReader:
         nc = self.bus.nc
         self._subs.append(await nc.subscribe(S.SESSIONS_FINISHED, cb=self._on_finished))
         await self._follow_events()
+        self._spawn(self._follow_regrades(), "follow-regrades")
 
     async def _follow_events(self) -> None:
         """Every session event from the start of the events stream (the timelines of
@@ -157,7 +163,61 @@ class StackReader:
                 self.events_error = f"NATS: no session events stream yet ({exc})"
                 await asyncio.sleep(1.0)
 
+    async def _follow_regrades(self) -> None:
+        """Every re-grade stored (``polar regrade``), then live ones: a session's page
+        lists them. A stack from before re-grades has no stream: looked for again."""
+        assert self.bus is not None
+        while True:
+            try:
+                sub = await self.bus.js.subscribe(
+                    S.ALL_REGRADES,
+                    ordered_consumer=True,
+                    deliver_policy=DeliverPolicy.ALL,
+                    cb=self._on_regrade,
+                )
+                self._subs.append(sub)
+                return
+            except Exception:  # noqa: BLE001 - no stream yet
+                await asyncio.sleep(5.0)
+
+    def _note_spec(self, task_id: str, spec: TaskRequest) -> None:
+        self.specs[task_id] = spec
+        if spec.replay is not None:
+            replays = self.replays_of.setdefault(spec.replay.session_id, [])
+            if task_id not in replays:
+                replays.append(task_id)
+
+    def lineage(self, session_id: str) -> dict[str, list[dict[str, Any]]]:
+        """The session's replays and forks (each its state and reward) and re-grades."""
+        replays = []
+        for task_id in self.replays_of.get(session_id, []):
+            spec = self.specs[task_id]
+            for sid in self.index.tasks.get(task_id, []):
+                row = self.index.rows.get(sid)
+                until = spec.replay.until if spec.replay else None
+                replays.append({
+                    "session_id": sid,
+                    "kind": "replay" if until is None else f"fork after {until} call(s)",
+                    "state": row.state if row else None,
+                    "reward": row.reward if row else None,
+                    "evaluator": spec.evaluator.name,
+                })  # fmt: skip
+        regrades = [
+            msgspec.to_builtins(g) for _, g in sorted(self.regrades.get(session_id, {}).items())
+        ]
+        return {"replays": replays, "regrades": regrades}
+
     # -- what arrives -----------------------------------------------------------------
+    async def _on_regrade(self, msg) -> None:
+        try:
+            t = decode(await self.bus.payload(msg), Trajectory)
+        except (ContractError, LookupError):
+            return
+        if t.grades and t.grades[-1].regrade_id:
+            grade = t.grades[-1]
+            self.regrades.setdefault(t.session_id, {})[grade.regrade_id] = grade
+            self.index.version += 1  # the session's page shows it
+
     async def _on_event(self, msg) -> None:
         try:
             ev = decode(msg.data, SessionStateChanged)
@@ -227,7 +287,7 @@ class StackReader:
                 with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
                     spec = msgspec.json.decode(spec_raw, type=TaskRequest)
             if spec is not None:
-                self.specs[t] = spec
+                self._note_spec(t, spec)
             self.index.add_task(t, spec.agent.harness if spec else None, float(submitted or 0))
             for row in self.index.task_rows(t):  # rows the events made before we knew
                 row.harness = spec.agent.harness if spec else None
@@ -334,7 +394,7 @@ class StackReader:
         except REDIS_ERRORS:
             return None
         if record is not None:
-            self.specs[task_id] = record.spec
+            self._note_spec(task_id, record.spec)
         return record
 
     async def completions(self, session_id: str) -> tuple[list[CompletionRecord], list[str]]:

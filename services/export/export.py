@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas import Trajectory
+from schemas import subjects as S
 from schemas.routing import routing_array
 from services.client.client import routing_blobs
 from services.common.bus import Bus
 from services.common.redact import redact_struct
 from services.export.layouts import LAYOUTS, Numbering
-from services.export.reader import read_trajectories
+from services.export.reader import read_stored, read_trajectories
 from services.export.writers import WRITERS, ExportError
 
 
@@ -31,10 +33,12 @@ async def export(
     fmt: str = "jsonl",
     task_id: str | None = None,
     min_reward: float | None = None,
+    regrade: str | None = None,
 ) -> ExportStats:
     """Write every stored trajectory of ``task_id`` (all tasks if None) in ``layout``.
     ``min_reward``: sft keeps sessions at or above it (default 1.0); slime filters only
-    when it is given."""
+    when it is given. ``regrade``: that re-grade's trajectories (``polar regrade``: the
+    same tokens, its rewards) instead of the sessions' own."""
     if layout not in LAYOUTS:
         raise ExportError(f"unknown layout {layout!r}: use one of {sorted(LAYOUTS)}")
     if fmt not in WRITERS:
@@ -45,7 +49,7 @@ async def export(
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = WRITERS[fmt](out, layout)
     try:
-        async for t in read_trajectories(bus, task_id, unreadable=stats.unreadable):
+        async for t in _stored(bus, task_id, regrade, stats.unreadable):
             stats.trajectories += 1
             rows = to_rows(redact_struct(t), threshold, numbering)  # also pre-redaction ones
             if rows and any("rollout_routed_experts" in r for r in rows):
@@ -57,6 +61,18 @@ async def export(
     finally:
         writer.close()
     return stats
+
+
+async def _stored(
+    bus: Bus, task_id: str | None, regrade: str | None, unreadable: list[str]
+) -> AsyncIterator[Trajectory]:
+    if regrade is None:
+        async for t in read_trajectories(bus, task_id, unreadable=unreadable):
+            yield t
+        return
+    subject = S.regrades(regrade, task_id or ">")
+    async for t, _ in read_stored(bus, S.STREAM_REGRADES, subject, unreadable=unreadable):
+        yield t
 
 
 async def write_routing(bus: Bus, t: Trajectory, rows: list[dict], folder: Path) -> None:

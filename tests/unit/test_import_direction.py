@@ -1,4 +1,4 @@
-"""Packages import in one direction: the layers of docs/architecture.md, lowest first.
+"""Packages import in one direction: the layers of docs/explanation/architecture.md, lowest first.
 
 A package may import only packages of lower layers (never one of its own layer, never a
 higher one), so there are no cycles. Imports inside functions count too: a lazy import
@@ -26,16 +26,20 @@ LAYERS: list[set[str]] = [
         "services.scheduler",
         "services.trainer",
     },
+    {"services.regrade", "services.bundle"},  # polar regrade / bundle: evaluators, records
     {"infra"},  # topology, wiring, local servers, set-up: starts the services above
     {"services.demo"},
     {"services.cli"},  # the `polar` command
     {"services.dashboard"},  # reads what `polar status` reads, acts through the CLI's commands
+    {"infra.docgen"},  # the reference pages: read every package above (docs, not runtime)
 ]
 LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
 
 def package_of(module: str) -> str:
     parts = module.split(".")
+    if parts[:2] == ["infra", "docgen"]:
+        return "infra.docgen"
     return ".".join(parts[:2]) if parts[0] == "services" and len(parts) > 1 else parts[0]
 
 
@@ -109,7 +113,7 @@ def test_the_checker_reports_upward_and_same_layer_imports(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert wrong_way(imports_between_packages(tmp_path)) == [
-        "proxy/io/__init__.py: proxy (layer 3) imports services.cli (layer 7)",
+        "proxy/io/__init__.py: proxy (layer 3) imports services.cli (layer 8)",
         "schemas/a.py: schemas (layer 0) imports services.pool (layer 4)",
         "services/builder/e.py: services.builder (layer 4) imports services.scheduler (layer 4)",
         "services/node/d.py: services.node (layer 3) imports services.executor (layer 4)",

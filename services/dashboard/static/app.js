@@ -317,6 +317,7 @@ pages.session = async function () {
     d.replay ? el("p", { id: "replay", class: d.replay.diverged_at === null ? "" : "warn" }, "replay of ", link(`/sessions/${enc(d.replay.of)}`, d.replay.of),
       d.replay.line.slice(`replay of ${d.replay.of}`.length)) : "",
     d.failure ? failureSection(d.failure) : "",
+    lineageSection(d.lineage),
     section("Verdict", el("p", { id: "verdict" }, `reward ${fmt(v.reward)} · ${v.eval_status || "not evaluated"} · `, el("span", { class: "reason" }, v.eval_reason || ""),
       v.reason ? el("span", {}, ` · run: ${v.reason}`) : "")),
     section("Phases", el("p", {}, d.spans.map((p) => el("span", { class: `chip ph-${p.phase}` }, `${p.state} ${secs(p.seconds)}`)))),
@@ -327,6 +328,19 @@ pages.session = async function () {
     section("Artifacts", artifacts),
     d.trajectory ? section("Build", el("pre", {}, JSON.stringify({ builder: d.trajectory.builder, intact: d.trajectory.intact, stats: d.trajectory.stats, metadata: d.trajectory.metadata }, null, 2))) : "");
 };
+
+// a recorded session's replays and forks (polar replay) and re-grades (polar regrade)
+function lineageSection(l) {
+  if (!l || (!l.replays.length && !l.regrades.length)) return "";
+  const replays = l.replays.length ? table(["replay", "kind", "state", "reward", "graded by"], l.replays.map((r) =>
+    el("tr", {}, el("td", {}, link(`/sessions/${enc(r.session_id)}`, r.session_id)), el("td", {}, r.kind),
+      el("td", {}, r.state ? stateTag(r.state) : "–"), el("td", {}, fmt(r.reward)), el("td", {}, r.evaluator))), { id: "replays" }) : "";
+  const regrades = l.regrades.length ? table(["re-grade", "evaluator", "reward", "via", "reason"], l.regrades.map((g) =>
+    el("tr", { class: g.status === "ok" ? "" : "warn" }, el("td", {}, el("code", {}, g.regrade_id)), el("td", {}, g.evaluator), el("td", {}, fmt(g.reward)),
+      el("td", {}, g.replay_session ? ["replay ", link(`/sessions/${enc(g.replay_session)}`, g.replay_session)] : g.via),
+      el("td", { class: "reason" }, g.reason || ""))), { id: "regrades" }) : "";
+  return section("Replays and re-grades", replays, regrades);
+}
 
 // a call of a replay: "replayed #3 of S" (S links to the recorded session), why its
 // request differed where it did, or "diverged" (the call's error says how)

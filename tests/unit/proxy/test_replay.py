@@ -44,6 +44,7 @@ def record(seq: int, msgs: list[dict], reply: dict | None, **kw) -> CompletionRe
 
 
 FIRST = {"role": "assistant", "content": "Looking.", "tool_calls": [CALL]}
+RAW = b'{"model": "polar-tiny", "temperature": 0.7, "max_tokens": 512, "messages": []}'
 LAST = {"role": "assistant", "content": "Done."}
 RESULT = {"role": "tool", "tool_call_id": "call_7f3a", "content": "calc.py tests"}
 RECORDS = {
@@ -55,6 +56,7 @@ RECORDS = {
         output_ids=[4, 5],
         output_logprobs=[-0.1, -0.2],
         finish_reason="tool_calls",
+        raw_request=msgspec.Raw(RAW),
     ),
     1: record(
         1,
@@ -65,6 +67,7 @@ RECORDS = {
         prompt_base_len=5,
         output_ids=[8],
         output_logprobs=[-0.3],
+        raw_request=msgspec.Raw(RAW),
     ),
 }
 SPEC = ReplaySpec(session_id="orig-0000")
@@ -76,7 +79,10 @@ def replays() -> Replays:
     return r
 
 
-CTX = SimpleNamespace(session_id="replay-0000", attempt=0)
+# the model's name is not compared (a replay may name another); the sampler's settings are
+CTX = SimpleNamespace(
+    session_id="replay-0000", attempt=0, raw_request=RAW.replace(b"polar-tiny", b"other")
+)
 
 
 async def test_a_recorded_call_is_answered_as_the_harness_was_told_it():
@@ -113,6 +119,13 @@ async def test_an_edited_request_diverges_at_its_call_and_field_and_stays_diverg
     with pytest.raises(ReplayDiverged, match="this replay diverged already") as exc:
         await r.answer(CTX, same, [], SPEC, 0)
     assert exc.value.mark.result == "refused"
+
+
+async def test_a_harness_that_samples_otherwise_diverges_at_the_parameter():
+    hotter = SimpleNamespace(**{**vars(CTX), "raw_request": RAW.replace(b"0.7", b"1.0")})
+    with pytest.raises(ReplayDiverged) as exc:
+        await replays().answer(hotter, normalized_json(messages(), TOOLS), [], SPEC, 0)
+    assert "sampling.temperature: recorded '0.7', now '1.0'" in exc.value.report
 
 
 async def test_a_call_past_the_record_and_a_recorded_failure():
@@ -186,7 +199,7 @@ def test_the_report_reads_the_replays_own_records():
 async def test_the_replays_own_session_and_task_ids_read_as_the_recorded_ones():
     """A CLI writes its working directory, named after its session, into its prompt."""
     r = replays()
-    ctx = SimpleNamespace(session_id="replay-9f2c1a-0000", attempt=0)
+    ctx = SimpleNamespace(session_id="replay-9f2c1a-0000", attempt=0, raw_request=RAW)
     recorded = messages(SYSTEM + " cwd: /work/sessions/orig-0000-a0-main")
     r.keep(
         SPEC,
