@@ -47,6 +47,7 @@ CSP = (
 # secrets by shape only: the lists (each row's reasons were scrubbed with its own task's
 # secrets as it entered the index, reader._scrub_reasons)
 SHAPES = Scrubber()
+LINEAGE_READS = 10  # a session page reads the records of its last 10 replays (divergences)
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
@@ -257,7 +258,10 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             built = row.state in ENDED or row.state == "EVALUATING"  # its artifacts stored
             art = await reader.run_artifacts(session_id, row.attempt) if built else None
             body = views.session_view(row, records, problems, art, traj, time.time())
-            body["lineage"] = reader.lineage(session_id)  # its replays, forks, re-grades
+            body["lineage"] = lineage = reader.lineage(session_id)  # replays, forks, re-grades
+            for replay in lineage["replays"][-LINEAGE_READS:]:  # a diverged one's diff
+                replayed, _ = await reader.completions(replay["session_id"])
+                replay["diverged"] = views.divergence(replayed)
             return api("session", body, reader.secrets(row.task_id, [session_id]))
 
     @get("/api/sessions/{session_id:str}/trajectory")

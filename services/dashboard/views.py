@@ -374,6 +374,13 @@ def replay_summary(records: Iterable[CompletionRecord]) -> dict[str, Any] | None
     }
 
 
+def divergence(records: Iterable[CompletionRecord]) -> str | None:
+    """Where a replay diverged and how (the call, the field, both sides): the report its
+    diverged call's record keeps; None when it did not diverge."""
+    diverged = [r for r in records if r.replay is not None and r.replay.result == REPLAY_DIVERGED]
+    return min(diverged, key=lambda r: r.seq).error if diverged else None
+
+
 def model_call(rec: CompletionRecord, prompt_len: int | None) -> dict[str, Any]:
     t = rec.timings
     engine_ms = _ms(t.upstream_start, t.upstream_end) if t else None

@@ -31,7 +31,9 @@ from schemas import CompletionRecord, Outcome, Trajectory, encode
 from schemas import subjects as S
 from services.builder.strategies.prefix_merging import PrefixMerging
 from services.bundle.pack import unpack
+from services.cli.context import Stack
 from services.cli.demo import demo_topology
+from services.cli.main import _dashboard_key
 from services.common.bus import Bus
 from services.common.completions import read_completions
 from services.export.reader import read_stored
@@ -230,9 +232,6 @@ def test_a_regrade_that_needs_a_runtime_replays_the_session_into_one(stack, reco
 
 
 def test_the_dashboard_lists_a_sessions_replays_forks_and_regrades(stack, recorded):
-    from services.cli.context import Stack
-    from services.cli.main import _dashboard_key
-
     _, topology, _, _ = stack
     session_id, _ = recorded
     operator = Stack.load(topology, None)
@@ -254,6 +253,7 @@ def test_the_dashboard_lists_a_sessions_replays_forks_and_regrades(stack, record
     assert kinds == ["fork after 1 call(s)", "replay", "replay"], seen  # the last by regrade
     assert {r["evaluator"] for r in seen["replays"]} == {"test_on_output", "command"}
     assert all(r["session_id"].startswith("replay-") for r in seen["replays"])
+    assert all(r["diverged"] is None for r in seen["replays"])  # none has, yet
     by_evaluator = {g["evaluator"]: g for g in seen["regrades"]}
     assert by_evaluator[MENTIONS]["reward"] == 0.25 and by_evaluator[MENTIONS]["via"] == "artifacts"
     assert by_evaluator["command"]["via"] == "replay" and by_evaluator["command"]["replay_session"]
@@ -294,6 +294,15 @@ def test_an_edited_harness_is_reported_at_the_call_and_field(stack, recorded):
     assert f"diverged: replay of {session_id} diverged at call 0:" in report
     assert "messages[0].content: recorded 'You are a careful" in report
     assert "careful" in report and "hasty" in report
+    operator = Stack.load(stack[1], None)
+    headers = {"Authorization": f"Bearer {_dashboard_key(operator)}"}
+    url = f"{operator.service_url('dashboard')}/api/sessions/{session_id}"
+    [diverged] = [
+        r for r in httpx.get(url, headers=headers, timeout=10).json()["lineage"]["replays"]
+        if r["diverged"]
+    ]  # fmt: skip
+    assert "diverged at call 0" in diverged["diverged"]
+    assert "messages[0].content: recorded 'You are a careful" in diverged["diverged"]
 
 
 def test_a_bundle_replays_on_a_second_stack(recorded, bundle_file, tmp_path):

@@ -332,9 +332,10 @@ pages.session = async function () {
 // a recorded session's replays and forks (polar replay) and re-grades (polar regrade)
 function lineageSection(l) {
   if (!l || (!l.replays.length && !l.regrades.length)) return "";
-  const replays = l.replays.length ? table(["replay", "kind", "state", "reward", "graded by"], l.replays.map((r) =>
-    el("tr", {}, el("td", {}, link(`/sessions/${enc(r.session_id)}`, r.session_id)), el("td", {}, r.kind),
-      el("td", {}, r.state ? stateTag(r.state) : "–"), el("td", {}, fmt(r.reward)), el("td", {}, r.evaluator))), { id: "replays" }) : "";
+  const replays = l.replays.length ? table(["replay", "kind", "state", "reward", "graded by", "diverged"], l.replays.map((r) =>
+    el("tr", { class: r.diverged ? "warn" : "" }, el("td", {}, link(`/sessions/${enc(r.session_id)}`, r.session_id)), el("td", {}, r.kind),
+      el("td", {}, r.state ? stateTag(r.state) : "–"), el("td", {}, fmt(r.reward)), el("td", {}, r.evaluator),
+      el("td", { class: "reason" }, r.diverged || "–"))), { id: "replays" }) : "";
   const regrades = l.regrades.length ? table(["re-grade", "evaluator", "reward", "via", "reason"], l.regrades.map((g) =>
     el("tr", { class: g.status === "ok" ? "" : "warn" }, el("td", {}, el("code", {}, g.regrade_id)), el("td", {}, g.evaluator), el("td", {}, fmt(g.reward)),
       el("td", {}, g.replay_session ? ["replay ", link(`/sessions/${enc(g.replay_session)}`, g.replay_session)] : g.via),
