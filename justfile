@@ -116,15 +116,29 @@ lint:
     ruff check .
     ruff format --check .
 
-# Write docs/reference/ (task fields, harness environment and presets) from the code;
-# `--check` says which page is out of date (tests/unit/test_reference_docs.py runs it).
+# (CLI, task, topology and service settings, HTTP API, subjects, metrics, trajectories,
+# harnesses; tests/unit/test_reference_docs.py runs `--check`.)
+# Write docs/reference/ from the code; `--check` names the pages out of date.
 docs-reference *ARGS:
     {{py}} -m infra.docgen {{ARGS}}
+
+# (Nothing it serves comes from elsewhere: mermaid is fetched from npm once, pinned:
+# infra/docgen/vendor.py.)
+# Serve the docs site (mkdocs.yml) at http://127.0.0.1:8000, rebuilt on every change.
+docs *ARGS:
+    NO_MKDOCS_2_WARNING=1 {{py}} -m mkdocs serve {{ARGS}}
+
+# (A broken link or anchor, a nav entry with no page or a page in no nav entry fails it;
+# `just test` runs it: tests/unit/test_docs_site.py.)
+# Build the docs site into build/site, strict.
+docs-build *ARGS:
+    NO_MKDOCS_2_WARNING=1 {{py}} -m mkdocs build --strict {{ARGS}}
 
 fmt:
     ruff check --fix .
     ruff format .
 
-# Benchmarks (not part of `just test`); results go to docs/benchmarks.md by hand.
+# Benchmarks (not part of `just test`); results go to docs/benchmarks/ by hand
+# (index.md: the current figures and their commands; history.md: every round).
 bench *ARGS:
     for f in tests/bench/bench_*.py; do echo "== $f"; {{py}} "$f" {{ARGS}}; done

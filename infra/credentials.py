@@ -16,7 +16,7 @@ its next start.
 
 A server the stack found already running is the operator's: its URL is used as given
 (credentials in the URL, ``nats://user:pass@host:4222``, ``redis://:pass@host:6379/0``),
-and no password for it is kept here. Harnesses get none of these (docs/security.md).
+and no password for it is kept here. Harnesses get none of these (docs/explanation/security.md).
 """
 
 from __future__ import annotations

@@ -28,26 +28,29 @@ class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 class Node(NodeBounds, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: str
+    name: str  # the node's name (in subjects and keys: no dots or spaces)
 
 
 class ServiceEntry(_Strict):
-    enabled: bool = True
+    enabled: bool = True  # false: `polar up` does not start it
     port: int | None = None  # None: the catalog's default; 0: any free port
     config: dict[str, Any] = {}  # passed through to the service's POLAR_CONFIG
 
 
 class Topology(_Strict):
+    # the stack's NATS (`polar up` starts one there when none answers)
     nats_url: str = DEFAULT_NATS_URL
-    redis_url: str = DEFAULT_REDIS_URL
+    redis_url: str = DEFAULT_REDIS_URL  # the stack's Redis or Valkey (likewise)
     nats_replicas: int = 1  # each stream's copies: 3 on a 3-node JetStream cluster
     retention: Retention = Retention()  # what is kept how long (docs/configuration.md)
     state_dir: str = ".state"  # relative paths are under the current directory
     host: str = "127.0.0.1"  # where services listen
+    # how long `polar up` waits for every service to be healthy
     startup_timeout_seconds: float = 60.0
     services: dict[str, ServiceEntry] = {}  # absent: every catalog service, enabled
+    # the nodes, by name or with their bounds; per-node services run once on each
     nodes: list[str | Node] = msgspec.field(default_factory=lambda: ["node0"])
-    backends: list[Backend] = []
+    backends: list[Backend] = []  # the inference servers; none: the embedded model server (`model`)
 
 
 class ServicePlan(msgspec.Struct, frozen=True, kw_only=True):

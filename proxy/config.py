@@ -15,8 +15,9 @@ EMBEDDED = "embedded"
 
 class BackendConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: str = "embedded"  # sglang | vllm | embedded (SGLang surface)
+    # the engines' base URLs: one pool
     urls: list[str] = msgspec.field(default_factory=lambda: [EMBEDDED_URL])
-    model: str = "default"
+    model: str = "default"  # the model name the engines are asked for
     # the kind's client and pool settings (proxy/backends/factory.py), e.g. a vLLM
     # deployment's reload_path or SGLang's pause_mode; an unknown name refuses the start
     settings: dict[str, Any] = {}
@@ -40,7 +41,7 @@ def merged_settings(group: list[Backend]) -> dict[str, Any]:
 
 class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     port: int = 8200
-    backend: BackendConfig = BackendConfig()
+    backend: BackendConfig = BackendConfig()  # the engines when `backends` is empty
     backends: list[Backend] = []  # from topology.yaml; overrides `backend` when set
     mode: str = "token"  # token (TITO: proxy templates, sends ids) | chat (engine templates)
     model_dir: str | None = None  # tokenizer + chat template for token mode
@@ -58,13 +59,14 @@ class ProxyConfig(ServiceSettings, frozen=True, kw_only=True):
     # record them (R3, docs/training.md); the engine must be started with
     # --enable-return-routed-experts (vLLM >= 0.32, SGLang; the embedded engine always can)
     routed_experts: bool = False
-    default_max_tokens: int = 1024
+    default_max_tokens: int = 1024  # a call's token limit when its request sets none
     # A body over this is refused (413) before it is read.
     max_body_bytes: int = 16 * 1024 * 1024
     # The model's context in tokens: a prompt whose text alone cannot fit it is refused
     # (400, context_length) before it is templated or tokenized (proxy/promptbound.py). None:
     # the engine's, as its probe reports it, else model_dir's config.json; 0: no such check.
     context_tokens: int | None = None
+    # a streamed call still running after this gets keep-alives until its answer
     keepalive_seconds: float = 10.0
     # Poll instead of sleeping for up to this long while a Redis or JetStream reply is
     # due (never the engine's: proxy/io/spin.py); 0: off.

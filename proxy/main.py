@@ -316,7 +316,7 @@ def create_app(config: ProxyConfig | None = None) -> ProxyApp:
         # in flight, each scanning every call's live objects, and pushed them on to the
         # older generations (full collections too): ~16 µs of collector a call, ~9% of
         # the proxy's CPU. Every 10,000, what a call made is mostly freed before the
-        # next one: 1.7 µs a call (docs/benchmarks.md, issue 18).
+        # next one: 1.7 µs a call (docs/benchmarks/history.md, issue 18).
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         try:
             yield

@@ -66,8 +66,8 @@ class ImageSpan(Struct, frozen=True, kw_only=True):
     into the full prompt ids, or into a trace's prompt + response ids)."""
 
     digest: str  # "sha256:<hex>" of the image's bytes as the harness sent them
-    start: int
-    length: int
+    start: int  # index of its first image token
+    length: int  # its image tokens
     media_type: str = ""  # as the harness declared it (image/png, ...)
 
 
@@ -77,18 +77,18 @@ class ToolParseFailure(Struct, frozen=True, kw_only=True):
     # malformed (JSON/XML that does not parse, an unterminated block) | unknown_tool (a
     # name the request did not offer) | invalid_arguments (not the tool's JSON schema)
     kind: str
-    detail: str
+    detail: str  # what was wrong, in the parser's words
     start: int = -1  # token offsets into output_ids; -1: the call as a whole
-    end: int = -1
+    end: int = -1  # one past the last token; -1: the call as a whole
 
 
 class ToolParse(Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Parse health of a call that offered tools: did the model's tool markup parse?"""
 
-    ok: bool
+    ok: bool  # every tool call parsed and checked
     family: str = ""  # the model family whose parser read it (docs/models.md)
     calls: int = 0  # tool calls parsed
-    failures: list[ToolParseFailure] = []
+    failures: list[ToolParseFailure] = []  # the ones that did not, in order
 
 
 class ReplayMark(Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -96,7 +96,7 @@ class ReplayMark(Struct, frozen=True, kw_only=True, omit_defaults=True):
     sampled (its tokens are that call's), or refused (``result``)."""
 
     session_id: str  # the recorded session
-    attempt: int = 0
+    attempt: int = 0  # the recorded session's attempt
     seq: int  # the recorded call's number
     # why the request differed from the recorded one where it did (a date, a timestamp,
     # a random id: proxy/replay_diff.py), when it did
@@ -119,39 +119,42 @@ REPLAY_RESULTS = (REPLAYED, REPLAY_DIVERGED, REPLAY_REFUSED, REPLAY_FAILED)
 
 class Timings(Struct, frozen=True, kw_only=True, omit_defaults=True):
     received: float  # epoch seconds
-    upstream_start: float = 0.0
-    upstream_end: float = 0.0
-    captured: float = 0.0
+    upstream_start: float = 0.0  # epoch seconds: the request went to the engine
+    upstream_end: float = 0.0  # the engine's answer was complete
+    captured: float = 0.0  # the record was committed
     queue_ms: float = 0.0  # time spent waiting (pause, backpressure)
 
 
 class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
-    v: int = 1
-    session_id: str
+    v: int = 1  # the shape's version
+    session_id: str  # the session that made the call
     seq: int  # 0, 1, 2, ... per session, in the order calls reached the engine
     attempt: int = 0  # the session attempt that made the call (a retried session appends)
-    protocol: Protocol
-    mode: UpstreamMode
+    protocol: Protocol  # the model API the harness called
+    mode: UpstreamMode  # who rendered the chat template: the engine (chat) or the proxy (token)
     model: str  # what the harness asked for (and is echoed back)
-    served_model: str = ""
+    served_model: str = ""  # the model the engine says it served
     raw_request: Raw = Raw(b"null")  # the harness's request body, verbatim JSON
     normalized: Raw = Raw(b"null")  # the normalized Conversation
     reply: Raw = Raw(b"null")  # the assistant message the proxy answered with (OpenAI shape)
     prompt_ids: list[int] = []  # full prompt, or the tail after the base (see module doc)
+    # the record whose prompt + output this prompt extends; None: prompt_ids is whole
     prompt_base_seq: int | None = None
     prompt_base_len: int = 0  # tokens taken from base prompt + base output
     images: list[ImageSpan] = []  # every image of the full prompt, in order
-    output_ids: list[int] = []
-    output_logprobs: list[float] = []
+    output_ids: list[int] = []  # the sampled token ids
+    output_logprobs: list[float] = []  # the engine's logprob of each sampled id
     # stop | length | tool_calls (the turn called tools, in chat and token mode) | abort | error
     finish_reason: str = "stop"
+    # the weights that sampled it, as the engine reports; None: not reported
     weight_version: str | None = None
     # A swap mid-call (engines that say so): weight_versions[i] produced output_ids from
     # weight_version_starts[i] on. Empty when one version produced the whole output.
     weight_versions: list[str] = []
-    weight_version_starts: list[int] = []
+    weight_version_starts: list[int] = []  # where each of weight_versions starts in output_ids
+    # when it was received, sent to the engine, answered and captured
     timings: Timings | None = None
-    user_agent: str | None = None
+    user_agent: str | None = None  # the harness's User-Agent header
     # title | router | count_tokens | probe (the proxy's) | judge (an evaluator's call,
     # recorded after the build: services/evaluator/sidecalls.py) | None (main loop)
     side_call: str | None = None
@@ -160,6 +163,7 @@ class CompletionRecord(Struct, frozen=True, kw_only=True, omit_defaults=True):
     tool_parse: ToolParse | None = None  # None: no tools offered, or no parser at hand
     routing: RoutedExperts | None = None  # MoE expert routing (schemas/routing.py)
     replay: ReplayMark | None = None  # answered from a recorded call, not sampled
+    # cut off mid-generation (the harness left, a cancel): output_ids is what came
     aborted: bool = False
     error: str | None = None  # failed before sampling anything (see ``void``)
 

@@ -34,10 +34,10 @@ class RoutedExperts(Struct, frozen=True, kw_only=True):
     ``prompt + output``, in the object store under ``object``."""
 
     object: str  # subjects.routing_object(session, attempt, seq)
-    start: int
-    rows: int
+    start: int  # the first position with a row here (those before: base_seq's)
+    rows: int  # rows stored
     layers: int  # MoE layers, in model order
-    top_k: int
+    top_k: int  # experts per token and layer
     dtype: str  # a key of DTYPES
     # rows [0, start) are this record's rows at the same positions (its prompt shares them);
     # None with start > 0: the positions before start have no routing (e.g. the engine
@@ -53,21 +53,21 @@ class RoutingSegment(Struct, frozen=True, kw_only=True):
     """Positions ``[start, start + length)`` of a trace's ``prompt_ids + response_ids``
     are rows ``[row, row + length)`` of ``object``, computed by weights ``version``."""
 
-    object: str
-    row: int
-    start: int
-    length: int
-    version: str | None = None
+    object: str  # object-store name of the rows (a call's RoutedExperts.object)
+    row: int  # the first row of the segment in that object
+    start: int  # its first position in prompt_ids + response_ids
+    length: int  # positions covered
+    version: str | None = None  # the weights that computed them
 
 
 class TraceRouting(Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Where a trace's routing is: positions no segment covers have none (the last
     token, a call whose engine returned none, a prefix computed under other weights)."""
 
-    layers: int
-    top_k: int
-    dtype: str
-    segments: list[RoutingSegment] = []
+    layers: int  # MoE layers, in model order
+    top_k: int  # experts per token and layer
+    dtype: str  # a key of DTYPES: the rows' integer type
+    segments: list[RoutingSegment] = []  # in position order
 
     @property
     def covered(self) -> int:

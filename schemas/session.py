@@ -64,23 +64,23 @@ class Outcome(enum.StrEnum):
 
 
 class Session(Struct, frozen=True, kw_only=True):
-    session_id: str
-    task_id: str
-    index: int
+    session_id: str  # "<task_id>-<index:04d>"
+    task_id: str  # its task
+    index: int  # its sample's number in the task, from 0
     token: str  # unguessable; the harness's API key and URL secret
-    state: SessionState = S.REGISTERED
+    state: SessionState = S.REGISTERED  # where it is in its lifecycle
     version: int = 0  # bumped by every transition
-    attempt: int = 0
+    attempt: int = 0  # 0, then one more each time a fault of the system retries it
     # the call counter when this attempt began: lower call numbers are earlier attempts'
     # (one an attempt cut off mid-call never recorded is its gap, not this attempt's)
     seq_floor: int = 0
-    priority: int = 0
-    node: str | None = None
-    created_at: float = 0.0
+    priority: int = 0  # higher first (the task's)
+    node: str | None = None  # the node it is placed on; None before
+    created_at: float = 0.0  # epoch seconds
     updated_at: float = 0.0  # time of the last transition
     deadline: float = 0.0  # epoch seconds: the whole session must end by then
-    outcome: Outcome | None = None
-    reward: float | None = None
+    outcome: Outcome | None = None  # how its harness run ended, once it has
+    reward: float | None = None  # once evaluated; None: not yet, or the evaluation failed
     reason: str | None = None  # why the run ended as it did (harness, deadline, cancel)
     eval_status: str | None = None  # ok | error, once evaluated
     eval_reason: str | None = None  # why this reward, in the evaluator's words

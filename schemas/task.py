@@ -92,7 +92,7 @@ Network = Literal["none", "bridge", "host"]
 # auto: isolated (`none`: the sandbox's own loopback and the proxy bridge, which passes
 # only the session's own routes) where the sandbox is bubblewrap; the node's network
 # (`host`) where there is no sandbox, with the loud NO SANDBOX warning. `host` must be
-# asked for: it puts every port of the node in the harness's reach (docs/security.md).
+# asked for: it puts every port of the node in the harness's reach (docs/explanation/security.md).
 LocalNetwork = Literal["auto", "none", "host"]
 
 

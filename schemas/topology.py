@@ -24,10 +24,11 @@ class NodeBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 class Backend(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A ``backends:`` entry: an inference server URL, or the embedded CPU model."""
 
-    name: str = "default"
+    name: str = "default"  # names the entry in errors and on the dashboard
     kind: str = "sglang"  # sglang | vllm | embedded
     url: str | None = None  # base URL; None: the embedded model server the stack runs
-    model: str | None = None
+    model: str | None = None  # the model name the engine is asked for; None: "default"
+    # the kind's client and pool settings (entries of one kind must agree)
     settings: dict[str, Any] = {}
 
     @property

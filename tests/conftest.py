@@ -104,6 +104,7 @@ LONGEST_FIRST = (
     "tests/integration/test_examples.py",  # every example at a smoke size, one after another
     "tests/integration/test_dashboard_browser.py",
     "tests/integration/test_replay.py",  # a stack, a run and three replays (~1.5 min)
+    "tests/integration/test_docs_code.py",  # every tutorial's and how-to's code (~75 s)
     "tests/unit/proxy/test_tito_families.py",
 )
 # Files that share one worker: they use the session's one vLLM (a start is ~1 minute).

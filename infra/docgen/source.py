@@ -13,7 +13,8 @@ import sys
 import tokenize
 from dataclasses import dataclass
 
-_MARKERS = ("fmt:", "noqa", "type:", "pragma")  # tool directives, not documentation
+# tool directives, and a section's title (``# -- the loop``): not documentation
+_MARKERS = ("fmt:", "noqa", "type:", "pragma", "-- ")
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,24 @@ def markdown(rst: str) -> str:
     """A docstring's reStructuredText as Markdown: ``x`` -> `x`; a ``::`` at a line's end
     opens the indented block below it (which Markdown shows as code)."""
     text = rst.replace("``", "`")
-    return re.sub(r"(\S)::$", r"\1:", text, flags=re.MULTILINE).replace("\n::\n", "\n")
+    text = re.sub(r"(\S)::$", r"\1:", text, flags=re.MULTILINE).replace("\n::\n", "\n")
+    return escape(text)
+
+
+def escape(text: str) -> str:
+    """``<`` as ``&lt;`` in prose (a ``<state_dir>`` is no HTML tag), never in code: a
+    backtick span, a fenced block or an indented line."""
+    out, fenced = [], False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.startswith("    "):
+            parts = re.split(r"(`[^`]*`)", line)
+            line = "".join(p if p.startswith("`") else p.replace("<", "&lt;") for p in parts)
+        out.append(line)
+    return "\n".join(out)
 
 
 def cell(text: str) -> str:
     """Text for a Markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    return escape(text.replace("\n", " ")).replace("|", "\\|")

@@ -1,5 +1,5 @@
 """The proxy's own I/O fast paths, each kept because a benchmark showed the gain
-(docs/benchmarks.md): ``serving.py`` (the proxy's whole HTTP surface served straight off
+(docs/benchmarks/history.md): ``serving.py`` (the proxy's whole HTTP surface served straight off
 the server by one router, no framework), ``native.py`` (its HTTP/1.1 server, on the
 proxy's own event loop),
 ``resp.py`` (a pipelined hiredis client), ``rawhttp.py`` (the engine HTTP/1.1 client)

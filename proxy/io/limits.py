@@ -44,7 +44,7 @@ class HttpLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # 100 Continue), extended by one second per `body_min_bytes_per_second` bytes that
     # came: else a 408 and the connection is closed
     body_timeout_seconds: float = 30.0
-    body_min_bytes_per_second: float = 1024.0
+    body_min_bytes_per_second: float = 1024.0  # the rate that extends body_timeout_seconds
     # open connections at once; 0: derived from the open-files limit (see connection_caps)
     max_connections: int = 0
     # open connections from one client address at once (a node's harnesses share its

@@ -1,7 +1,7 @@
 """A minimal HTTP/1.1 keep-alive client on asyncio protocols, for engine calls.
 
 Why not aiohttp: on the proxy's engine-call path aiohttp was ~23% of the proxy's CPU
-(py-spy, docs/benchmarks.md); a bare protocol does the same call for a third of the CPU.
+(py-spy, docs/benchmarks/history.md); a bare protocol does the same call for a third of the CPU.
 The engines speak plain HTTP/1.1 JSON with Content-Length or chunked bodies, so the client
 needs little: one request per connection at a time, a bounded pool of idle connections,
 a response parser (``ResponseParser``, pure), and a deadline per request.

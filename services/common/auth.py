@@ -50,7 +50,7 @@ def refusal(
     if not any(accepted):
         return (
             f"the {service}'s {role} routes are closed: it has no {role}_token configured "
-            "(`polar up` generates one; see docs/security.md)"
+            "(`polar up` generates one; see docs/explanation/security.md)"
         )
     given = bearer(headers)
     if given is None:

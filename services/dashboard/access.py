@@ -48,7 +48,7 @@ class Access:
         if not self.keys:
             return (
                 "the dashboard is closed: it has no read_token configured (`polar up` and "
-                "`polar dashboard` give it the stack's; see docs/security.md)"
+                "`polar dashboard` give it the stack's; see docs/explanation/security.md)"
             )
         if bearer(headers) is not None:
             return refusal(

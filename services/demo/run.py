@@ -56,7 +56,7 @@ ENGINES = ("embedded", "vllm")  # what serves the demo's model
 
 @dataclass(frozen=True)
 class Recipe:
-    """What the demo trains with (measured choices: docs/benchmarks.md)."""
+    """What the demo trains with (measured choices: docs/benchmarks/history.md)."""
 
     seed: int = 0
     # the task family: a built-in name, module:Class or a file (services/demo/family.py)
@@ -64,7 +64,7 @@ class Recipe:
     budget_seconds: float = 285.0  # from the demo's start to the trainer's last step
     max_steps: int = 100_000  # or stop after this many steps
     # per session (one chat call, one trace each): 256 samples a step; 32 reached 0.6 on
-    # 7 of 8 seeds in process against 4 of 8 for 16 (docs/benchmarks.md), and a session's
+    # 7 of 8 seeds in process against 4 of 8 for 16 (docs/benchmarks/history.md), and a session's
     # cost grows little with its questions (they go to the engine at once)
     questions: int = 32
     # the training reward (held-out: exact only): exact, shaped (exact_answer's near-miss
@@ -79,7 +79,7 @@ class Recipe:
     lr: float = 1e-3
     clip_eps_high: float = 0.28  # a wider upper clip keeps unlikely right answers rising
     # PPO epochs: 4 learn faster in process (sim_stars.py) but collapsed seed 1 through the
-    # stack (stale batches, docs/benchmarks.md); 1 until a quiet-machine run says otherwise
+    # stack (stale batches, docs/benchmarks/history.md); 1 until a quiet-machine run says otherwise
     updates_per_batch: int = 1
     eval_every: int = 10
     sft_steps: int = 60

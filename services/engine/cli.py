@@ -87,8 +87,8 @@ def run_server(config: ServeConfig) -> None:
 @app.command("serve")
 def serve_command(
     model_dir: Annotated[Path, typer.Option(help="HF model directory.")] = DEFAULT_MODEL_DIR,
-    host: Annotated[str, typer.Option()] = "127.0.0.1",
-    port: Annotated[int, typer.Option()] = 30000,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 30000,
     policy: Annotated[Path | None, typer.Option(help="Scripted policy YAML.")] = None,
     max_queue: Annotated[int, typer.Option(help="Waiting requests before 503.")] = 256,
     max_batch: Annotated[int, typer.Option(help="Sequences generating together.")] = 32,
@@ -96,8 +96,12 @@ def serve_command(
     prefix_cache_tokens: Annotated[int, typer.Option(help="0 disables prefix reuse.")] = 65536,
     threads: Annotated[int, typer.Option(help="torch threads for the engine.")] = 1,
     weight_version: Annotated[str, typer.Option(help="Initial weight version.")] = "1",
-    served_model_name: Annotated[str, typer.Option()] = "",
-    default_max_tokens: Annotated[int, typer.Option()] = 256,
+    served_model_name: Annotated[
+        str, typer.Option(help="The model name clients see (default: the directory's name).")
+    ] = "",
+    default_max_tokens: Annotated[
+        int, typer.Option(help="Tokens to generate when a request sets no limit.")
+    ] = 256,
     api_key: Annotated[
         str | None,
         typer.Option(

@@ -24,15 +24,16 @@ class EngineConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 class ServeConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # the model to serve (`polar model init DIR` writes one)
     model_dir: str = str(DEFAULT_MODEL_DIR)
-    host: str = "127.0.0.1"
-    port: int = 30000
+    host: str = "127.0.0.1"  # where it listens
+    port: int = 30000  # its port
     policy: str | None = None  # scripted policy YAML
     served_model_name: str = ""  # default: the directory name
-    weight_version: str = "1"
+    weight_version: str = "1"  # the version its first weights report
     threads: int = 1  # torch intra-op threads for the engine
-    default_max_tokens: int = 256
-    engine: EngineConfig = EngineConfig()
+    default_max_tokens: int = 256  # tokens generated when a request sets no limit
+    engine: EngineConfig = EngineConfig()  # the batching engine's bounds
     # Every route but /healthz and /metrics needs `Authorization: Bearer <api_key>`
     # (SGLang's and vLLM's --api-key); None: open, for a server only its user reaches.
     # `polar up` always sets one: a harness on the node's network must not pause the

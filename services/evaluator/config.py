@@ -11,8 +11,9 @@ class EvaluatorConfig(ServiceSettings, frozen=True, kw_only=True):
     retry_delay_seconds: float = 0.25  # a session that changed while being advanced
     # Runtimes: the same node directories and proxy as this node's pool and executor.
     work_dir: str = ".state/work"
-    proxy_url: str = "http://127.0.0.1:8200"
-    docker_host: str | None = None
+    proxy_url: str = "http://127.0.0.1:8200"  # the proxy as the runtimes reach it
+    docker_host: str | None = None  # the Docker API of the docker runtime; None: $DOCKER_HOST
+    # a runtime's processes get this long to stop before they are killed
     stop_grace_seconds: float = 2.0
     result_ttl_seconds: float = 7 * 24 * 3600.0  # a kept evaluation result expires then
     # The nodes whose runtimes this evaluator reaches (their work_dir and docker_host are
@@ -22,7 +23,7 @@ class EvaluatorConfig(ServiceSettings, frozen=True, kw_only=True):
     # Another node's queue holding work nobody has taken for ``orphan_after_seconds`` (its
     # host is gone) is drained here, in fresh runtimes; looked at every ``..._check_...``.
     orphan_check_seconds: float = 10.0
-    orphan_after_seconds: float = 60.0
+    orphan_after_seconds: float = 60.0  # see orphan_check_seconds
 
     @property
     def reachable_nodes(self) -> tuple[str, ...]:

@@ -14,9 +14,9 @@ class PoolConfig(NodeSettings, frozen=True, kw_only=True):
     engine_urls: list[str] = []  # engines to watch (base URLs)
     backends: list[Backend] = []  # topology.yaml's `backends`: their URLs too
     backpressure_queue: float = 16.0  # waiting requests per engine
-    backpressure_resume: float = 4.0
+    backpressure_resume: float = 4.0  # INIT resumes at or below this
     backpressure_ttl_seconds: float = 5.0  # the key outlives a pool that dies backing off
-    backpressure_poll_seconds: float = 0.5
+    backpressure_poll_seconds: float = 0.5  # how often the engines' queues are read
 
     def watched_engines(self) -> list[str]:
         urls = [*self.engine_urls, *(b.base_url for b in self.backends)]

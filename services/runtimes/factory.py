@@ -31,7 +31,7 @@ _RUNTIME_ID = re.compile(r"(?P<session>.+)-a(?P<attempt>0|[1-9][0-9]*)-(?P<role>
 log = logging.getLogger(__name__)
 # Harnesses that run nothing in the sandbox: `sandbox: auto` needs no bubblewrap for them.
 # Every other one (the CLIs, the shell harness, a custom class) runs what the model and
-# the task say, which the threat model does not trust (docs/security.md).
+# the task say, which the threat model does not trust (docs/explanation/security.md).
 RUNS_NOTHING = frozenset({"noop"})
 _warned: set[str] = set()
 

@@ -26,7 +26,7 @@ class Accepted(_Answer):
 
 
 class ErrorBody(_Answer):
-    message: str
+    message: str  # what was wrong
     field: str | None = None  # the request field the refusal is about, if any
 
 
@@ -34,29 +34,29 @@ class Error(_Answer):
     """Every refusal: a bad task (400), a missing or wrong token (401), no such task or
     session (404), a task id taken by another spec (409), a body over the limit (413)."""
 
-    error: ErrorBody
+    error: ErrorBody  # the refusal
 
 
 class SessionSummary(_Answer):
-    session_id: str
-    state: SessionState
-    reward: float | None
-    reason: str | None
-    eval_reason: str | None
+    session_id: str  # the session
+    state: SessionState  # its state now
+    reward: float | None  # once evaluated
+    reason: str | None  # why its run ended as it did
+    eval_reason: str | None  # the evaluator's reason for the reward
 
 
 class TaskView(_Answer):
-    task_id: str
+    task_id: str  # the task
     status: str  # active, then the result's: completed | failed | cancelled | early_stopped
     submitted_at: float  # epoch seconds
     spec: TaskRequest  # as submitted, every env value redacted
     counts: dict[str, int]  # sessions by state
-    sessions: list[SessionSummary]
+    sessions: list[SessionSummary]  # each session, in order
     result: TaskResult | None  # once the task has ended
 
 
 class Cancelled(_Answer):
-    task_id: str
+    task_id: str  # the task
     cancelled_sessions: int  # the live sessions this cancel ended
 
 

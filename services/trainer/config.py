@@ -18,8 +18,11 @@ from services.client.connection import Connection
 from services.common.settings import ServiceSettings
 from services.trainer.toolparse import DEFAULT_RULE, ToolParseRule
 
+# the policy-gradient estimator (services/trainer/objective.py)
 Objective = Literal["grpo", "rloo", "dr_grpo"]
+# which rewards are compared for an advantage (services/trainer/batch.py)
 Grouping = Literal["auto", "session", "trace", "prompt"]
+# what a sample older than max_staleness gets: left out, or stale_weight
 StalePolicy = Literal["drop", "downweight"]
 Positive = Annotated[float, Meta(gt=0)]
 
@@ -36,9 +39,9 @@ class TaskSourceConfig(_Cfg):
     """Task templates (TaskRequest dicts without ``task_id``): a JSONL file, or a
     ``module:function`` returning an iterable of them (called with ``args``)."""
 
-    path: str | None = None
-    generator: str | None = None
-    args: dict[str, object] = {}
+    path: str | None = None  # a JSONL file of task templates
+    generator: str | None = None  # or a "module:function" that returns them
+    args: dict[str, object] = {}  # the generator's keyword arguments
     heldout: Annotated[int, Meta(ge=0)] = 0  # templates held out (chosen by the seed)
     heldout_path: str | None = None  # or a file of its own (then ``heldout`` is ignored)
 
@@ -49,34 +52,35 @@ class TaskSourceConfig(_Cfg):
 
 class EvalConfig(_Cfg):
     every: Annotated[int, Meta(ge=0)] = 1  # steps between held-out evaluations; 0: none
-    at_start: bool = True
-    at_end: bool = True
-    num_samples: Annotated[int, Meta(ge=1)] = 1
+    at_start: bool = True  # evaluate before the first step too
+    at_end: bool = True  # and after the last
+    num_samples: Annotated[int, Meta(ge=1)] = 1  # sessions per held-out task
     priority: int = 10  # held-out sessions go ahead of training rollouts
     # deep-merged into each held-out task (e.g. the agent's env telling it to decode greedily)
     overrides: dict[str, object] = {}
-    timeout_seconds: Positive = 600.0
+    timeout_seconds: Positive = 600.0  # an evaluation's tasks must end within this
 
 
 class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     port: int = 8150
+    # names the run: its consumer, checkpoints and log
     run_id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_]{1,32}$")] = "run"
-    tasks: TaskSourceConfig
-    model_dir: str
-    checkpoint_dir: str
+    tasks: TaskSourceConfig  # where the training tasks come from
+    model_dir: str  # the model to train (a Hugging Face directory)
+    checkpoint_dir: str  # where its checkpoints (and by default the log and plot) go
     log_path: str | None = None  # JSONL; default <checkpoint_dir>/log.jsonl
     plot_path: str | None = None  # PNG; default <checkpoint_dir>/curves.png
-    proxy_url: str = "http://127.0.0.1:8200"
-    admin_token: str | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: Annotated[int, Meta(ge=1)] = 1
-    seed: int = 0
+    proxy_url: str = "http://127.0.0.1:8200"  # the proxy the weights are pushed through
+    admin_token: str | None = None  # the proxy's admin token (`polar train` gives the stack's)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # where to train; auto: cuda when there is one
+    threads: Annotated[int, Meta(ge=1)] = 1  # torch's CPU threads
+    seed: int = 0  # torch's seed and the task order's
     # -- the loop
-    steps: Annotated[int, Meta(ge=1)] = 10
+    steps: Annotated[int, Meta(ge=1)] = 10  # optimizer steps to run
     # or stop after the step that ends past this many seconds from the start (then the
     # final held-out evaluation and the plot, as after the last of `steps`)
     max_seconds: Positive | None = None
-    groups_per_step: Annotated[int, Meta(ge=1)] = 4
+    groups_per_step: Annotated[int, Meta(ge=1)] = 4  # task groups in each step's batch
     group_size: Annotated[int, Meta(ge=1)] = 4  # each task's num_samples
     rollout_ahead: Annotated[int, Meta(ge=0)] = 0  # tasks in flight beyond the step's own
     partial_after_seconds: Positive | None = 300.0  # a group missing members is used after this
@@ -85,21 +89,23 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     # that dies leaves it for a resume, and the server drops it after this many seconds
     # without a trainer (a later resume starts a new one from the stream's start)
     consumer_inactive_seconds: Positive | None = 7 * 24 * 3600.0
+    # push the weights to the engines every this many steps
     sync_every: Annotated[int, Meta(ge=1)] = 1
-    keep_checkpoints: Annotated[int, Meta(ge=1)] = 3
+    keep_checkpoints: Annotated[int, Meta(ge=1)] = 3  # the newest kept; older ones are deleted
     # also keep the step of the best held-out accuracy, named by <checkpoint_dir>/BEST
     keep_best: bool = True
     cancel_on_exit: bool = True  # cancel tasks still in flight when the run ends
     # -- the objective
     objective: Objective = "grpo"
     grouping: Grouping = "auto"
-    lr: Positive = 1e-4
-    weight_decay: Annotated[float, Meta(ge=0)] = 0.0
-    grad_clip: Positive | None = 1.0
-    clip_eps: Annotated[float, Meta(gt=0, lt=1)] = 0.2
+    lr: Positive = 1e-4  # Adam's learning rate
+    weight_decay: Annotated[float, Meta(ge=0)] = 0.0  # AdamW's decay
+    grad_clip: Positive | None = 1.0  # the gradient's norm is clipped to this; None: no clipping
+    clip_eps: Annotated[float, Meta(gt=0, lt=1)] = 0.2  # PPO's clip range around a ratio of 1
     clip_eps_high: Annotated[float, Meta(gt=0)] | None = None  # default: clip_eps
     ratio_cap: Annotated[float, Meta(gt=1)] = 3.0  # dual clip: a ratio's weight is capped here
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0  # KL to the initial weights; 0: no reference
+    # weight versions a sample may lag the trainer's before it is stale
     max_staleness: Annotated[int, Meta(ge=0)] = 4
     stale_policy: StalePolicy = "drop"
     stale_weight: Annotated[float, Meta(ge=0, le=1)] = 0.1  # downweight factor
@@ -108,6 +114,7 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     # the denominator still counts their tokens) unless kl_coef > 0, but the mismatch check
     # then covers only the samples that went through the forward
     skip_zero_advantage: bool = False
+    # max |captured - recomputed logprob| on-policy: a step over it stops the run
     mismatch_threshold: Positive = 1e-4
     # optimizer steps on each step's batch (PPO epochs): the later ones reuse the samples,
     # their ratio against the captured logprobs applied and clipped; the mismatch check
@@ -116,7 +123,7 @@ class TrainerConfig(ServiceSettings, frozen=True, kw_only=True):
     # a session whose tool calls did not parse: zero_reward (its reward 0) | mask (loss
     # mask 0 on the failed calls) | keep (services/trainer/toolparse.py)
     tool_parse_failures: ToolParseRule = DEFAULT_RULE
-    eval: EvalConfig = EvalConfig()
+    eval: EvalConfig = EvalConfig()  # the held-out evaluations
 
     @property
     def log_file(self) -> Path:

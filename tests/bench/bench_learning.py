@@ -64,7 +64,7 @@ def summary(seed_dir: Path, target: float) -> dict:
 
 
 def table(rows: list[dict], target: float) -> list[str]:
-    """The rows as the Markdown table docs/benchmarks.md shows."""
+    """The rows as the Markdown table docs/benchmarks/index.md shows."""
     out = [
         f"| seed | held-out at step 0 | first >= {target} (s since the demo's start, step) "
         "| best | final | steps | median step / train / wait / checkpoint / sync s "

@@ -12,7 +12,7 @@ reports per session:
   Valkey's own.
 
 A model call adds to this what the proxy does per call (2 Redis commands, 1 JetStream
-publish + ack: docs/benchmarks.md, proxy); ``docs/scaling.md`` combines the two.
+publish + ack: docs/benchmarks/index.md, proxy); ``docs/explanation/scaling.md`` combines the two.
 
     python tests/bench/bench_ops.py [--sessions 200] [--tasks 20] [--json out.json]
 """

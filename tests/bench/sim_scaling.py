@@ -2,7 +2,7 @@
 
 Inputs: ``tests/bench/bench_ops.py --json`` (Redis commands, NATS messages and CPU per
 session through scheduler, pool, executor, builder, evaluator, measured here) and the
-proxy's measured per-call cost (docs/benchmarks.md: token mode 2,595 requests per
+proxy's measured per-call cost (docs/benchmarks/history.md: token mode 2,595 requests per
 CPU-second at best, 2 Redis commands and 1 JetStream publish + ack per call). For C
 concurrent sessions of D seconds each making K model calls, Little's law gives the
 session rate C / D; steady-state lease renewal (one HSET per held session and one ZADD
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-# Measured on this machine (docs/benchmarks.md, proxy): best token-mode requests per
+# Measured on this machine (docs/benchmarks/history.md, proxy): best token-mode requests per
 # CPU-second of the proxy, and what each call does on the backbone.
 PROXY_CALLS_PER_CPU_S = 2595.0
 REDIS_OPS_PER_CALL = 2

@@ -117,7 +117,7 @@ class Cluster:
         # duplicate): it refuses writes once no replica follows it. As many replicas as
         # min-replicas-to-write: with two replicas and 1, the old primary kept the other
         # one until Sentinel moved it, and took (and lost) writes meanwhile. The price:
-        # the new primary takes no write until the old one follows it (docs/scaling.md).
+        # the new primary takes no write until the old one follows it (docs/explanation/scaling.md).
         for server in (primary, replica):
             server.argv += ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"]
         self.redis = {"primary": primary, "replica": replica}

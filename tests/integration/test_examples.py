@@ -55,10 +55,15 @@ SMOKE: dict[str, tuple[list[str], list]] = {
         ["-m", "examples.count_stars.run", "--steps", "1", "--warm-steps", "4"],
         FULL_ONLY,
     ),
-    "example-trl-grpo": (["-m", "examples.trl_grpo.run", "--steps", "2", "--model-dir", ""], []),
+    # these two are what the TRL and own-task tutorials do, which `just test` runs
+    # (tests/integration/test_docs_code.py): here in `just test-examples` only
+    "example-trl-grpo": (
+        ["-m", "examples.trl_grpo.run", "--steps", "2", "--model-dir", ""],
+        FULL_ONLY,
+    ),
     "example-own-task": (
         ["-m", "examples.own_task.run", "--steps", "2", "--model-dir", ""],
-        [],
+        FULL_ONLY,
     ),
     "example-swebench": (["-m", "examples.swebench.run"], PODMAN + FULL_ONLY),
     "example-harbor": (["-m", "examples.harbor.run"], PODMAN + FULL_ONLY),

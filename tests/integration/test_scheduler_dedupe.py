@@ -64,10 +64,13 @@ async def test_racing_copies_agree_on_one_task(bus, redis_client):
 
 
 async def test_same_message_after_the_window_is_a_new_task(bus, redis_client):
-    sched = make_scheduler(bus, redis_client, submit_dedupe_seconds=1.0)
+    # the sleep puts the second copy past the window whatever the load; the window is
+    # wide, so the third copy (published right after the second) is within it on a
+    # loaded machine too (two publishes 1 s apart made a third task there)
+    sched = make_scheduler(bus, redis_client, submit_dedupe_seconds=3.0)
     instruction, raw = anonymous(2)
     await bus.js.publish(S.TASKS_SUBMIT, raw)
-    await asyncio.sleep(1.3)
+    await asyncio.sleep(3.3)
     await bus.js.publish(S.TASKS_SUBMIT, raw)  # published after the window: a new task
     await bus.js.publish(S.TASKS_SUBMIT, raw)  # within the window of that one: joins it
     await drain(sched)  # all three handled together: publish times decide, not arrival

@@ -40,7 +40,7 @@ SETTINGS = {
 }
 # what Kubernetes substitutes for $(VAR) in an env value, for the check
 K8S_VARS = {"POD_NAME": "gateway-0", "REDIS_PASSWORD": "secret"}
-# the token variables and what each service does with them (docs/security.md): the
+# the token variables and what each service does with them (docs/explanation/security.md): the
 # scheduler and dashboard check admin and read, the proxy checks admin and presents the
 # engine key, the model checks that key; the rest, the gateways' harnesses above all,
 # must hold none

@@ -1,15 +1,23 @@
-"""docs/reference/ is what the code says now (issue 38, 6): every task field with its type,
-default, constraints and comment; a harness's environment; each preset's settings."""
+"""docs/reference/ is what the code says now (issue 38, 6; issue 36, 3): every task field
+with its type, default, constraints and comment; a harness's environment; each preset's
+settings; every CLI command and option, topology and service key, HTTP route, subject,
+metric and trajectory field, each with its description."""
 
 import ast
+import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from infra import docgen
-from infra.docgen import harnesses, source, task
+from infra.docgen import cli as cli_page
+from infra.docgen import harnesses, httpapi, metrics, source, subjects, task, topology
+from infra.topology import Topology
 from schemas.task import TaskRequest, UploadFile
+from schemas.trajectory import Trace, Trajectory
+from services.common.bus import STREAMS
 from services.node.harnesses import base, cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,3 +109,70 @@ def test_pi_max_tokens_is_shown_where_pi_reads_it(pages):
     pi = page[page.index("### `pi`") :]
     assert "is merged into: `~/.pi/agent/models.json`" in pi
     assert '"maxTokens": 4096' in pi  # the example, merged as the preset merges it
+
+
+# -- the pages issue 36 added: every part has its text, and the page shows every part --
+@pytest.mark.parametrize("page", sorted(docgen.UNDOCUMENTED))
+def test_every_part_a_page_shows_has_a_description(page):
+    missing = docgen.UNDOCUMENTED[page]()
+    assert missing == [], (
+        f"{page}: no description for {missing}: add a comment on the field (or the "
+        "constant), a docstring, a help= text or a metric's help, then `just docs-reference`"
+    )
+
+
+def test_the_cli_page_has_every_command_and_option(pages):
+    page = pages["docs/reference/cli.md"]
+    names = [c.name for c in cli_page.commands()]
+    assert {"polar up", "polar submit", "polar credentials show", "polar model serve"} <= set(names)
+    for c in cli_page.commands():
+        assert f"`{c.name}`" in page
+        for p in cli_page.params(c.command):
+            assert (p.opts[0] if p.param_type_name == "option" else p.name.upper()) in page
+
+
+def test_the_topology_page_has_every_key_and_every_service(pages):
+    page = pages["docs/reference/topology.md"]
+    for f in msgspec.structs.fields(Topology):
+        assert f"| `{f.name}` |" in page
+    for name, cls in topology.configs().items():
+        assert f"| `{name}` |" in page and f"### {cls.__name__}" in page
+    assert "| `backpressure_queue` |" in page  # a service's own key
+    assert "`services.engine.config.ServeConfig`" in page
+
+
+def test_the_http_page_and_the_shipped_document_are_the_apps(pages):
+    doc = httpapi.document()
+    assert json.loads(pages["docs/reference/openapi.json"]) == doc
+    page = pages["docs/reference/http-api.md"]
+    for path, method, _ in httpapi.operations(doc):
+        assert f"### `{method.upper()} {path}`" in page
+    assert "[TaskRequest](task.md#taskrequest)" in page
+
+
+def test_the_subjects_page_has_every_name_and_stream(pages):
+    page = pages["docs/reference/subjects.md"]
+    for n in subjects.names():
+        assert n.symbol in page
+    assert "`polar.tasks.<task_id>.result`" in page
+    for cfg in STREAMS:
+        assert f"| `{cfg.name}` |" in page
+    assert "```mermaid\nstateDiagram-v2" in page
+
+
+def test_the_metrics_page_has_every_metric_the_source_defines(pages):
+    page = pages["docs/reference/metrics.md"]
+    defined = metrics.defined_in_source()
+    assert len(defined) > 40 and "polar_proxy_calls_total" in defined
+    for name in defined:
+        shown = (
+            name if name.endswith("_total") or f"`{name}_total`" not in page else f"{name}_total"
+        )
+        assert f"| `{shown}` |" in page, name
+
+
+def test_the_trajectory_page_has_every_trace_field(pages):
+    page = pages["docs/reference/trajectory.md"]
+    for cls in (Trajectory, Trace):
+        for f in msgspec.structs.fields(cls):
+            assert f"| `{f.encode_name}` |" in page

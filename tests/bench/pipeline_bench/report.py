@@ -1,4 +1,4 @@
-"""The benchmark's tables (markdown, for docs/benchmarks.md) and the py-spy summary."""
+"""The benchmark's tables (markdown, for docs/benchmarks/) and the py-spy summary."""
 
 from __future__ import annotations
 

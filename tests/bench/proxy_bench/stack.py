@@ -20,7 +20,7 @@ from tests.bench.proxy_bench.backend import MODEL, VLLM_API
 ROOT = Path(__file__).resolve().parents[3]
 LITELLM_KEY = "sk-bench"
 # LiteLLM pins rich<14 and other versions the project's venv is newer on, so it lives in
-# a venv of its own (see docs/benchmarks.md); LITELLM_BIN overrides. rLLM's gateway too
+# a venv of its own (see docs/benchmarks/history.md, "Proxy"); LITELLM_BIN overrides. rLLM's gateway too
 # (it needs fastapi and aiosqlite, which the project does not); RLLM_BIN overrides.
 LITELLM_VENV = ROOT / ".bench" / "litellm-venv"
 LITELLM_REQUIREMENT = "litellm[proxy]>=1.50"
