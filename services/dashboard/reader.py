@@ -147,38 +147,32 @@ class StackReader:
     async def _follow_events(self) -> None:
         """Every session event from the start of the events stream (the timelines of
         sessions that began before the dashboard did), then live ones."""
-        assert self.bus is not None
-        while True:
-            try:
-                sub = await self.bus.js.subscribe(
-                    S.SESSION_EVENTS,
-                    ordered_consumer=True,
-                    deliver_policy=DeliverPolicy.ALL,
-                    cb=self._on_event,
-                )
-                self._subs.append(sub)
-                self.events_error = None
-                return
-            except (NotFoundError, Exception) as exc:  # noqa: BLE001 - no stream yet
-                self.events_error = f"NATS: no session events stream yet ({exc})"
-                await asyncio.sleep(1.0)
+
+        def missing(exc: Exception) -> None:
+            self.events_error = f"NATS: no session events stream yet ({exc})"
+
+        await self._follow(S.SESSION_EVENTS, self._on_event, missing, 1.0)
+        self.events_error = None
 
     async def _follow_regrades(self) -> None:
         """Every re-grade stored (``polar regrade``), then live ones: a session's page
         lists them. A stack from before re-grades has no stream: looked for again."""
+        await self._follow(S.ALL_REGRADES, self._on_regrade, lambda _exc: None, 5.0)
+
+    async def _follow(self, subject: str, cb, missing, retry_seconds: float) -> None:
+        """A stream's messages on ``subject`` from its first on, to ``cb``; until the
+        stream exists, ``missing(exc)`` and a retry every ``retry_seconds``."""
         assert self.bus is not None
         while True:
             try:
                 sub = await self.bus.js.subscribe(
-                    S.ALL_REGRADES,
-                    ordered_consumer=True,
-                    deliver_policy=DeliverPolicy.ALL,
-                    cb=self._on_regrade,
+                    subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL, cb=cb
                 )
                 self._subs.append(sub)
                 return
-            except Exception:  # noqa: BLE001 - no stream yet
-                await asyncio.sleep(5.0)
+            except Exception as exc:  # noqa: BLE001 - no stream yet
+                missing(exc)
+                await asyncio.sleep(retry_seconds)
 
     def _note_spec(self, task_id: str, spec: TaskRequest) -> None:
         self.specs[task_id] = spec

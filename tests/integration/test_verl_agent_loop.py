@@ -27,6 +27,7 @@ from tests.helpers.trainer_stack import model_copy, operator_nats, stack_credent
 pytestmark = [pytest.mark.timeout(300)]
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 SCORE = Path(__file__).resolve().parents[1] / "fixtures" / "trainer" / "score.py"
+CHAT_AGENT = SCORE.parent / "agent.py"  # the trainer tests' one-call agent
 SERVICES = ("model", "scheduler", "pool", "executor", "builder", "evaluator")
 
 
@@ -72,6 +73,7 @@ def task_template() -> dict:
                     "src": str(HELPERS / "verl_agent.py"),
                     "dest": "agent.py",
                 },
+                {"action": "upload_file", "src": str(CHAT_AGENT), "dest": "chat_agent.py"},
                 {"action": "upload_file", "src": str(SCORE), "dest": "score.py"},
             ],
         },
@@ -79,7 +81,7 @@ def task_template() -> dict:
             "harness": "shell",
             "command": f"{python} agent.py",
             "model": "tiny",
-            "env": {"VERL_TEST_MODE": "ok"},
+            "env": {"VERL_TEST_MODE": "ok", "POLAR_MAX_TOKENS": "6"},
         },
         "builder": {"name": "prefix_merging"},
         "evaluator": {"name": "command", "config": {"command": f"{python} score.py"}},
