@@ -101,10 +101,13 @@ LONGEST_FIRST = (
     "tests/integration/test_vllm_real_vocab.py",
     "tests/integration/test_model_families.py",
     "tests/integration/test_trainer_adapters.py",
+    "tests/integration/test_trainer.py",  # kill -9 mid-run and resume, served runs (~2.5 min)
+    "tests/chaos/test_nats_outage.py",
     "tests/integration/test_examples.py",  # every example at a smoke size, one after another
     "tests/integration/test_dashboard_browser.py",
-    "tests/integration/test_replay.py",  # a stack, a run and three replays (~1.5 min)
+    "tests/integration/test_replay.py",  # two stacks, a run, replays, re-grades (~1.5 min)
     "tests/integration/test_docs_code.py",  # every tutorial's and how-to's code (~75 s)
+    "tests/integration/test_verl_agent_loop.py",  # verl's venv imports verl (~25 s)
     "tests/unit/proxy/test_tito_families.py",
 )
 # Files that share one worker: they use the session's one vLLM (a start is ~1 minute).

@@ -26,7 +26,9 @@ class ServiceProcess:
         self.log = log_dir / f"{target.split(':')[0].replace('.', '_')}-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0, restarts: int = 0) -> ServiceProcess:
+    # a cap, not a wait: a start returns as soon as /healthz answers (a restart after a
+    # kill -9 on a loaded CI machine once took over 30 s)
+    def start(self, timeout: float = 90.0, restarts: int = 0) -> ServiceProcess:
         """Start and wait for /healthz. ``restarts``: start it again (up to that many
         times, 1 s apart), as a supervisor would, when it exits at start-up (a server it
         needs is down for a moment)."""

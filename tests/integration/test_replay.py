@@ -326,10 +326,6 @@ def test_a_bundle_replays_on_a_second_stack(recorded, bundle_file, tmp_path):
         assert f"replaying {session_id} (attempt 0)" in r.stdout
         assert "replayed 2 call(s) from the record" in r.stdout
         assert "outcome COMPLETED (recorded COMPLETED), reward 1.0 (recorded 1.0)" in r.stdout
-        again = run_polar(
-            "replay", "--bundle", str(bundle_file), "--topology", str(topology), timeout=240
-        )
-        assert again.returncode == 0, again.stdout + again.stderr  # its records put in once
     finally:
         devstack.down(state_dir)
     bad = tmp_path / "not-a-bundle"
