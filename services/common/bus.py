@@ -320,8 +320,23 @@ def evaluation_queue(node: str, *, ack_wait: float = 30.0, max_deliver: int = 10
     )
 
 
+# A JetStream API request can time out on a stalled server (a loaded disk); creating a
+# durable with the same config again is idempotent, so it is asked again before failing.
+CONSUMER_CREATE_TRIES = 3
+
+
 async def ensure_consumer(js: JetStreamContext, stream: str, cfg: ConsumerConfig) -> None:
-    await js.add_consumer(stream, cfg)
+    for attempt in range(1, CONSUMER_CREATE_TRIES + 1):
+        try:
+            await js.add_consumer(stream, cfg)
+            return
+        except NatsTimeoutError:
+            if attempt == CONSUMER_CREATE_TRIES:
+                raise
+            log.warning(
+                "creating consumer %s on %s timed out: asking again", cfg.durable_name, stream
+            )
+            await asyncio.sleep(0.5 * attempt)
 
 
 @dataclass(frozen=True)
