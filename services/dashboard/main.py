@@ -260,8 +260,7 @@ def create_app(config: DashboardConfig | None = None) -> Litestar:
             body = views.session_view(row, records, problems, art, traj, time.time())
             body["lineage"] = lineage = reader.lineage(session_id)  # replays, forks, re-grades
             for replay in lineage["replays"][-LINEAGE_READS:]:  # a diverged one's diff
-                replayed, _ = await reader.completions(replay["session_id"])
-                replay["diverged"] = views.divergence(replayed)
+                replay["diverged"] = await reader.divergence(replay["session_id"])
             return api("session", body, reader.secrets(row.task_id, [session_id]))
 
     @get("/api/sessions/{session_id:str}/trajectory")

@@ -52,6 +52,7 @@ from services.common.tokenization.lru import SizedLRU
 from services.dashboard.config import DashboardConfig
 from services.dashboard.delivered import Delivered
 from services.dashboard.index import ENDED, FAILED, SessionIndex, SessionRow, last_lines, plain
+from services.dashboard.views import divergence
 from services.pool.backpressure import queue_length
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class StackReader:
         # (``polar regrade``: the re-grade's own grade, the last of each trajectory's)
         self.replays_of: dict[str, list[str]] = {}
         self.regrades: dict[str, dict[str, Grade]] = {}
+        self.divergences: dict[str, str | None] = {}  # ended replays' (``divergence``)
         # each session's token: never shown, scrubbed from what is (``secrets``)
         self.tokens: dict[str, str] = {}
         self.artifacts: SizedLRU[str, Any] = SizedLRU(cfg.artifact_sessions, lambda k, v: 1)
@@ -200,6 +202,19 @@ class StackReader:
             msgspec.to_builtins(g) for _, g in sorted(self.regrades.get(session_id, {}).items())
         ]
         return {"replays": replays, "regrades": regrades}
+
+    async def divergence(self, replay_session: str) -> str | None:
+        """Where a replay diverged (``views.divergence``), read from its records; kept
+        once the replay has ended (its records no longer change), so a session page
+        polled live does not read its replays' records again each time."""
+        if replay_session in self.divergences:
+            return self.divergences[replay_session]
+        records, _ = await self.completions(replay_session)
+        found = divergence(records)
+        row = self.index.rows.get(replay_session)
+        if row is not None and row.state in ENDED:
+            self.divergences[replay_session] = found
+        return found
 
     # -- what arrives -----------------------------------------------------------------
     async def _on_regrade(self, msg) -> None:

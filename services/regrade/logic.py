@@ -111,7 +111,6 @@ class RegradeStats:
     graded: int = 0  # re-graded and stored
     changed: int = 0  # whose reward differs from the session's own
     errors: list[str] = field(default_factory=list)  # sessions whose evaluation failed
-    by_replay: list[str] = field(default_factory=list)  # sessions the evaluator needs a runtime for
     seconds: float = 0.0
 
     def rate(self) -> float:

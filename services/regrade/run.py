@@ -121,7 +121,6 @@ async def regrade(
     if pending:
         await asyncio.gather(*pending)
     stats.seconds = time.perf_counter() - started
-    stats.by_replay = [t.session_id for t, _ in for_replay]
     return stats, for_replay
 
 
